@@ -1,0 +1,107 @@
+"""The agent protocol: register, heartbeat, claim, report events. Agent tokens only."""
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, HTTPException, Response
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+
+from server import ingest, store
+from server.deps import AgentDep, AppDep, UserDep
+from server.models import Agent, Event as EventRow, Job
+from tokenpulse.protocol import AgentHello, AgentReply, Claim, EventBatch, JobSpec
+
+router = APIRouter(prefix="/api/agents", tags=["agents"])
+
+
+class Heartbeat(BaseModel):
+    # job id -> time the training process last said it was alive
+    jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
+
+
+def agent_dict(a: Agent, job_ids: list[int]) -> dict:
+    return {"id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
+            "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
+
+
+def publish(tp, frames) -> None:
+    for topic, payload, droppable in frames:
+        tp.hub.publish(topic, payload, droppable)
+
+
+@router.post("", status_code=201)
+async def register(hello: AgentHello, tp: AppDep, _: AgentDep) -> dict:
+    def add(s):
+        now = time.time()
+        a = Agent(name=hello.name, host=hello.host, device=hello.device, capacity=hello.capacity,
+                  state="online", created_at=now, seen_at=now)
+        s.add(a)
+        s.flush()
+        return agent_dict(a, [])
+    d = await tp.db.write(add)
+    tp.hub.publish("agents", {"type": "agent", "agent": d}, False)
+    return d
+
+
+@router.get("")
+def list_agents(tp: AppDep, _: UserDep) -> list[dict]:
+    with tp.db.read() as s:
+        running: dict[int, list[int]] = {}
+        for jid, aid in s.execute(select(Job.id, Job.agent_id).where(Job.agent_id.is_not(None))):
+            running.setdefault(aid, []).append(jid)
+        return [agent_dict(a, running.get(a.id, [])) for a in s.scalars(select(Agent).order_by(Agent.id))]
+
+
+def known_agent(s, agent_id: int) -> Agent:
+    agent = s.get(Agent, agent_id)
+    if agent is None:
+        raise HTTPException(404, f"agent {agent_id} is not registered")
+    return agent
+
+
+@router.post("/{agent_id}/heartbeat")
+async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, _: AgentDep) -> AgentReply:
+    def beat(s):
+        known_agent(s, agent_id)
+        return ingest.heartbeat(s, agent_id, hb.jobs)
+    commands, frames = await tp.db.write(beat)
+    publish(tp, frames)
+    return AgentReply(commands=commands)
+
+
+@router.post("/{agent_id}/claim", responses={204: {"description": "no job for this agent now"}})
+async def claim(agent_id: int, tp: AppDep, _: AgentDep):
+    def take(s):
+        agent = known_agent(s, agent_id)
+        agent.seen_at, agent.state = time.time(), "online"
+        job = store.claim(s, agent_id)
+        if job is None:
+            return None
+        return job, store.job_summary(job)
+    got = await tp.db.write(take)
+    if got is None:
+        return Response(status_code=204)
+    job, summary = got
+    tp.hub.publish("jobs", {"type": "job", "job": summary}, False)
+    tp.hub.publish(f"job:{job.id}", {"type": "job", "job": summary}, False)
+    return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq,
+                 spec=JobSpec.model_validate_json(job.spec), resume_from=job.checkpoint)
+
+
+@router.post("/{agent_id}/events")
+async def report(agent_id: int, batch: EventBatch, tp: AppDep, _: AgentDep) -> AgentReply:
+    """Store a batch of events in one transaction; answer with the highest stored seq per job
+    (the agent drops those from its journal) and any commands for its jobs."""
+    def store_batch(s):
+        known_agent(s, agent_id)
+        out = ingest.ingest(s, agent_id, batch.events)
+        out.commands.extend(c for c in ingest.pending_commands(s, agent_id, [])
+                            if c.job_id not in {x.job_id for x in out.commands})
+        return out
+    out = await tp.db.write(store_batch)
+    publish(tp, out.frames)
+    if out.alerts and tp.webhooks is not None:
+        for alert in out.alerts:
+            tp.webhooks.send(alert)
+    return AgentReply(acked=out.acked, commands=out.commands)

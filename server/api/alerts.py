@@ -1,0 +1,44 @@
+"""Alerts: list with filters, acknowledge."""
+from __future__ import annotations
+
+import time
+from typing import Literal, Optional
+
+from fastapi import APIRouter, HTTPException, Query
+from sqlalchemy import select
+
+from server.deps import AppDep, UserDep
+from server.ingest import alert_dict
+from server.models import Alert
+
+router = APIRouter(prefix="/api/alerts", tags=["alerts"])
+
+
+@router.get("")
+def list_alerts(tp: AppDep, _: UserDep, job_id: Optional[int] = None,
+                state: Optional[Literal["open", "acked", "cleared"]] = None,
+                kind: Optional[str] = Query(None, max_length=64),
+                limit: int = Query(100, ge=1, le=10_000)) -> list[dict]:
+    with tp.db.read() as s:
+        where = []
+        if job_id is not None:
+            where.append(Alert.job_id == job_id)
+        if state is not None:
+            where.append(Alert.state == state)
+        if kind is not None:
+            where.append(Alert.kind == kind)
+        return [alert_dict(a) for a in s.scalars(select(Alert).where(*where).order_by(Alert.id.desc()).limit(limit))]
+
+
+@router.post("/{alert_id}/ack")
+async def ack_alert(alert_id: int, tp: AppDep, _: UserDep) -> dict:
+    def ack(s):
+        a = s.get(Alert, alert_id)
+        if a is None:
+            raise HTTPException(404, f"alert {alert_id} does not exist")
+        if a.state == "open":
+            a.state, a.updated_at = "acked", time.time()
+        return alert_dict(a)
+    d = await tp.db.write(ack)
+    tp.hub.publish("alerts", {"type": "alert", "alert": d}, False)
+    return d

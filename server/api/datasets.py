@@ -1,0 +1,51 @@
+"""Preflight dataset analysis. The numbers come from the worker's analysis code, run in a child
+process so the server itself never imports torch or a tokenizer."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+
+from fastapi import APIRouter, HTTPException
+
+from server.deps import AppDep, UserDep
+from server.validate import SpecError, check_spec
+from tokenpulse.protocol import JobSpec
+
+router = APIRouter(prefix="/api/datasets", tags=["datasets"])
+
+
+async def run_worker_tool(module: str, spec: JobSpec, timeout: float, *args: str) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        f.write(spec.model_dump_json())
+        f.flush()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", module, "--spec", f.name, *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            raise HTTPException(504, f"dataset analysis took longer than {timeout:.0f} s") from None
+    try:
+        result = json.loads(out.decode().strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise HTTPException(500, f"analysis failed: {err.decode()[-2000:]}") from None
+    if "error" in result:
+        field = result.get("field", "dataset")
+        raise HTTPException(422, {"field": field, "message": result["error"],
+                                  "errors": [{"field": field, "message": result["error"]}]})
+    return result
+
+
+@router.post("/analyze")
+async def analyze(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
+    """Token length histogram and percentiles, the recommended max_seq_length, what it truncates,
+    and the predicted padding waste and real tokens per step for max_length / dynamic / packing."""
+    try:
+        spec = check_spec(spec, tp.settings)
+    except SpecError as e:
+        raise HTTPException(422, {"field": e.field, "message": e.message,
+                                  "errors": [{"field": e.field, "message": e.message}]}) from None
+    return await run_worker_tool("worker.analyze", spec, tp.settings.analyze_timeout_s)

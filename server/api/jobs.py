@@ -1,0 +1,200 @@
+"""Jobs: submit, list, inspect, control; their metrics and events."""
+from __future__ import annotations
+
+import json
+from typing import Literal, Optional
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel, Field
+from sqlalchemy import func, or_, select
+
+from server import store
+from server.deps import AppDep, UserDep
+from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
+from server.series import downsample
+from server.validate import SpecError, check_spec
+from tokenpulse.protocol import ACTIVE_STATES, JobSpec, JobState
+
+router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+
+
+class JobList(BaseModel):
+    total: int
+    jobs: list[dict]
+
+
+class CloneRequest(BaseModel):
+    changes: dict = Field(default_factory=dict, description="JobSpec fields to change in the copy")
+
+
+def job_detail(job: Job, attempts: list[Attempt]) -> dict:
+    d = store.job_summary(job)
+    d["spec"] = json.loads(job.spec)
+    d["info"] = json.loads(job.info) if job.info else {}
+    d["attempts"] = [{"attempt": a.attempt, "agent_id": a.agent_id, "started_at": a.started_at,
+                      "ended_at": a.ended_at, "outcome": a.outcome, "reason": a.reason} for a in attempts]
+    return d
+
+
+def get_job_or_404(s, job_id: int) -> Job:
+    job = s.get(Job, job_id)
+    if job is None:
+        raise HTTPException(404, f"job {job_id} does not exist")
+    return job
+
+
+async def submit(tp, spec: JobSpec, parent_id: Optional[int] = None) -> dict:
+    try:
+        spec = check_spec(spec, tp.settings)
+    except SpecError as e:
+        raise HTTPException(422, {"field": e.field, "message": e.message,
+                                  "errors": [{"field": e.field, "message": e.message}]}) from None
+
+    def create(s):
+        job = store.create_job(s, spec, parent_id)
+        return job_detail(job, [])
+    detail = await tp.db.write(create)
+    tp.hub.publish("jobs", {"type": "job", "job": {k: v for k, v in detail.items() if k not in ("spec", "info")}},
+                   droppable=False)
+    return detail
+
+
+@router.post("", status_code=201)
+async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
+    return await submit(tp, spec)
+
+
+@router.get("")
+def list_jobs(tp: AppDep, _: UserDep,
+              state: Optional[list[JobState]] = Query(None, description="filter by state (repeatable)"),
+              q: Optional[str] = Query(None, max_length=200, description="search in name"),
+              limit: int = Query(50, ge=1, le=1000), offset: int = Query(0, ge=0)) -> JobList:
+    with tp.db.read() as s:
+        where = []
+        if state:
+            where.append(Job.state.in_([x.value for x in state]))
+        if q:
+            where.append(or_(Job.name.contains(q), Job.id == (int(q) if q.isdigit() else -1)))
+        total = s.scalar(select(func.count()).select_from(Job).where(*where))
+        rows = s.scalars(select(Job).where(*where).order_by(Job.id.desc()).limit(limit).offset(offset))
+        return JobList(total=total, jobs=[store.job_summary(j) for j in rows])
+
+
+@router.get("/{job_id}")
+def get_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
+    with tp.db.read() as s:
+        job = get_job_or_404(s, job_id)
+        attempts = list(s.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)))
+        return job_detail(job, attempts)
+
+
+async def request_action(tp, job_id: int, action: str) -> dict:
+    def apply(s):
+        job = get_job_or_404(s, job_id)
+        state = JobState(job.state)
+        if action == "cancel":
+            if state in (JobState.queued, JobState.paused):
+                store.transition(s, job, JobState.cancelled, reason="cancelled by user")
+            elif state in ACTIVE_STATES:
+                job.requested_action = "cancel"
+            else:
+                raise HTTPException(409, f"job {job_id} is {state.value}; only queued, paused or running jobs can be cancelled")
+        elif action == "pause":
+            if state not in ACTIVE_STATES:
+                raise HTTPException(409, f"job {job_id} is {state.value}; only a running job can be paused")
+            job.requested_action = "pause"
+        elif action == "resume":
+            if state != JobState.paused:
+                raise HTTPException(409, f"job {job_id} is {state.value}; only a paused job can be resumed")
+            store.transition(s, job, JobState.queued, reason="resumed by user")
+        elif action == "stack":
+            if state not in ACTIVE_STATES:
+                raise HTTPException(409, f"job {job_id} is {state.value}; it has no process to inspect")
+            job.requested_action = "stack"
+        return store.job_summary(job)
+    summary = await tp.db.write(apply)
+    tp.hub.publish("jobs", {"type": "job", "job": summary}, droppable=False)
+    tp.hub.publish(f"job:{job_id}", {"type": "job", "job": summary}, droppable=False)
+    return summary
+
+
+@router.post("/{job_id}/cancel")
+async def cancel_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
+    """Queued: cancelled at once. Running: the agent stops the training process (SIGTERM, then
+    SIGKILL after a grace period) and the job ends cancelled."""
+    return await request_action(tp, job_id, "cancel")
+
+
+@router.post("/{job_id}/pause")
+async def pause_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
+    return await request_action(tp, job_id, "pause")
+
+
+@router.post("/{job_id}/resume")
+async def resume_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
+    return await request_action(tp, job_id, "resume")
+
+
+@router.post("/{job_id}/stack")
+async def capture_stack(job_id: int, tp: AppDep, _: UserDep) -> dict:
+    """Ask the agent to dump every thread's stack of the training process into the job's log."""
+    return await request_action(tp, job_id, "stack")
+
+
+@router.post("/{job_id}/clone", status_code=201)
+async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, _: UserDep) -> dict:
+    """Retry or clone: a new job with the same spec (and any changes), linked to its parent."""
+    with tp.db.read() as s:
+        parent = get_job_or_404(s, job_id)
+        base = json.loads(parent.spec)
+    base.update(body.changes)
+    spec = JobSpec.model_validate(base)
+    return await submit(tp, spec, parent_id=job_id)
+
+
+@router.get("/{job_id}/metrics")
+def get_metrics(job_id: int, tp: AppDep, _: UserDep,
+                keys: Optional[list[str]] = Query(None, description="metric names (default: all)"),
+                max_points: int = Query(1000, ge=2, le=1_000_000, description="downsample above this"),
+                after_step: Optional[int] = Query(None, description="only points after this step"),
+                mode: Literal["minmax", "lttb"] = "minmax") -> dict:
+    """Series by metric name: {"loss": {"step": [...], "value": [...], "t": [...]}}. Long series are
+    downsampled server-side, keeping each bucket's first, last, min and max points."""
+    with tp.db.read() as s:
+        get_job_or_404(s, job_id)
+        names = dict(s.execute(select(MetricKey.name, MetricKey.id)).all())
+        wanted = keys or list(names)
+        out: dict = {}
+        conn = s.connection()
+        for name in wanted:
+            kid = names.get(name)
+            if kid is None:
+                continue
+            sql = "SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ?"
+            params: tuple = (job_id, kid)
+            if after_step is not None:
+                sql += " AND step > ?"
+                params += (after_step,)
+            rows = conn.exec_driver_sql(sql + " ORDER BY step", params).fetchall()
+            if not rows:
+                continue
+            out[name] = downsample(rows, max_points, mode)
+        return {"job_id": job_id, "series": out}
+
+
+@router.get("/{job_id}/events")
+def get_events(job_id: int, tp: AppDep, _: UserDep,
+               after_seq: int = Query(-1, ge=-1), kinds: Optional[list[str]] = Query(None),
+               limit: int = Query(1000, ge=1, le=100_000), tail: bool = False) -> dict:
+    """Stored events (all but metrics), oldest first; tail=true gives the newest `limit` instead."""
+    with tp.db.read() as s:
+        get_job_or_404(s, job_id)
+        where = [EventRow.job_id == job_id, EventRow.seq > after_seq]
+        if kinds:
+            where.append(EventRow.kind.in_(kinds))
+        order = EventRow.seq.desc() if tail else EventRow.seq
+        rows = list(s.scalars(select(EventRow).where(*where).order_by(order).limit(limit)))
+        if tail:
+            rows.reverse()
+        return {"job_id": job_id, "events": [{"seq": r.seq, "t": r.t, "kind": r.kind,
+                                              "data": json.loads(r.data)} for r in rows]}

@@ -1,0 +1,80 @@
+"""Websocket: live frames for the topics a client subscribes to.
+
+Topics: "jobs" (job summaries and heartbeats of every job), "job:<id>" (that job's events),
+"alerts", "agents". Subscribe with ?topics=jobs,job:3 or by sending {"subscribe": [...]}.
+Frames: {"type": "job"|"events"|"heartbeat"|"alert"|"agent"|"error", ...}.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from server.deps import websocket_caller
+
+router = APIRouter()
+TOPIC = re.compile(r"^(jobs|alerts|agents|job:[1-9][0-9]{0,12})$")
+
+
+class ClientMessage(BaseModel):
+    subscribe: list[str] = Field(default_factory=list, max_length=100)
+    unsubscribe: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("subscribe", "unsubscribe")
+    @classmethod
+    def _topics(cls, v: list[str]) -> list[str]:
+        for t in v:
+            if not TOPIC.match(t):
+                raise ValueError(f"unknown topic {t!r}; use jobs, alerts, agents or job:<id>")
+        return v
+
+
+@router.websocket("/ws")
+async def websocket(ws: WebSocket):
+    caller = websocket_caller(ws)
+    if caller is None or caller.role != "user":
+        await ws.close(code=4401, reason="missing or invalid token")
+        return
+    try:
+        first = ClientMessage(subscribe=[t for t in ws.query_params.get("topics", "").split(",") if t])
+    except ValidationError as e:
+        await ws.close(code=4400, reason=e.errors()[0]["msg"][:120])
+        return
+    await ws.accept()
+    hub = ws.app.state.tp.hub
+    sub = hub.subscribe(first.subscribe)
+
+    async def send_loop():
+        while True:
+            frames = await sub.next_batch()
+            if sub.overflowed:
+                await ws.close(code=4408, reason="too slow: reload from REST")
+                return
+            for f in frames:
+                await ws.send_text(f.text)
+
+    sender = asyncio.create_task(send_loop())
+    try:
+        while True:
+            raw = await ws.receive_text()
+            if len(raw) > 65536:
+                await ws.send_text(json.dumps({"type": "error", "message": "message too large"}))
+                continue
+            try:
+                msg = ClientMessage.model_validate_json(raw)
+            except ValidationError as e:
+                await ws.send_text(json.dumps({"type": "error", "message": str(e.errors()[0]["msg"])}))
+                continue
+            hub.unsubscribe(sub)
+            sub.topics = (sub.topics | set(msg.subscribe)) - set(msg.unsubscribe)
+            for t in sub.topics:
+                hub.by_topic.setdefault(t, set()).add(sub)
+            await ws.send_text(json.dumps({"type": "subscribed", "topics": sorted(sub.topics)}))
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        sender.cancel()
+        hub.unsubscribe(sub)

@@ -1,0 +1,90 @@
+"""The FastAPI application: REST under /api, the websocket at /ws, pages and static files."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from server import auth
+from server.api import agents, alerts, datasets, jobs, tokens, ws
+from server.db import Database, upgrade_to_head
+from server.deps import App
+from server.hub import Hub
+from server.reaper import reaper_loop
+from server.settings import Settings
+from server.webhooks import Webhooks
+
+log = logging.getLogger("tokenpulse")
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+
+
+def field_name(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    # pydantic adds the union member tried ('int', 'literal[...]') to the location: drop it
+    parts = [p for p in parts if not (p in ("int", "float", "str") or p.startswith(("literal[", "function-")))]
+    return ".".join(parts) or "body"
+
+
+async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = []
+    for e in exc.errors():
+        field = field_name(tuple(e.get("loc", ())))
+        msg = e.get("msg", "invalid").removeprefix("Value error, ")
+        if not any(x["field"] == field for x in errors):
+            errors.append({"field": field, "message": msg})
+    text = "; ".join(f"{x['field']}: {x['message']}" for x in errors)
+    return JSONResponse({"detail": {"message": text, "field": errors[0]["field"] if errors else None,
+                                    "errors": errors}}, status_code=422)
+
+
+def create_app(settings: Optional[Settings] = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+        upgrade_to_head(settings.db_url)
+        db = Database(settings.db_url)
+        db.write_sync(lambda s: auth.ensure_initial_tokens(s, settings.data_dir))
+        tp = App(settings=settings, db=db, hub=Hub(settings.ws_queue_frames),
+                 webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries))
+        app.state.tp = tp
+        tp.webhooks.start()
+        reaper = asyncio.create_task(reaper_loop(tp))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await tp.webhooks.stop()
+            db.close()
+
+    app = FastAPI(title="tokenpulse", version="0.1.0", lifespan=lifespan,
+                  description="Run, watch and control model training.")
+    app.add_exception_handler(RequestValidationError, validation_error)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return JSONResponse({"detail": f"request body over {settings.max_body_bytes} bytes"}, 413)
+        return await call_next(request)
+
+    for r in (jobs.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
+        app.include_router(r)
+
+    @app.get("/api/health", tags=["meta"])
+    def health() -> dict:
+        return {"ok": True}
+
+    from web.pages import router as pages_router
+    app.include_router(pages_router)
+    app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
+    return app

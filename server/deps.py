@@ -1,0 +1,94 @@
+"""Request-scoped dependencies: the app's parts and who is calling."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Optional
+
+from fastapi import Depends, HTTPException, Request, WebSocket
+
+from server import auth
+from server.db import Database
+from server.hub import Hub
+from server.settings import Settings
+
+
+@dataclass
+class Caller:
+    role: str
+    token_id: int
+
+
+@dataclass
+class App:
+    """Everything a route needs, built once at start (app.state.tp)."""
+    settings: Settings
+    db: Database
+    hub: Hub
+    # token hash -> (caller, cached until): a token check per request must not cost a query.
+    token_cache: dict[str, tuple[Optional[Caller], float]] = field(default_factory=dict)
+    webhooks: object = None
+
+    def caller(self, token: str) -> Optional[Caller]:
+        h = auth.hash_token(token)
+        hit = self.token_cache.get(h)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        with self.db.read() as s:
+            row = auth.lookup(s, token)
+            caller = Caller(row.role, row.id) if row is not None else None
+        self.token_cache[h] = (caller, now + 5.0)  # revocation takes effect within 5 s
+        return caller
+
+
+def get_app(request: Request) -> App:
+    return request.app.state.tp
+
+
+def token_from(headers, cookies, query) -> str:
+    authz = headers.get("authorization", "")
+    if authz.lower().startswith("bearer "):
+        return authz[7:].strip()
+    return cookies.get(auth.COOKIE) or query.get("token") or ""
+
+
+CSRF_HEADER = "x-tokenpulse-csrf"
+
+
+def _caller(request: Request) -> Caller:
+    tp: App = request.app.state.tp
+    caller = tp.caller(token_from(request.headers, request.cookies, {}))
+    if caller is None:
+        raise HTTPException(401, "missing or invalid token: send 'Authorization: Bearer <token>' "
+                                 "(the token is in the server's data directory) or log in")
+    by_cookie = not request.headers.get("authorization")
+    if by_cookie and request.method not in ("GET", "HEAD", "OPTIONS") and not request.headers.get(CSRF_HEADER):
+        # A cookie rides along on cross-site requests; a custom header cannot be added by another
+        # site without a CORS preflight, which this server never grants. So: no header, no change.
+        raise HTTPException(403, f"state-changing browser requests need the {CSRF_HEADER} header")
+    return caller
+
+
+def require_user(request: Request) -> Caller:
+    caller = _caller(request)
+    if caller.role != "user":
+        raise HTTPException(403, "this token is an agent token: it can only claim jobs and report events")
+    return caller
+
+
+def require_agent(request: Request) -> Caller:
+    caller = _caller(request)
+    if caller.role != "agent":
+        raise HTTPException(403, "this endpoint is for agents; use an agent token")
+    return caller
+
+
+def websocket_caller(ws: WebSocket) -> Optional[Caller]:
+    tp: App = ws.app.state.tp
+    return tp.caller(token_from(ws.headers, ws.cookies, ws.query_params))
+
+
+AppDep = Annotated[App, Depends(get_app)]
+UserDep = Annotated[Caller, Depends(require_user)]
+AgentDep = Annotated[Caller, Depends(require_agent)]

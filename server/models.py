@@ -1,0 +1,120 @@
+"""The schema. Alembic migrations in migrations/ are its history; a test checks they agree."""
+from __future__ import annotations
+
+from typing import Optional
+
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[str] = mapped_column(Text)  # JobSpec as JSON
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("jobs.id"), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    agent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("agents.id"), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    requested_action: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)
+    # Live summary, updated by ingest so the jobs list needs no join over metrics.
+    phase: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # PhaseData JSON
+    step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    total_steps: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    last: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # latest metric values JSON
+    alive_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    next_seq: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    failure: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
+    exit_code: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    signal: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
+    checkpoint: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    output_dir: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    info: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # automatic choices JSON
+
+    __table_args__ = (Index("ix_jobs_queue", "state", "priority", "id"),)
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    host: Mapped[str] = mapped_column(String(200))
+    device: Mapped[str] = mapped_column(String(500))
+    capacity: Mapped[int] = mapped_column(Integer, default=1)
+    state: Mapped[str] = mapped_column(String(16))  # online, lost, stopped
+    created_at: Mapped[float] = mapped_column(Float)
+    seen_at: Mapped[float] = mapped_column(Float)
+
+
+class Attempt(Base):
+    """One run of a job on one agent, and why it ended."""
+    __tablename__ = "attempts"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    agent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("agents.id"), nullable=True)
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    outcome: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)
+    reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+
+
+class Event(Base):
+    """Every event but metrics (which go to the lean metrics table) and heartbeats."""
+    __tablename__ = "events"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    t: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))
+    data: Mapped[str] = mapped_column(Text)
+
+
+class MetricKey(Base):
+    __tablename__ = "metric_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class Metric(Base):
+    """One number: the table is lean on purpose (WITHOUT ROWID, integer key ids): ~40 bytes a point.
+    The primary key (job, key, step) makes a replayed point overwrite itself: stored exactly once."""
+    __tablename__ = "metrics"
+    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    t: Mapped[float] = mapped_column(Float)
+    value: Mapped[float] = mapped_column(Float)
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+
+class Alert(Base):
+    __tablename__ = "alerts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[Optional[int]] = mapped_column(ForeignKey("jobs.id"), nullable=True, index=True)
+    agent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("agents.id"), nullable=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)  # open, acked, cleared
+    message: Mapped[str] = mapped_column(Text)
+    stack: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    cleared_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))  # user, agent
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)

@@ -1,0 +1,44 @@
+"""One Settings object for the server: environment variables TOKENPULSE_*, or flags of `tokenpulse`."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOKENPULSE_", extra="ignore")
+
+    data_dir: Path = Field(Path("tokenpulse-data"), description="SQLite file, tokens, job outputs")
+    database_url: Optional[str] = Field(None, description="default: sqlite in data_dir; any SQLAlchemy URL")
+    host: str = "127.0.0.1"
+    port: int = 8765
+
+    agent_lost_after_s: float = Field(30.0, description="an agent silent this long is lost")
+    reaper_every_s: float = 2.0
+    # Paths a job may name (model, dataset). Empty: anywhere the server's user can read.
+    path_roots: list[Path] = Field(default_factory=list)
+    allow_remote_code: bool = False
+    allow_fault_injection: bool = Field(False, description="accept spec.fault (tests and demos only)")
+    max_body_bytes: int = 16 * 1024 * 1024
+    webhooks: list[str] = Field(default_factory=list, description="URLs that receive alerts as JSON")
+    webhook_timeout_s: float = 5.0
+    webhook_retries: int = 3
+    ws_queue_frames: int = Field(256, description="frames buffered per browser before coalescing")
+    analyze_timeout_s: float = 300.0
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'tokenpulse.db').resolve()}"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

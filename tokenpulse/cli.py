@@ -1,0 +1,349 @@
+"""`tokenpulse`: start the server (with an embedded agent), run an agent, submit and watch jobs."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from tokenpulse.client import ApiError, Client, DEFAULT_URL
+
+FINAL = {"completed", "failed", "cancelled", "paused"}
+
+
+def _console():
+    from rich.console import Console
+    return Console()
+
+
+# ---- server and agent --------------------------------------------------------------------------
+
+def cmd_up(args) -> int:
+    """Server on 127.0.0.1 with an embedded agent process: the one-command start."""
+    os.environ["TOKENPULSE_DATA_DIR"] = str(args.data_dir)
+    from server.settings import Settings
+    settings = Settings(data_dir=args.data_dir, host=args.host, port=args.port)
+    return serve(settings, embedded_agents=0 if args.no_worker else args.workers, demo=args.demo)
+
+
+def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
+    import uvicorn
+    from server.app import create_app
+
+    url = f"http://{settings.host}:{settings.port}"
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            log_level="warning", ws_max_size=1 << 20)
+    server = uvicorn.Server(config)
+    agents: list[subprocess.Popen] = []
+    console = _console()
+
+    async def main():
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                return task.result()
+            await asyncio.sleep(0.05)
+        token = (settings.data_dir / "token").read_text().strip()
+        console.print(f"[bold green]tokenpulse[/] is up at [link={url}]{url}[/]")
+        console.print(f"access token: [bold]{token}[/]  (also in {settings.data_dir / 'token'})")
+        for i in range(embedded_agents):
+            agents.append(subprocess.Popen(
+                [sys.executable, "-m", "tokenpulse.cli", "agent", "--server", url,
+                 "--token-file", str(settings.data_dir / "agent_token"),
+                 "--work-dir", str(settings.data_dir / f"agent-{i}")]))
+        if embedded_agents:
+            console.print(f"{embedded_agents} embedded worker(s) started; Ctrl-C stops everything")
+        if demo:
+            job = Client(url, token).submit({"name": "demo"})
+            console.print(f"demo job submitted: {url}/jobs/{job['id']}")
+        await task
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in agents:
+            p.send_signal(signal.SIGTERM)
+        for p in agents:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return 0
+
+
+def cmd_server(args) -> int:
+    from server.settings import Settings
+    overrides = {k: v for k, v in {"data_dir": args.data_dir, "host": args.host, "port": args.port}.items()
+                 if v is not None}
+    return serve(Settings(**overrides))
+
+
+def cmd_agent(args) -> int:
+    from worker.agent import Agent
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    token = args.token or os.environ.get("TOKENPULSE_AGENT_TOKEN") or (
+        Path(args.token_file).read_text().strip() if args.token_file else None)
+    if not token:
+        raise SystemExit("an agent needs --token, --token-file or TOKENPULSE_AGENT_TOKEN (an agent token)")
+    agent = Agent(args.server, token, Path(args.work_dir), name=args.name, capacity=args.capacity,
+                  heartbeat_s=args.heartbeat, grace_s=args.grace)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.stop()))
+        await agent.run(max_jobs=args.max_jobs, until_idle=args.burst)
+    asyncio.run(main())
+    return 0
+
+
+# ---- jobs ------------------------------------------------------------------------------------------
+
+def load_spec(path: str) -> dict:
+    import yaml
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    spec = yaml.safe_load(text) or {}
+    if not isinstance(spec, dict):
+        raise SystemExit(f"{path}: a job spec is a mapping of settings (see README)")
+    return spec
+
+
+def client(args) -> Client:
+    return Client(args.url)
+
+
+def report_error(e: ApiError) -> int:
+    console = _console()
+    d = e.detail
+    if isinstance(d, dict) and d.get("errors"):
+        for err in d["errors"]:
+            console.print(f"[red]error[/] {err['field']}: {err['message']}")
+    else:
+        console.print(f"[red]error[/] {e}")
+    return 2
+
+
+def cmd_submit(args) -> int:
+    spec = load_spec(args.spec)
+    for kv in args.set or []:
+        key, _, value = kv.partition("=")
+        import yaml
+        spec[key] = yaml.safe_load(value)
+    try:
+        job = client(args).submit(spec)
+    except ApiError as e:
+        return report_error(e)
+    _console().print(f"job [bold]{job['id']}[/] ({job['name']}) queued: {client(args).url}/jobs/{job['id']}")
+    return watch(client(args), job["id"]) if args.follow else 0
+
+
+def cmd_demo(args) -> int:
+    try:
+        job = client(args).submit({"name": "demo"})
+    except ApiError as e:
+        return report_error(e)
+    _console().print(f"demo job [bold]{job['id']}[/] queued: {client(args).url}/jobs/{job['id']}")
+    return watch(client(args), job["id"]) if not args.no_follow else 0
+
+
+def watch(c: Client, job_id: int) -> int:
+    """Follow a job in the terminal with a rich progress bar until it ends."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    console = _console()
+    with Progress(TextColumn("[bold]{task.fields[state]}[/]"), TextColumn("{task.description}"),
+                  BarColumn(), TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
+                  console=console) as progress:
+        task = progress.add_task("", total=None, state="queued", extra="")
+        while True:
+            job = c.job(job_id)
+            phase = job.get("phase") or {}
+            last = job.get("last") or {}
+            extra = []
+            if "loss" in last:
+                extra.append(f"loss {last['loss']:.4f}")
+            if "tokens_per_s" in last:
+                extra.append(f"{last['tokens_per_s']:,.0f} tok/s")
+            if job.get("alive_at") and job["state"] in ("running", "starting"):
+                extra.append(f"heartbeat {time.time() - job['alive_at']:.0f} s ago")
+            desc = phase.get("name", "waiting for a worker")
+            if phase.get("total"):
+                desc += f" {phase.get('done', 0):,.0f}/{phase['total']:,.0f} {phase.get('unit') or ''}"
+            progress.update(task, description=desc, total=phase.get("total"), completed=phase.get("done") or 0,
+                            state=job["state"], extra="  ".join(extra))
+            if job["state"] in FINAL:
+                break
+            time.sleep(1)
+    color = {"completed": "green", "failed": "red"}.get(job["state"], "yellow")
+    console.print(f"job {job_id} [{color}]{job['state']}[/]" + (f": {job['reason']}" if job.get("reason") else ""))
+    if job.get("output_dir"):
+        console.print(f"model saved in {job['output_dir']}")
+    return 0 if job["state"] == "completed" else 1
+
+
+def cmd_watch(args) -> int:
+    return watch(client(args), args.job)
+
+
+def cmd_jobs(args) -> int:
+    from rich.table import Table
+    data = client(args).jobs(state=args.state, q=args.q, limit=args.limit)
+    table = Table("id", "name", "state", "phase", "step", "loss", "tok/s", title=f"{data['total']} jobs")
+    for j in data["jobs"]:
+        p, last = j.get("phase") or {}, j.get("last") or {}
+        table.add_row(str(j["id"]), j["name"], j["state"], p.get("name", ""),
+                      f"{j.get('step') or 0}/{j.get('total_steps') or '?'}",
+                      f"{last['loss']:.4f}" if "loss" in last else "",
+                      f"{last['tokens_per_s']:,.0f}" if "tokens_per_s" in last else "")
+    _console().print(table)
+    return 0
+
+
+def cmd_show(args) -> int:
+    try:
+        print(json.dumps(client(args).job(args.job), indent=2))
+    except ApiError as e:
+        return report_error(e)
+    return 0
+
+
+def make_action(action: str):
+    def run(args) -> int:
+        try:
+            job = client(args).action(args.job, action)
+        except ApiError as e:
+            return report_error(e)
+        _console().print(f"job {job['id']}: {job['state']}" + (f" ({action} requested)" if job.get("requested_action") else ""))
+        return 0
+    return run
+
+
+def cmd_clone(args) -> int:
+    changes = {}
+    import yaml
+    for kv in args.set or []:
+        key, _, value = kv.partition("=")
+        changes[key] = yaml.safe_load(value)
+    try:
+        job = client(args).clone(args.job, changes)
+    except ApiError as e:
+        return report_error(e)
+    _console().print(f"job {job['id']} queued (clone of {args.job})")
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    spec = load_spec(args.spec) if args.spec else {}
+    if args.dataset:
+        spec["dataset"] = args.dataset
+    if args.text_field:
+        spec["text_field"] = args.text_field
+    try:
+        a = client(args).analyze(spec)
+    except ApiError as e:
+        return report_error(e)
+    if args.json:
+        print(json.dumps(a, indent=2))
+        return 0
+    from rich.table import Table
+    console = _console()
+    p = a.get("percentiles", {})
+    console.print(f"{a['num_examples']:,} examples" + (f" (sampled {a['sample_size']:,})" if a.get("sampled") else ""))
+    console.print("token length: " + ", ".join(f"{k} {v}" for k, v in p.items()))
+    console.print(f"[bold]recommended max_seq_length: {a['recommended_max_seq_length']}[/] "
+                  f"(truncates {a.get('truncated_examples', 0):,} examples)")
+    table = Table("strategy", "padding waste", "real tokens / step")
+    for name, s in a.get("strategies", {}).items():
+        table.add_row(name, f"{100 * s['padding_fraction']:.1f} %", f"{s['real_tokens_per_step']:,.0f}")
+    console.print(table)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="tokenpulse", description=__doc__)
+    ap.add_argument("--url", default=None, help=f"server URL (env TOKENPULSE_URL, default {DEFAULT_URL})")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("up", help="start the server with an embedded worker")
+    p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("TOKENPULSE_DATA_DIR", "tokenpulse-data")))
+    p.add_argument("--host", default=os.environ.get("TOKENPULSE_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("TOKENPULSE_PORT", "8765")))
+    p.add_argument("--workers", type=int, default=1, help="embedded agent processes")
+    p.add_argument("--no-worker", action="store_true", help="server only")
+    p.add_argument("--demo", action="store_true", help="submit the demo job once up")
+    p.set_defaults(fn=cmd_up)
+
+    p = sub.add_parser("server", help="start the server only")
+    p.add_argument("--data-dir", type=Path)
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(fn=cmd_server)
+
+    p = sub.add_parser("agent", help="run a worker agent that claims and trains jobs")
+    p.add_argument("--server", default=os.environ.get("TOKENPULSE_URL", DEFAULT_URL))
+    p.add_argument("--token")
+    p.add_argument("--token-file")
+    p.add_argument("--work-dir", default="tokenpulse-agent")
+    p.add_argument("--name")
+    p.add_argument("--capacity", type=int, default=1, help="jobs at once")
+    p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--max-jobs", type=int)
+    p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    p.set_defaults(fn=cmd_agent)
+
+    p = sub.add_parser("submit", help="submit a job spec (YAML or JSON file, - for stdin)")
+    p.add_argument("spec")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting")
+    p.add_argument("-f", "--follow", action="store_true", help="watch it until it ends")
+    p.set_defaults(fn=cmd_submit)
+
+    p = sub.add_parser("demo", help="submit the built-in demo job and watch it")
+    p.add_argument("--no-follow", action="store_true")
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("watch", help="follow a job until it ends")
+    p.add_argument("job", type=int)
+    p.set_defaults(fn=cmd_watch)
+
+    p = sub.add_parser("jobs", help="list jobs")
+    p.add_argument("--state")
+    p.add_argument("-q")
+    p.add_argument("--limit", type=int, default=30)
+    p.set_defaults(fn=cmd_jobs)
+
+    p = sub.add_parser("show", help="a job's full record as JSON")
+    p.add_argument("job", type=int)
+    p.set_defaults(fn=cmd_show)
+
+    for action in ("cancel", "pause", "resume"):
+        p = sub.add_parser(action, help=f"{action} a job")
+        p.add_argument("job", type=int)
+        p.set_defaults(fn=make_action(action))
+
+    p = sub.add_parser("clone", help="start a job again (retry), optionally with changed settings")
+    p.add_argument("job", type=int)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.set_defaults(fn=cmd_clone)
+
+    p = sub.add_parser("analyze", help="token length analysis and recommended max_seq_length")
+    p.add_argument("spec", nargs="?", help="job spec file (model, dataset, fields)")
+    p.add_argument("--dataset")
+    p.add_argument("--text-field")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_analyze)
+
+    args = ap.parse_args(argv)
+    return args.fn(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""A small Python client for the REST API (what the CLI uses, and what scripts can use)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, detail: Any):
+        self.status, self.detail = status, detail
+        if isinstance(detail, dict):
+            text = detail.get("message") or str(detail)
+        else:
+            text = str(detail)
+        super().__init__(f"HTTP {status}: {text}")
+
+
+def find_token(data_dir: Optional[Path] = None) -> str:
+    token = os.environ.get("TOKENPULSE_TOKEN")
+    if token:
+        return token
+    path = (data_dir or Path(os.environ.get("TOKENPULSE_DATA_DIR", "tokenpulse-data"))) / "token"
+    if path.exists():
+        return path.read_text().strip()
+    raise SystemExit(f"no token: set TOKENPULSE_TOKEN or run where {path} exists (the server writes it)")
+
+
+class Client:
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, timeout: float = 60):
+        self.url = (url or os.environ.get("TOKENPULSE_URL") or DEFAULT_URL).rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout,
+                                 headers={"Authorization": f"Bearer {token or find_token()}"})
+
+    def request(self, method: str, path: str, **kw) -> Any:
+        r = self.http.request(method, path, **kw)
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail")
+            except ValueError:
+                detail = r.text
+            raise ApiError(r.status_code, detail)
+        return r.json() if r.content else None
+
+    def submit(self, spec: dict) -> dict:
+        return self.request("POST", "/api/jobs", json=spec)
+
+    def jobs(self, state: Optional[str] = None, q: Optional[str] = None, limit: int = 50) -> dict:
+        params = {k: v for k, v in {"state": state, "q": q, "limit": limit}.items() if v is not None}
+        return self.request("GET", "/api/jobs", params=params)
+
+    def job(self, job_id: int) -> dict:
+        return self.request("GET", f"/api/jobs/{job_id}")
+
+    def action(self, job_id: int, action: str) -> dict:
+        return self.request("POST", f"/api/jobs/{job_id}/{action}")
+
+    def clone(self, job_id: int, changes: Optional[dict] = None) -> dict:
+        return self.request("POST", f"/api/jobs/{job_id}/clone", json={"changes": changes or {}})
+
+    def metrics(self, job_id: int, keys: Optional[list[str]] = None, max_points: int = 1000) -> dict:
+        return self.request("GET", f"/api/jobs/{job_id}/metrics", params={"keys": keys or [], "max_points": max_points})
+
+    def events(self, job_id: int, after_seq: int = -1, kinds: Optional[list[str]] = None) -> dict:
+        return self.request("GET", f"/api/jobs/{job_id}/events",
+                            params={"after_seq": after_seq, "kinds": kinds or []})
+
+    def analyze(self, spec: dict) -> dict:
+        return self.request("POST", "/api/datasets/analyze", json=spec, timeout=600)
+
+    def alerts(self, **filters) -> list:
+        return self.request("GET", "/api/alerts", params={k: v for k, v in filters.items() if v is not None})
+
+    def agents(self) -> list:
+        return self.request("GET", "/api/agents")

@@ -1,0 +1,251 @@
+"""The one vocabulary that crosses every boundary: job specs, events, job states.
+
+Imported by the training process, the agent, the server's storage, REST and websockets, so the
+shapes cannot drift apart. Imports nothing heavy (pydantic only): the server never loads torch.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BUILTIN_MODEL = "builtin:tiny-llama"
+BUILTIN_DATASET = "builtin:demo"
+
+
+class JobState(str, enum.Enum):
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    paused = "paused"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+ACTIVE_STATES = {JobState.starting, JobState.running}
+FINAL_STATES = {JobState.completed, JobState.failed, JobState.cancelled}
+
+
+class LoraSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rank: int = Field(8, ge=1, le=1024, description="LoRA rank r")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha (scaling = alpha / rank)")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    load_in_4bit: bool = Field(False, description="QLoRA: 4-bit base weights (CUDA only)")
+
+
+class StallSpec(BaseModel):
+    """Per-job overrides of the stall detector's thresholds (seconds)."""
+    model_config = ConfigDict(extra="forbid")
+    factor: Optional[float] = Field(None, gt=1, description="stalled after factor x typical interval")
+    floor_s: Optional[float] = Field(None, gt=0, description="never stalled before this many seconds")
+    ceiling_s: Optional[float] = Field(None, gt=0, description="always stalled after this many seconds")
+    first_step_s: Optional[float] = Field(None, gt=0, description="allowance for the first step")
+    phase_s: Optional[float] = Field(None, gt=0, description="budget for a phase with no counter")
+
+
+class FaultSpec(BaseModel):
+    """Test-only fault injection; the server refuses it unless the operator enables it."""
+    model_config = ConfigDict(extra="forbid")
+    hang_at_step: Optional[int] = Field(None, ge=0, description="sleep forever at this step")
+    slow_after_step: Optional[int] = Field(None, ge=0, description="steps get slow_factor x slower from here")
+    slow_factor: float = Field(5.0, ge=1)
+    slow_data_s: Optional[float] = Field(None, ge=0, description="data phase lasts this long, reporting progress")
+    crash_at_step: Optional[int] = Field(None, ge=0, description="exit(3) at this step")
+    nan_at_step: Optional[int] = Field(None, ge=0, description="loss becomes NaN at this step")
+    step_sleep_s: float = Field(0.0, ge=0, description="sleep this long every step (a slow but alive job)")
+
+
+class JobSpec(BaseModel):
+    """What a user submits. Every field validated here, so a typo fails at submit, not hours later."""
+    model_config = ConfigDict(extra="forbid")
+
+    name: Optional[str] = Field(None, max_length=200, description="a label for the job")
+    model: str = Field(BUILTIN_MODEL, min_length=1, max_length=4096,
+                       description=f"local Hugging Face model directory, or {BUILTIN_MODEL}")
+    dataset: str = Field(BUILTIN_DATASET, min_length=1, max_length=4096,
+                         description=f".jsonl/.csv/.parquet/.txt file, a save_to_disk directory, or {BUILTIN_DATASET}")
+    text_field: Optional[str] = Field(None, max_length=200, description="column holding plain text")
+    prompt_field: Optional[str] = Field(None, max_length=200, description="column holding the prompt")
+    response_field: Optional[str] = Field(None, max_length=200, description="column holding the response")
+    loss_on_response_only: bool = Field(True, description="mask prompt tokens out of the loss")
+    streaming: bool = Field(False, description="read the dataset as a stream, accumulating chunks")
+
+    max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps (or use epochs)")
+    epochs: Optional[float] = Field(None, gt=0, description="passes over the data (when max_steps is unset)")
+    learning_rate: float = Field(3e-4, gt=0, lt=1, description="peak learning rate")
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: Union[int, Literal["auto"]] = Field(
+        "auto", description="micro-batch (rows per step); auto measures a few sizes")
+    tokens_per_batch: Optional[int] = Field(
+        None, ge=8, description="effective batch in real tokens per optimizer step (default: 16 rows' worth)")
+    grad_accum: Union[int, Literal["auto"]] = Field("auto", description="micro-batches per optimizer step")
+    max_seq_length: Union[int, Literal["auto"]] = Field(
+        "auto", description="tokens per example; auto covers the data up to the coverage percentile")
+    length_coverage: float = Field(99.9, gt=50, le=100, description="percentile auto max length covers")
+    padding: Literal["auto", "pack", "dynamic", "max_length"] = Field(
+        "auto", description="pack (padding-free), dynamic (pad to longest in batch), max_length (wasteful)")
+    group_by_length: bool = Field(False, description="dynamic padding: batch similar lengths together")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="auto: bf16 where measured faster or on GPUs that have it")
+    gradient_checkpointing: bool = False
+    lora: Optional[LoraSpec] = None
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: the accelerator when there is one")
+    checkpoint_every: Optional[int] = Field(None, ge=1, description="save a checkpoint every N steps")
+    checkpoint_every_min: Optional[float] = Field(None, gt=0, description="... or every N minutes")
+    keep_checkpoints: int = Field(2, ge=1, le=100)
+    log_every: int = Field(1, ge=1, description="steps between metric points")
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
+    max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, lost worker, crash)")
+    stall: StallSpec = Field(default_factory=StallSpec)
+    fault: Optional[FaultSpec] = None
+
+    @field_validator("model", "dataset")
+    @classmethod
+    def _no_nul(cls, v: str) -> str:
+        if "\x00" in v:
+            raise ValueError("must not contain NUL bytes")
+        return v.strip()
+
+    @field_validator("max_seq_length")
+    @classmethod
+    def _seq_len(cls, v):
+        if isinstance(v, int) and not 8 <= v <= 1_048_576:
+            raise ValueError("must be 'auto' or between 8 and 1048576")
+        return v
+
+    @field_validator("batch_size", "grad_accum")
+    @classmethod
+    def _positive(cls, v):
+        if isinstance(v, int) and not 1 <= v <= 65536:
+            raise ValueError("must be 'auto' or between 1 and 65536")
+        return v
+
+    @model_validator(mode="after")
+    def _fields_consistent(self):
+        if self.prompt_field and not self.response_field or self.response_field and not self.prompt_field:
+            raise ValueError("prompt_field and response_field go together")
+        if self.text_field and self.prompt_field:
+            raise ValueError("give text_field or prompt_field/response_field, not both")
+        if self.max_steps is None and self.epochs is None:
+            self.max_steps = 200
+        return self
+
+
+# ---- events ---------------------------------------------------------------------------------------
+
+EventKind = Literal["phase", "alive", "metrics", "log", "state", "alert", "checkpoint", "info"]
+
+
+class PhaseData(BaseModel):
+    name: str  # loading model, tokenizing, packing, training, evaluating, saving, accumulating...
+    done: Optional[float] = None
+    total: Optional[float] = None
+    unit: Optional[str] = None  # examples, steps, samples, tokens...
+    detail: Optional[str] = None
+
+
+class MetricsData(BaseModel):
+    step: int = Field(ge=0)
+    values: dict[str, float]
+
+    @field_validator("values")
+    @classmethod
+    def _names(cls, v: dict[str, float]) -> dict[str, float]:
+        for k in v:
+            if not k or len(k) > 64:
+                raise ValueError("metric names are 1 to 64 characters")
+        return v
+
+
+class LogData(BaseModel):
+    line: str = Field(max_length=8192)
+    stream: Literal["stdout", "stderr", "agent"] = "stdout"
+
+
+class StateData(BaseModel):
+    state: JobState
+    reason: Optional[str] = Field(None, max_length=8192)
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    retry: bool = False  # the agent asks for a requeue (policy decides)
+    failure: Optional[str] = None  # oom, nan, crash, lost, spec, hang...
+
+
+class AlertData(BaseModel):
+    kind: str = Field(max_length=64)  # stalled, slow, crashed, nan, worker_lost, padding...
+    severity: Literal["info", "warning", "critical"] = "warning"
+    message: str = Field(max_length=8192)
+    stack: Optional[str] = Field(None, max_length=200_000)
+    clear: bool = False  # the condition is over (job recovered)
+
+
+class CheckpointData(BaseModel):
+    step: int
+    path: str
+    final: bool = False
+
+
+class Event(BaseModel):
+    """One message from a training process, relayed by its agent. seq is per job, from the agent."""
+    kind: EventKind
+    job_id: int = Field(ge=1)
+    seq: int = Field(ge=0)
+    t: float
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _data_shape(self):
+        model = DATA_MODELS.get(self.kind)
+        if model is not None:
+            self.data = model.model_validate(self.data).model_dump(exclude_none=True, mode="json")
+        return self
+
+
+DATA_MODELS: dict[str, type[BaseModel]] = {
+    "phase": PhaseData, "metrics": MetricsData, "log": LogData, "state": StateData,
+    "alert": AlertData, "checkpoint": CheckpointData,
+}
+
+
+def finite_or_none(x: float) -> Optional[float]:
+    return x if x is not None and math.isfinite(x) else None
+
+
+# ---- agent protocol -------------------------------------------------------------------------------
+
+class AgentHello(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    host: str = Field(max_length=200)
+    device: str = Field("cpu", max_length=500)
+    capacity: int = Field(1, ge=1, le=64)
+
+
+class EventBatch(BaseModel):
+    events: list[Event] = Field(max_length=100_000)
+
+
+class Command(BaseModel):
+    job_id: int
+    action: Literal["cancel", "pause", "stack"]
+
+
+class AgentReply(BaseModel):
+    """What the server answers to a heartbeat or an event batch: acks and commands."""
+    acked: dict[int, int] = Field(default_factory=dict)  # job_id -> highest seq stored
+    commands: list[Command] = Field(default_factory=list)
+
+
+class Claim(BaseModel):
+    job_id: int
+    attempt: int
+    seq_start: int
+    spec: JobSpec
+    resume_from: Optional[str] = None

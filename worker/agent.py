@@ -1,0 +1,324 @@
+"""The agent: claims jobs from the server, runs each in a supervised training process, relays its
+events, heartbeats, watches for stalls, and carries out commands (cancel, pause, stack).
+
+It talks to the server only over HTTP, so it can run on any machine that reaches the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+from tokenpulse.protocol import Claim
+from worker.child import TrainingProcess, describe_exit
+from worker.outbox import Outbox
+from worker.stall import StallConfig, StallDetector
+
+log = logging.getLogger("tokenpulse.agent")
+
+
+def describe_device() -> str:
+    """What this agent trains on, without importing torch into the agent (nvidia-smi if present)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+            if out:
+                return "cuda: " + "; ".join(line.strip() for line in out.splitlines())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+@dataclass
+class RunningJob:
+    claim: Claim
+    process: TrainingProcess
+    detector: StallDetector
+    alive_at: float = field(default_factory=time.time)
+    child_state: Optional[dict] = None
+    requested: Optional[str] = None  # cancel or pause, once asked
+    stack_lines: Optional[list] = None  # collecting a faulthandler dump
+    tasks: list = field(default_factory=list)
+
+
+class Agent:
+    def __init__(self, server: str, token: str, work_dir: Path, name: Optional[str] = None,
+                 capacity: int = 1, heartbeat_s: float = 2.0, flush_s: float = 0.25,
+                 poll_s: float = 1.0, grace_s: float = 10.0, stall: Optional[StallConfig] = None):
+        self.server = server.rstrip("/")
+        self.http = httpx.AsyncClient(base_url=self.server, timeout=30,
+                                      headers={"Authorization": f"Bearer {token}"})
+        self.work_dir = work_dir
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.capacity = capacity
+        self.heartbeat_s, self.flush_s, self.poll_s, self.grace_s = heartbeat_s, flush_s, poll_s, grace_s
+        self.stall_config = stall or StallConfig()
+        self.outbox = Outbox(work_dir / "journal")
+        self.jobs: dict[int, RunningJob] = {}
+        self.agent_id: Optional[int] = None
+        self.flush_now = asyncio.Event()
+        self.stopping = False
+        self.done_jobs = 0
+
+    # ---- server calls, each retried until the server answers (it may be restarting) ----------
+
+    async def call(self, method: str, path: str, **kw) -> httpx.Response:
+        delay = 0.5
+        while True:
+            try:
+                r = await self.http.request(method, path, **kw)
+                if r.status_code < 500:
+                    return r
+                log.warning("%s %s: server answered %s", method, path, r.status_code)
+            except httpx.HTTPError as e:
+                log.warning("%s %s: %s; retrying", method, path, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def register(self) -> None:
+        r = await self.call("POST", "/api/agents", json={
+            "name": self.name, "host": socket.gethostname(), "device": describe_device(),
+            "capacity": self.capacity})
+        r.raise_for_status()
+        self.agent_id = r.json()["id"]
+        log.info("registered as agent %s (%s)", self.agent_id, self.name)
+
+    # ---- main loop -----------------------------------------------------------------------------
+
+    async def run(self, max_jobs: Optional[int] = None, until_idle: bool = False) -> None:
+        """Claim and run jobs until stopped (or after max_jobs, or when the queue is empty)."""
+        self.outbox.recover()
+        await self.register()
+        loops = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.flush_loop())]
+        try:
+            while not self.stopping:
+                if max_jobs is not None and self.done_jobs + len(self.jobs) >= max_jobs:
+                    if not self.jobs:
+                        break
+                elif len(self.jobs) < self.capacity:
+                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim")
+                    if r.status_code == 200:
+                        await self.start_job(Claim.model_validate(r.json()))
+                        continue
+                    if r.status_code == 404:  # the server forgot us (new database): register again
+                        await self.register()
+                        continue
+                    if until_idle and not self.jobs:
+                        break
+                await asyncio.sleep(self.poll_s)
+            while self.jobs:
+                await asyncio.sleep(0.2)
+            await self.drain()
+        finally:
+            for t in loops:
+                t.cancel()
+            await self.http.aclose()
+
+    async def drain(self, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while self.outbox.size() and time.monotonic() < end:
+            self.flush_now.set()
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        """Stop claiming; cancel what runs (the server requeues nothing: the user asked)."""
+        self.stopping = True
+        await asyncio.gather(*(rj.process.stop(signal.SIGTERM, self.grace_s) for rj in self.jobs.values()),
+                             return_exceptions=True)
+
+    # ---- one job -------------------------------------------------------------------------------
+
+    async def start_job(self, claim: Claim) -> None:
+        job_dir = self.work_dir / "jobs" / str(claim.job_id)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = job_dir / "spec.json"
+        spec_path.write_text(claim.spec.model_dump_json(indent=2))
+        self.outbox.open_job(claim.job_id, claim.seq_start)
+        stall = self.stall_config.merged(claim.spec.stall.model_dump())
+        proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", claim.resume_from)
+        rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall))
+        self.jobs[claim.job_id] = rj
+        note = f" resuming from {claim.resume_from}" if claim.resume_from else ""
+        self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}{note}", "stream": "agent"})
+        try:
+            await proc.start()
+        except OSError as e:
+            self.emit(rj, "state", {"state": "failed", "reason": f"could not start training: {e}", "failure": "crash"})
+            self.finish(claim.job_id)
+            return
+        rj.detector.start(time.time())
+        rj.tasks = [asyncio.create_task(self.read_events(rj)),
+                    asyncio.create_task(self.read_output(rj, proc.proc.stdout, "stdout")),
+                    asyncio.create_task(self.read_output(rj, proc.proc.stderr, "stderr")),
+                    asyncio.create_task(self.supervise(rj))]
+
+    def emit(self, rj: RunningJob, kind: str, data: dict, t: Optional[float] = None) -> None:
+        self.outbox.add(rj.claim.job_id, kind, data, t)
+        if kind in ("state", "alert", "phase"):
+            self.flush_now.set()
+
+    async def read_events(self, rj: RunningJob) -> None:
+        reader = rj.process.events
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            try:
+                ev = json.loads(line)
+                kind, data, t = ev["kind"], ev.get("data", {}), float(ev.get("t", time.time()))
+            except (ValueError, KeyError, TypeError):
+                self.emit(rj, "log", {"line": f"bad event line: {line[:200]!r}", "stream": "agent"})
+                continue
+            now = time.time()
+            rj.alive_at = now
+            if kind == "alive":
+                continue  # carried by the heartbeat, not stored one by one
+            was_stalled = rj.detector.stalled
+            rj.detector.observe(kind, data, now)
+            if was_stalled and not rj.detector.stalled:
+                self.emit(rj, "alert", {"kind": "stalled", "message": f"progressing again (phase '{rj.detector.phase}')",
+                                        "clear": True})
+            if kind == "state":
+                rj.child_state = data  # judged together with the exit code, in supervise()
+                continue
+            self.emit(rj, kind, data, t)
+
+    async def read_output(self, rj: RunningJob, stream: asyncio.StreamReader, name: str) -> None:
+        while True:
+            raw = await stream.readline()
+            if not raw:
+                return
+            line = raw.decode(errors="replace").rstrip("\n")
+            rj.process.tail.append(line)
+            if rj.stack_lines is not None and name == "stderr":
+                rj.stack_lines.append(line)
+            self.emit(rj, "log", {"line": line[:8192], "stream": name})
+
+    async def supervise(self, rj: RunningJob) -> None:
+        """Watch for stalls while the process runs; then report how it ended."""
+        proc = rj.process
+        while proc.proc.returncode is None:
+            try:
+                await asyncio.wait_for(proc.proc.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+            verdict = rj.detector.check(time.time())
+            if verdict is not None and verdict.kind == "stalled":
+                stack = await self.capture_stack(rj)
+                self.emit(rj, "alert", {"kind": "stalled", "severity": "critical",
+                                        "message": verdict.message, "stack": stack})
+        await asyncio.gather(*rj.tasks[:3], return_exceptions=True)  # drain pipes: last lines, last events
+        self.emit(rj, "state", self.judge_exit(rj, proc.proc.returncode))
+        self.finish(rj.claim.job_id)
+
+    def judge_exit(self, rj: RunningJob, returncode: int) -> dict:
+        code, sig, words = describe_exit(returncode)
+        child = rj.child_state or {}
+        said = child.get("state")
+        if returncode == 0 and said in ("completed", "paused", "cancelled"):
+            return {**child, "exit_code": 0}
+        if rj.requested == "cancel":
+            return {"state": "cancelled", "reason": f"cancelled by user; training process {words}",
+                    "exit_code": code, "signal": sig}
+        failure = child.get("failure") or ("signal" if sig else "crash")
+        tail = "\n".join(list(rj.process.tail)[-15:])
+        reason = child.get("reason") or f"training process {words}"
+        if tail and not child.get("reason"):
+            reason += f"; last output:\n{tail}"
+        return {"state": "failed", "reason": reason, "failure": failure, "exit_code": code, "signal": sig,
+                "retry": failure in ("oom", "crash", "signal")}
+
+    def finish(self, job_id: int) -> None:
+        self.jobs.pop(job_id, None)
+        self.done_jobs += 1
+        self.flush_now.set()
+
+    async def capture_stack(self, rj: RunningJob) -> str:
+        """Every thread's Python stack: py-spy where it may attach, else faulthandler (SIGUSR1)."""
+        spy = shutil.which("py-spy")
+        if spy:
+            try:
+                p = await asyncio.create_subprocess_exec(spy, "dump", "--pid", str(rj.process.pid),
+                                                         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                out, err = await asyncio.wait_for(p.communicate(), 20)
+                if p.returncode == 0 and out.strip():
+                    return "py-spy dump:\n" + out.decode(errors="replace")
+            except (OSError, asyncio.TimeoutError):
+                pass
+        rj.stack_lines = []
+        rj.process.signal(signal.SIGUSR1)
+        await asyncio.sleep(1.0)
+        lines, rj.stack_lines = rj.stack_lines, None
+        return "faulthandler dump:\n" + "\n".join(lines)
+
+    # ---- commands from the server --------------------------------------------------------------
+
+    async def handle(self, commands: list[dict]) -> None:
+        for c in commands:
+            rj = self.jobs.get(c["job_id"])
+            if rj is None:
+                continue
+            action = c["action"]
+            if action == "stack":
+                stack = await self.capture_stack(rj)
+                self.emit(rj, "log", {"line": stack[:8000], "stream": "agent"})
+            elif action in ("cancel", "pause") and rj.requested is None:
+                rj.requested = action
+                self.emit(rj, "log", {"line": f"agent: {action} requested", "stream": "agent"})
+                if action == "cancel":
+                    asyncio.create_task(rj.process.stop(signal.SIGTERM, self.grace_s))
+                else:  # pause: the training process checkpoints and exits; give it time to save
+                    asyncio.create_task(rj.process.stop(signal.SIGUSR2, max(self.grace_s, 120)))
+
+    async def heartbeat_loop(self) -> None:
+        while True:
+            try:
+                jobs = {str(jid): rj.alive_at for jid, rj in self.jobs.items()}
+                r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json={"jobs": jobs})
+                if r.status_code == 200:
+                    await self.handle(r.json().get("commands", []))
+            except Exception:
+                log.exception("heartbeat failed")
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def flush_loop(self) -> None:
+        """Send pending events in batches about every flush_s (at once for state changes/alerts)."""
+        while True:
+            try:
+                await asyncio.wait_for(self.flush_now.wait(), self.flush_s)
+            except asyncio.TimeoutError:
+                pass
+            self.flush_now.clear()
+            try:
+                while self.outbox.size():
+                    batch = self.outbox.batch()
+                    r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json={"events": batch})
+                    if r.status_code != 200:
+                        log.error("events refused (%s): %s", r.status_code, r.text[:500])
+                        await asyncio.sleep(1)
+                        break
+                    reply = r.json()
+                    self.outbox.ack(reply.get("acked", {}))
+                    await self.handle(reply.get("commands", []))
+                    if len(batch) < 5000:
+                        break
+                for job_id in list(self.outbox.pending):
+                    if job_id not in self.jobs:
+                        self.outbox.close_job(job_id)
+            except Exception:
+                log.exception("flush failed")
+                await asyncio.sleep(1)

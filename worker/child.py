@@ -1,0 +1,68 @@
+"""One training process, supervised: started in its own session, its event pipe and output read
+line by line, stopped gracefully (a signal, then SIGKILL after a grace period), its exit judged."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Optional
+
+
+def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:
+    """(exit_code, signal name, words) for a process's return code."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        hint = " (the kernel's OOM killer sends this too)" if name == "SIGKILL" else ""
+        return None, name, f"killed by {name}{hint}"
+    return returncode, None, f"exited with code {returncode}"
+
+
+class TrainingProcess:
+    def __init__(self, spec_path: Path, out_dir: Path, cache_dir: Path, resume_from: Optional[str]):
+        self.spec_path, self.out_dir, self.cache_dir = spec_path, out_dir, cache_dir
+        self.resume_from = resume_from
+        self.proc: Optional[asyncio.subprocess.Process] = None
+        self.events: Optional[asyncio.StreamReader] = None
+        self.tail: deque[str] = deque(maxlen=40)  # last output lines, for the failure reason
+
+    async def start(self) -> None:
+        read_fd, write_fd = os.pipe()
+        args = [sys.executable, "-u", "-m", "worker.train", "--spec", str(self.spec_path),
+                "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
+        if self.resume_from:
+            args += ["--resume", self.resume_from]
+        env = {**os.environ, "TOKENPULSE_EVENT_FD": str(write_fd), "PYTHONFAULTHANDLER": "1"}
+        # Own session: a signal for the training process never reaches the agent, and SIGKILL of
+        # the group takes its dataloader workers too.
+        self.proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+            pass_fds=(write_fd,), start_new_session=True, limit=1 << 20)
+        os.close(write_fd)
+        loop = asyncio.get_running_loop()
+        self.events = asyncio.StreamReader(limit=1 << 24)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), os.fdopen(read_fd, "rb"))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    async def stop(self, sig: int, grace_s: float) -> None:
+        """Ask politely (sig), then SIGKILL the whole process group after grace_s."""
+        self.signal(sig)
+        try:
+            await asyncio.wait_for(self.proc.wait(), grace_s)
+        except asyncio.TimeoutError:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
