@@ -1,0 +1,20 @@
+"""Errors the training process and the analyzer turn into clear messages and exit codes."""
+from __future__ import annotations
+
+# Exit codes of `python -m worker.train` / `python -m worker.analyze` (the agent maps them to failures).
+EXIT_OK, EXIT_CRASH, EXIT_SPEC, EXIT_FAULT_CRASH, EXIT_NAN, EXIT_OOM = 0, 1, 2, 3, 4, 5
+
+
+class SpecError(Exception):
+    """Bad input the user can fix (missing file, unknown column, unreadable model): never retried."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.message, self.field = message, field
+
+    def as_json(self) -> dict:
+        return {"error": self.message, "field": self.field}
+
+
+class Cancelled(Exception):
+    """SIGTERM arrived during a data phase: stop without training."""

@@ -1,0 +1,188 @@
+"""The training loop: one readable loop over prepared micro-batches, telemetry on logging steps only.
+
+Loss is the sum of token losses over the optimizer step divided by the step's target-token count
+(known on the host from the data), so gradient accumulation and padding never change the maths and
+no device sync is needed to normalize it.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+import psutil
+import torch
+import torch.nn.functional as F
+
+from .controls import Controls, Faults
+from .packing import IGNORE
+from .precision import autocast
+
+WARMUP_STEPS = 2  # steps after (re)start left out of speed figures: allocator, kernels, caches
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    nb = device.type == "cuda"
+    return {k: (v.to(device, non_blocking=nb) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def forward_loss(model, batch: dict, precision: str, device: torch.device) -> torch.Tensor:
+    """Summed next-token cross entropy of one micro-batch (targets already shifted, -100 ignored)."""
+    with autocast(device, precision):
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["targets"].reshape(-1),
+                           ignore_index=IGNORE, reduction="sum")
+
+
+def linear_schedule(optimizer, warmup: int, total: int):
+    """Linear warm-up then linear decay to 0 (the Hugging Face Trainer default)."""
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1) if warmup else 1.0
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, f)
+
+
+def make_optimizer(model, lr: float, weight_decay: float, device: torch.device):
+    params = [p for p in model.parameters() if p.requires_grad]
+    # fused AdamW on CUDA is one kernel per step; on CPU foreach (the default) is fastest.
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
+
+
+@dataclass
+class LoopState:
+    step: int = 0  # optimizer steps done
+    micro: int = 0  # micro-batches consumed (the data position)
+    epoch: int = 0
+
+
+@dataclass
+class LoopResult:
+    outcome: str  # completed | cancelled | paused | nan | exhausted
+    step: int
+    losses: list = field(default_factory=list)
+    detail: str = ""
+
+
+@dataclass
+class Telemetry:
+    """What metrics need besides the batches: emitter, FLOPs per token and the measured peak."""
+    em: object
+    flops_per_token: float = 0.0
+    peak_flops: float = 0.0
+    log_every: int = 1
+    enabled: bool = True
+
+
+def run(model, optimizer, scheduler, batches: Iterator[tuple[int, dict]], state: LoopState,
+        total_steps: int, grad_accum: int, precision: str, device: torch.device, tel: Telemetry,
+        controls: Controls, faults: Faults, on_step: Optional[Callable[[LoopState], None]] = None,
+        scaler=None, max_grad_norm: float = 1.0) -> LoopResult:
+    """Train from state.step to total_steps. `batches` yields (epoch, collated micro-batch)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    proc = psutil.Process()
+    start_step = state.step
+    pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, loss, grad_norm) not yet synced
+    all_losses: list[float] = []
+    win_t = None  # speed window start (after warm-up), counts since then
+    win = dict(steps=0, real=0, padded=0, examples=0)
+    t_last = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    def flush(step: int) -> Optional[LoopResult]:
+        nonlocal pending, win_t, win
+        if not pending:
+            return None
+        losses = torch.stack([l for _, l, _ in pending]).tolist()  # the one host sync per log interval
+        norms = torch.stack([g for _, _, g in pending]).float().tolist()
+        steps = [s for s, _, _ in pending]
+        pending = []
+        for s, l in zip(steps, losses):
+            if not math.isfinite(l):
+                return LoopResult("nan", s, all_losses, f"loss is {l} at step {s}")
+        all_losses.extend(losses)
+        if not tel.enabled:
+            return None
+        now = time.perf_counter()
+        vals = dict(loss=sum(losses) / len(losses), lr=scheduler.get_last_lr()[0], grad_norm=norms[-1],
+                    rss_mb=proc.memory_info().rss / 2 ** 20, epoch=state.epoch)
+        if device.type == "cuda":
+            vals["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        if win_t is not None and win["steps"] > 0:
+            dt = now - win_t
+            tps = win["real"] / dt
+            vals.update(tokens_per_s=tps, padded_tokens_per_s=win["padded"] / dt,
+                        padding_frac=1 - win["real"] / max(1, win["padded"]),
+                        samples_per_s=win["examples"] / dt, step_time_s=dt / win["steps"],
+                        eta_s=(total_steps - step) * dt / win["steps"])
+            if tel.peak_flops:
+                vals["mfu"] = tps * tel.flops_per_token / tel.peak_flops
+            win_t, win = now, dict(steps=0, real=0, padded=0, examples=0)
+        tel.em.metrics(step, **vals)
+        tel.em.phase("training", done=step, total=total_steps, unit="steps")
+        return None
+
+    while state.step < total_steps:
+        if controls.cancel or controls.pause:
+            r = flush(state.step)
+            if r:
+                return r
+            return LoopResult("cancelled" if controls.cancel else "paused", state.step, all_losses)
+        step = state.step  # 0-based index of the step about to run
+        faults.before_step(step)
+        t0 = time.perf_counter()
+        micro = []
+        for _ in range(grad_accum):
+            try:
+                epoch, b = next(batches)
+            except StopIteration:
+                break
+            micro.append(b)
+            state.epoch = epoch
+        if not micro:
+            r = flush(step)
+            return r or LoopResult("exhausted", step, all_losses)
+        n_targets = max(1, sum(b["n_targets"] for b in micro))
+        loss_acc = None
+        for b in micro:
+            b = to_device(b, device)
+            loss = forward_loss(model, b, precision, device) / n_targets
+            if faults.nan_now(step):
+                loss = loss * float("nan")
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.micro += len(micro)
+        pending.append((step, loss_acc, grad_norm.detach()))
+        if state.step - start_step == WARMUP_STEPS:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            win_t = time.perf_counter()
+        elif win_t is not None:
+            win["steps"] += 1
+            win["real"] += sum(b["n_real"] for b in micro)
+            win["padded"] += sum(b["n_padded"] for b in micro)
+            win["examples"] += sum(b["n_examples"] for b in micro)
+        faults.after_step(step, time.perf_counter() - t0)
+        if state.step % tel.log_every == 0 or state.step == total_steps:
+            r = flush(state.step)
+            if r:
+                return r
+        if on_step is not None:
+            on_step(state)
+    r = flush(state.step)
+    return r or LoopResult("completed", state.step, all_losses)

@@ -1,0 +1,84 @@
+"""Device and precision choices, each measured or justified, plus a measured peak for MFU."""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+
+from tokenpulse.protocol import JobSpec
+
+from .errors import SpecError
+
+
+def pick_device(spec: JobSpec) -> tuple[torch.device, str]:
+    has_cuda = torch.cuda.is_available()
+    if spec.device == "cuda" and not has_cuda:
+        raise SpecError("device=cuda but this worker has no CUDA GPU", "device")
+    if spec.device == "cpu" or not has_cuda:
+        return torch.device("cpu"), "no accelerator found" if spec.device == "auto" else "asked for cpu"
+    return torch.device("cuda"), f"accelerator found: {torch.cuda.get_device_name(0)}"
+
+
+def _time_matmul(n: int, k: int, m: int, dtype: torch.dtype, device: torch.device, reps: int) -> float:
+    """Seconds per (n,k)@(k,m) under autocast at dtype (fp32 = plain)."""
+    a = torch.randn(n, k, device=device)
+    b = torch.randn(k, m, device=device)
+    ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    with ctx:
+        for _ in range(2):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps
+
+
+def measure_peak_flops(dtype: torch.dtype, device: torch.device) -> float:
+    """Achieved FLOP/s of a large matmul: the denominator of MFU (a measured, not a datasheet, peak)."""
+    n = 4096 if device.type == "cuda" else 1024
+    s = _time_matmul(n, n, n, dtype, device, reps=10 if device.type == "cuda" else 3)
+    return 2 * n ** 3 / s
+
+
+def pick_precision(spec: JobSpec, device: torch.device, hidden: int) -> tuple[str, str, dict]:
+    """(precision, reason, measurements). CPU: bf16 only where a matmul shaped like the model's is faster."""
+    want = spec.precision
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (e.g. the loss) run on tensor cores
+        torch.backends.cudnn.allow_tf32 = True
+        bf16_ok = torch.cuda.is_bf16_supported()
+        if want == "auto":
+            return ("bf16", "GPU supports bf16 (autocast), TF32 on", {}) if bf16_ok else \
+                   ("fp16", "GPU lacks bf16: fp16 autocast with loss scaling, TF32 on", {})
+        if want == "bf16" and not bf16_ok:
+            raise SpecError("precision=bf16 but this GPU does not support bf16", "precision")
+        return want, "asked for", {}
+    if want == "fp16":
+        raise SpecError("precision=fp16 needs a CUDA GPU; use bf16 or fp32 on CPU", "precision")
+    if want != "auto":
+        return want, "asked for", {}
+    # Shape like one MLP matmul of a few thousand tokens: what training spends its time on.
+    n, k, m = 2048, max(hidden, 64), max(4 * hidden, 256)
+    try:
+        f32 = min(_time_matmul(n, k, m, torch.float32, device, 5) for _ in range(2))
+        b16 = min(_time_matmul(n, k, m, torch.bfloat16, device, 5) for _ in range(2))
+    except RuntimeError as e:
+        return "fp32", f"bf16 autocast unavailable on this CPU ({e})", {}
+    ratio = f32 / b16
+    meas = {"bf16_speedup": round(ratio, 2)}
+    if ratio >= 1.2:
+        return "bf16", f"measured bf16 matmul {ratio:.1f}x faster than fp32 on this CPU", meas
+    return "fp32", f"measured bf16 matmul only {ratio:.2f}x fp32 on this CPU: not worth the precision", meas
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return nullcontext()

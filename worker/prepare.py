@@ -1,0 +1,121 @@
+"""From a spec to tokenized examples, with a progress event for every phase (and the cache)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+
+from tokenpulse.protocol import JobSpec
+
+from . import data as D
+from .errors import Cancelled
+from .tokenization import Tokenized, cache_key, cached_tokenize, encode_batch, tokenize_all
+
+
+def _noop(*a, **k):
+    pass
+
+
+def slow_data(seconds: float, em, should_stop: Callable[[], bool]) -> None:
+    """Fault injection: a data phase that takes `seconds`, visibly alive (progress every 0.5 s)."""
+    t0 = time.monotonic()
+    while (el := time.monotonic() - t0) < seconds:
+        em.phase("loading dataset", done=round(el, 1), total=seconds, unit="s", detail="slow_data_s fault")
+        if should_stop():
+            raise Cancelled()
+        time.sleep(min(0.5, seconds - el))
+
+
+def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = None,
+                   sample: Optional[int] = None, should_stop: Callable[[], bool] = lambda: False,
+                   ) -> tuple[Tokenized, dict]:
+    """Tokenize the dataset (or a random sample of `sample` examples); info says what happened."""
+    em.phase("loading dataset", detail=spec.dataset)
+    if spec.fault and spec.fault.slow_data_s:
+        slow_data(spec.fault.slow_data_s, em, should_stop)
+    path = D.dataset_path(spec)
+    fp = D.fingerprint(path)
+    rows = None
+
+    def open_rows():
+        nonlocal rows
+        if rows is None:
+            rows = D.load_rows(path, cache_dir)
+        return rows
+
+    fields = D.resolve_fields(spec, list(open_rows().column_names))
+    n_total = len(rows)
+    info = {"examples": n_total, "fields": fields.__dict__, "dataset_fingerprint": fp[:16]}
+    sampled = sample is not None and n_total > sample
+    key = cache_key(fp + (f":sample{sample}" if sampled else ""), tokenizer, fields, spec.loss_on_response_only)
+
+    def progress(done, total):
+        em.phase("tokenizing", done=done, total=total, unit="examples")
+        if should_stop():
+            raise Cancelled()
+
+    def make():
+        r = open_rows()
+        if sampled:
+            idx = np.sort(np.random.default_rng(0).choice(n_total, sample, replace=False))
+            r = r.select(idx)
+        return tokenize_all(D.iter_texts(r, fields), len(r), tokenizer, fields,
+                            spec.loss_on_response_only, progress)
+
+    tok, hit = cached_tokenize(cache_dir, key, make)
+    if hit:
+        em.phase("tokenizing", done=tok.n, total=tok.n, unit="examples", detail="cached")
+    info.update(cache_hit=hit, cache_key=key, sampled=sampled, sample_size=tok.n)
+    return tok, info
+
+
+def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Optional[Path] = None,
+                  should_stop: Callable[[], bool] = lambda: False, batch: int = 64) -> Iterator[Tokenized]:
+    """streaming=True: read the file as a stream, yield chunks of >= chunk_tokens tokens for packing.
+
+    Emits an "accumulating" phase at least every second while a chunk fills.
+    """
+    em.phase("loading dataset", detail=f"{spec.dataset} (streaming)")
+    if spec.fault and spec.fault.slow_data_s:
+        slow_data(spec.fault.slow_data_s, em, should_stop)
+    path = D.dataset_path(spec)
+    stream = D.load_rows(path, cache_dir, streaming=True)
+    fields = None
+    parts, buf, n_samples, n_tokens = [], [], 0, 0
+    last = 0.0
+
+    def flush():
+        nonlocal buf, n_samples, n_tokens
+        if buf:
+            t = encode_batch(tokenizer, list(D.iter_texts(buf, fields)), fields.is_pair,
+                             spec.loss_on_response_only and fields.is_pair)
+            parts.append(t)
+            n_samples += t.n
+            n_tokens += int(t.offsets[-1])
+            buf = []
+
+    for row in stream:
+        if fields is None:
+            fields = D.resolve_fields(spec, list(row.keys()))
+        buf.append(row)
+        if len(buf) >= batch:
+            flush()
+        now = time.monotonic()
+        if now - last >= 0.5:
+            em.phase("accumulating", done=n_samples, unit="samples",
+                     detail=f"{n_samples:,} samples, ~{n_tokens:,} tokens")
+            last = now
+            if should_stop():
+                raise Cancelled()
+        if n_tokens >= chunk_tokens:
+            em.phase("accumulating", done=n_samples, unit="samples",
+                     detail=f"{n_samples:,} samples, ~{n_tokens:,} tokens (chunk ready)")
+            yield Tokenized.concat(parts)
+            parts, n_samples, n_tokens = [], 0, 0
+    flush()
+    if fields is None:
+        raise D.SpecError(f"dataset {spec.dataset} is empty", "dataset")
+    if parts:
+        yield Tokenized.concat(parts)

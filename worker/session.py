@@ -1,0 +1,323 @@
+"""One training run from spec to saved model: every automatic choice made here is emitted with its reason."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from tokenpulse.protocol import JobSpec
+
+from . import checkpoint as ckpt
+from .analysis import recommend_max_len
+from .autotune import autotune
+from .controls import Controls, Faults
+from .errors import EXIT_NAN, EXIT_OK, SpecError
+from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
+from .modeling import count_params, load_model, load_tokenizer, supports_packing
+from .packing import Layout, collate, epoch_batches, expected_fill
+from .precision import measure_peak_flops, pick_device, pick_precision
+from .prepare import load_tokenized, stream_chunks
+from .tokenization import Tokenized
+
+DEFAULT_ROWS_PER_STEP = 16  # JobSpec: tokens_per_batch defaults to 16 examples' worth of real tokens
+
+
+class Session:
+    def __init__(self, spec: JobSpec, out: Path, em, controls: Controls, cache_dir: Optional[Path] = None,
+                 resume: Optional[Path] = None, telemetry: bool = True):
+        self.spec, self.out, self.em, self.controls = spec, Path(out), em, controls
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.resume = Path(resume) if resume else None
+        self.telemetry = telemetry
+        self.faults = Faults(spec.fault)
+        self.result = None  # LoopResult, for callers in-process (tests, benchmark)
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _model(self):
+        spec, em = self.spec, self.em
+        self.device, why = pick_device(spec)
+        em.info(device=str(self.device), reason=why)
+        em.phase("loading model", detail=spec.model)
+        self.tokenizer = load_tokenizer(spec)
+        self.state_in = None
+        weights = None
+        if self.resume is not None:
+            try:
+                self.state_in = ckpt.load_state(self.resume)
+            except FileNotFoundError as e:
+                raise SpecError(str(e), "resume")
+            weights = self.resume / "model"
+        self.model = load_model(spec, self.tokenizer, self.device, weights_from=weights)
+        total, trainable = count_params(self.model)
+        cfg = (self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model).config
+        self.cfg = cfg
+        em.info(model=spec.model, params=total, trainable_params=trainable, architecture=cfg.model_type,
+                attn_implementation=getattr(cfg, "_attn_implementation", None))
+        em.phase("loading model", done=1, total=1, detail=f"{total:,} parameters")
+
+    def _model_max(self) -> Optional[int]:
+        for k in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            v = getattr(self.cfg, k, None)
+            if isinstance(v, int) and v > 0:
+                return v
+        return None
+
+    def _choose_max_len(self, lengths: np.ndarray) -> int:
+        spec, em = self.spec, self.em
+        model_max = self._model_max()
+        if spec.max_seq_length != "auto":
+            L = min(spec.max_seq_length, model_max) if model_max else spec.max_seq_length
+            tr = int((lengths > L).sum())
+            em.info(max_seq_length=L, reason="asked for" + (f" (clamped to the model's {model_max})"
+                    if L != spec.max_seq_length else ""), truncated=tr, truncated_frac=tr / max(1, len(lengths)))
+            return L
+        L = recommend_max_len(lengths, spec.length_coverage, model_max)
+        tr = int((lengths > L).sum())
+        pct = float(np.percentile(lengths, spec.length_coverage)) if len(lengths) else 0
+        em.info(max_seq_length=L, truncated=tr, truncated_frac=tr / max(1, len(lengths)),
+                reason=f"covers {spec.length_coverage:g}% of examples (p{spec.length_coverage:g} = "
+                       f"{pct:.0f} tokens, rounded up to a multiple of 8); truncates {tr} of {len(lengths)}")
+        return L
+
+    def _choose_mode(self) -> str:
+        spec, em = self.spec, self.em
+        if spec.padding in ("dynamic", "max_length"):
+            em.info(padding=spec.padding, reason="asked for")
+            return spec.padding
+        ok, why = supports_packing(self.model, self.device)
+        if ok:
+            em.info(padding="pack", reason=f"padding-free packing: {why}")
+            return "pack"
+        if spec.padding == "pack":
+            em.alert("padding", f"packing was asked for but is unsafe for this model ({why}); "
+                     "using dynamic padding", severity="warning")
+        em.info(padding="dynamic", group_by_length=spec.group_by_length,
+                reason=f"model cannot pack ({why}): dynamic padding (pad to the longest in each batch)")
+        return "dynamic"
+
+    def _layout(self, data: Tokenized, mode: str, max_len: int, precision: str) -> tuple[Layout, int]:
+        """Micro-batch shape and grad_accum; measured when batch_size is auto."""
+        spec, em = self.spec, self.em
+        lengths = np.minimum(data.lengths, max_len)
+        mean = float(lengths.mean()) if len(lengths) else 1.0
+        step_tokens = spec.tokens_per_batch or int(round(DEFAULT_ROWS_PER_STEP * mean))
+        row_len = max_len
+        base = Layout(mode=mode, max_len=max_len, row_len=row_len, rows=1, group_by_length=spec.group_by_length)
+        if spec.batch_size == "auto":
+            def progress(k, n):
+                em.phase("tuning batch size", done=k, total=n, unit="shapes")
+            lay, table = autotune(self.model, data, base, step_tokens, self.tokenizer.pad_token_id,
+                                  precision, self.device, spec.seed, progress)
+            best = max(t["tokens_per_s"] for t in table)
+            reason = (f"fastest of {len(table)} measured shapes ({best:,.0f} real tokens/s forward+backward)")
+            em.info(batch_size=lay.rows, row_len=lay.row_len, reason=reason, measured=table)
+        else:
+            lay = base
+            lay.rows = spec.batch_size
+            em.info(batch_size=lay.rows, row_len=lay.row_len, reason="asked for")
+        fill = expected_fill(data, lay, spec.seed)
+        if spec.grad_accum == "auto":
+            lay.grad_accum = max(1, int(round(step_tokens / max(fill, 1.0))))
+            em.info(grad_accum=lay.grad_accum, tokens_per_batch=step_tokens,
+                    reason=f"holds the effective batch at ~{step_tokens:,} real tokens per optimizer step "
+                           f"({'asked for' if spec.tokens_per_batch else f'{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}'})"
+                           f"; {fill:,.0f} real tokens per micro-batch")
+        else:
+            lay.grad_accum = spec.grad_accum
+            em.info(grad_accum=lay.grad_accum, reason="asked for")
+        if mode == "max_length":
+            waste = 1 - mean / max_len
+            rec = recommend_max_len(data.lengths, spec.length_coverage, self._model_max())
+            em.alert("padding", f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
+                     f"on pad tokens; use padding=auto (packing) or dynamic, or max_seq_length={rec} "
+                     f"(covers {spec.length_coverage:g}% of examples)", severity="warning")
+        return lay, step_tokens
+
+    def _precision(self) -> str:
+        if self.state_in is not None:
+            p = self.state_in["precision"]
+            self.em.info(precision=p, reason="same as the run being resumed")
+            return p
+        p, why, meas = pick_precision(self.spec, self.device, getattr(self.cfg, "hidden_size", 256))
+        self.em.info(precision=p, reason=why, **meas)
+        return p
+
+    # ---- run -----------------------------------------------------------------------------------
+    def run(self) -> int:
+        spec, em = self.spec, self.em
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()  # our phase events report progress; bars only clutter stderr
+        self._model()
+        if spec.streaming:
+            return self._run_streaming()
+        data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop)
+        em.info(tokenization_cache="hit" if info["cache_hit"] else "miss", examples=data.n,
+                tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
+        if data.n == 0:
+            raise SpecError("dataset has no examples", "dataset")
+        precision = self._precision()
+        if self.state_in is not None:
+            lay = Layout(**self.state_in["layout"])
+            em.info(padding=lay.mode, max_seq_length=lay.max_len, batch_size=lay.rows, row_len=lay.row_len,
+                    grad_accum=lay.grad_accum, reason="same as the run being resumed")
+        else:
+            max_len = self._choose_max_len(data.lengths)
+            mode = self._choose_mode()
+            lay, _ = self._layout(data, mode, max_len, precision)
+        em.phase("packing", done=0, total=1, unit="epochs")
+        per_epoch = len(epoch_batches(data, lay, spec.seed, 0))
+        em.phase("packing", done=1, total=1, unit="epochs", detail=f"{per_epoch} micro-batches per epoch")
+        if spec.max_steps is not None and spec.epochs is None:
+            total = spec.max_steps
+        else:
+            total = max(1, math.ceil((spec.epochs or 1) * per_epoch / lay.grad_accum))
+            if spec.max_steps:
+                total = min(total, spec.max_steps)
+
+        def stream() -> Iterator[tuple[int, dict]]:
+            epoch, k = 0, 0
+            skip = self.state_in["micro"] if self.state_in else 0
+            while True:
+                for rows in epoch_batches(data, lay, spec.seed, epoch):
+                    if k >= skip:  # resuming: walk the same deterministic plan to the saved position
+                        yield epoch, collate(data, rows, lay, self.tokenizer.pad_token_id)
+                    k += 1
+                epoch += 1
+
+        return self._train(stream(), lay, precision, total, data)
+
+    def _run_streaming(self) -> int:
+        spec, em = self.spec, self.em
+        if spec.epochs is not None and spec.max_steps is None:
+            raise SpecError("streaming needs max_steps (the stream's length is unknown)", "max_steps")
+        precision = self._precision()
+        chunk_tokens = 200_000
+        state = {}
+
+        def chunks():
+            epoch = 0
+            while True:
+                got = False
+                for c in stream_chunks(spec, self.tokenizer, em, chunk_tokens, self.cache_dir,
+                                       self.controls.should_stop):
+                    got = True
+                    yield epoch, c
+                if not got:
+                    return
+                epoch += 1
+
+        it = chunks()
+        try:
+            epoch0, first = next(it)
+        except StopIteration:
+            raise SpecError("dataset has no examples", "dataset")
+        if self.state_in is not None:
+            lay = Layout(**self.state_in["layout"])
+        else:
+            max_len = self._choose_max_len(first.lengths)  # from the first chunk: all a stream offers
+            lay, _ = self._layout(first, self._choose_mode(), max_len, precision)
+        pad = self.tokenizer.pad_token_id
+
+        def stream():
+            skip = self.state_in["micro"] if self.state_in else 0
+            k, ci = 0, 0
+            pending = [(epoch0, first)]
+            while True:
+                for ep, c in pending:
+                    em.phase("packing", detail=f"chunk {ci}: {c.n:,} samples")
+                    for rows in epoch_batches(c, lay, spec.seed, ci):
+                        if k >= skip:
+                            yield ep, collate(c, rows, lay, pad)
+                        k += 1
+                    ci += 1
+                try:
+                    pending = [next(it)]
+                except StopIteration:
+                    return
+
+        return self._train(stream(), lay, precision, spec.max_steps, first)
+
+    def _train(self, batches, lay: Layout, precision: str, total: int, data: Tokenized) -> int:
+        spec, em = self.spec, self.em
+        model = self.model
+        opt = make_optimizer(model, spec.learning_rate, spec.weight_decay, self.device)
+        sched = linear_schedule(opt, spec.warmup_steps, total)
+        scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        state = LoopState()
+        if self.state_in is not None:
+            s = self.state_in
+            opt.load_state_dict(s["optimizer"])
+            sched.load_state_dict(s["scheduler"])
+            if scaler is not None and s.get("scaler"):
+                scaler.load_state_dict(s["scaler"])
+            state = LoopState(step=s["step"], micro=s["micro"], epoch=s.get("epoch", 0))
+            ckpt.set_rng_state(s["rng"])
+            em.info(resumed_from=str(self.resume), step=state.step)
+        else:
+            torch.manual_seed(spec.seed)
+        total_p, trainable = count_params(model)
+        mean_len = float(np.minimum(data.lengths, lay.max_len).mean())
+        n_layers = getattr(self.cfg, "num_hidden_layers", 0) or 0
+        hidden = getattr(self.cfg, "hidden_size", 0) or 0
+        # 6N per token (2N forward, 4N backward; frozen LoRA weights skip their weight grads: ~4N)
+        # plus attention scores over the example's own context.
+        fpt = (6 * total_p if trainable == total_p else 4 * total_p + 2 * trainable) + 6 * n_layers * hidden * mean_len
+        peak = 0.0
+        if self.telemetry:
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+            peak = measure_peak_flops(dtype, self.device)
+            em.info(peak_flops=peak, flops_per_token=fpt, reason="MFU is measured against a large "
+                    f"{precision} matmul on this device ({peak / 1e12:.2f} TFLOP/s)")
+        tel = Telemetry(em, flops_per_token=fpt, peak_flops=peak, log_every=spec.log_every, enabled=self.telemetry)
+        last_ckpt = {"t": time.monotonic()}
+
+        def save(st: LoopState) -> Path:
+            em.phase("saving", detail=f"checkpoint at step {st.step}")
+            p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
+                          {"micro": st.micro, "epoch": st.epoch, "layout": lay.to_dict(), "precision": precision,
+                           "total_steps": total, "spec": spec.model_dump(mode="json")},
+                          keep=spec.keep_checkpoints, scaler=scaler)
+            em.emit("checkpoint", step=st.step, path=str(p), final=False)
+            last_ckpt["t"] = time.monotonic()
+            return p
+
+        def on_step(st: LoopState) -> None:
+            due = spec.checkpoint_every and st.step % spec.checkpoint_every == 0
+            due = due or (spec.checkpoint_every_min and time.monotonic() - last_ckpt["t"] >= 60 * spec.checkpoint_every_min)
+            if due and st.step < total:
+                save(st)
+                em.phase("training", done=st.step, total=total, unit="steps")
+
+        em.phase("training", done=state.step, total=total, unit="steps")
+        res = run(model, opt, sched, batches, state, total, lay.grad_accum, precision, self.device, tel,
+                  self.controls, self.faults, on_step=on_step, scaler=scaler)
+        self.result = res
+        if res.outcome == "nan":
+            em.alert("nan", f"non-finite loss at step {res.step}: {res.detail}", severity="critical")
+            em.emit("state", state="failed", reason=res.detail, failure="nan", exit_code=EXIT_NAN)
+            return EXIT_NAN
+        if res.outcome == "cancelled":
+            em.emit("state", state="cancelled", reason=f"cancelled (SIGTERM) at step {res.step}")
+            return EXIT_OK
+        if res.outcome == "paused":
+            p = save(state)
+            em.emit("state", state="paused", reason=f"paused at step {state.step}; resume from {p}")
+            return EXIT_OK
+        em.phase("saving", detail="final model")
+        final = self.out / "final"
+        tmp = self.out / ".tmp-final"
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        em.phase("saving", done=1, total=1, detail=str(final))
+        em.emit("checkpoint", step=state.step, path=str(final), final=True)
+        reason = f"trained {state.step} steps" + (" (data exhausted)" if res.outcome == "exhausted" else "")
+        em.emit("state", state="completed", reason=reason)
+        return EXIT_OK

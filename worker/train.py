@@ -1,0 +1,83 @@
+"""The training process: `python -m worker.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`.
+
+Exit codes: 0 completed / cancelled / paused, 1 crash, 2 bad spec or input, 3 injected crash,
+4 non-finite loss, 5 out of memory. The last event is always a `state` (except for exit 3 and kills).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+from tokenpulse.protocol import JobSpec
+
+from .emit import Emitter
+from .errors import EXIT_CRASH, EXIT_NAN, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecError
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m worker.train", description=__doc__)
+    ap.add_argument("--spec", required=True, type=Path, help="JobSpec as JSON")
+    ap.add_argument("--out", required=True, type=Path, help="output directory (checkpoints/, final/)")
+    ap.add_argument("--resume", type=Path, help="checkpoint directory to continue from")
+    ap.add_argument("--cache-dir", type=Path, help="tokenization cache (shared between jobs)")
+    return ap.parse_args(argv)
+
+
+def read_spec(path: Path) -> JobSpec:
+    try:
+        return JobSpec.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"spec file not found: {path}", "spec")
+    except Exception as e:
+        raise SpecError(f"invalid spec: {e}", "spec") from e
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    em = Emitter()
+    from .controls import Controls
+    controls = Controls().install()
+    try:
+        from .session import Session
+        spec = read_spec(args.spec)
+        return Session(spec, args.out, em, controls, cache_dir=args.cache_dir, resume=args.resume).run()
+    except SpecError as e:
+        em.log(f"spec error ({e.field}): {e.message}")
+        em.emit("state", state="failed", reason=e.message, failure="spec", exit_code=EXIT_SPEC)
+        return EXIT_SPEC
+    except Cancelled:
+        em.emit("state", state="cancelled", reason="cancelled (SIGTERM) before training")
+        return EXIT_OK
+    except BaseException as e:  # noqa: BLE001 -- the last word must be a state event
+        import torch
+        if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+            em.alert("oom", f"out of memory: {str(e)[:500]}", severity="critical")
+            em.emit("state", state="failed", reason=f"out of memory: {str(e)[:2000]}", failure="oom",
+                    exit_code=EXIT_OOM)
+            return EXIT_OOM
+        if isinstance(e, KeyboardInterrupt):
+            em.emit("state", state="cancelled", reason="interrupted")
+            return EXIT_OK
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        em.log(tb[-8000:])
+        em.emit("state", state="failed", reason=f"{type(e).__name__}: {e}"[:8000], failure="crash",
+                exit_code=EXIT_CRASH)
+        return EXIT_CRASH
+    finally:
+        em.close()
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: skip slow interpreter teardown of torch/datasets (seconds on small jobs).
+    os._exit(code)
