@@ -1,0 +1,87 @@
+"""Preflight analysis CLI: `python -m worker.analyze --spec SPEC.json [--check-only] [--cache-dir DIR]`.
+
+Prints one JSON object on stdout: the analysis, `{"ok": true}` (--check-only), or
+`{"error": ..., "field": ...}` with exit code 2 for bad input. Progress events go to stderr (or the
+event fd when TOKENPULSE_EVENT_FD is set), so stdout stays machine-readable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import EXIT_CRASH, EXIT_OK, EXIT_SPEC, SpecError
+
+
+def check(spec, cache_dir=None) -> dict:
+    """Fast submit-time validation: model config + tokenizer, dataset readable, fields present."""
+    from . import data as D
+    from .modeling import check_model
+    check_model(spec)
+    path = D.dataset_path(spec)
+    D.resolve_fields(spec, D.peek_columns(path, cache_dir))
+    return {"ok": True}
+
+
+def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
+    from .analysis import SAMPLE_ABOVE, analyze_lengths
+    from .modeling import load_tokenizer
+    from .prepare import load_tokenized
+    from .emit import Emitter
+    em = em or Emitter(alive_every=0)
+    check(spec, cache_dir)
+    tok = load_tokenizer(spec)
+    data, info = load_tokenized(spec, tok, em, cache_dir, sample=sample or SAMPLE_ABOVE)
+    model_max = _model_max(spec)
+    fixed = spec.max_seq_length if spec.max_seq_length != "auto" else None
+    out = analyze_lengths(data.lengths, spec.length_coverage, model_max, fixed, n_total=info["examples"])
+    out["fields"] = {k: v for k, v in info["fields"].items() if v}
+    out["tokenization_cache"] = "hit" if info["cache_hit"] else "miss"
+    return out
+
+
+def _model_max(spec):
+    from tokenpulse.protocol import BUILTIN_MODEL
+    if spec.model == BUILTIN_MODEL:
+        from .modeling import builtin_config
+        return builtin_config(2048).max_position_embeddings
+    from transformers import AutoConfig
+    cfg = AutoConfig.from_pretrained(spec.model, trust_remote_code=False)
+    for k in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        v = getattr(cfg, k, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m worker.analyze", description=__doc__)
+    ap.add_argument("--spec", required=True, type=Path)
+    ap.add_argument("--check-only", action="store_true", help="validate model, dataset and fields only")
+    ap.add_argument("--cache-dir", type=Path)
+    ap.add_argument("--sample", type=int, help="tokenize at most this many examples (default 20000)")
+    args = ap.parse_args(argv)
+    try:
+        from tokenpulse.protocol import JobSpec
+        try:
+            spec = JobSpec.model_validate_json(args.spec.read_text())
+        except FileNotFoundError:
+            raise SpecError(f"spec file not found: {args.spec}", "spec")
+        except Exception as e:
+            raise SpecError(f"invalid spec: {e}", "spec")
+        out = check(spec, args.cache_dir) if args.check_only else analyze(spec, args.cache_dir, sample=args.sample)
+        code = EXIT_OK
+    except SpecError as e:
+        out, code = e.as_json(), EXIT_SPEC
+    except Exception as e:  # noqa: BLE001 -- the caller still gets one JSON object
+        out, code = {"error": f"{type(e).__name__}: {e}", "field": None}, EXIT_CRASH
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    code = main()
+    os._exit(code)
