@@ -90,6 +90,7 @@ def cmd_server(args) -> int:
 def cmd_agent(args) -> int:
     from worker.agent import Agent
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the useful ones
     token = args.token or os.environ.get("TOKENPULSE_AGENT_TOKEN") or (
         Path(args.token_file).read_text().strip() if args.token_file else None)
     if not token:

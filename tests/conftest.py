@@ -1,0 +1,143 @@
+"""Real parts for tests: a uvicorn server process on a free 127.0.0.1 port with its own SQLite file,
+real agent processes, a websocket client. Nothing is mocked."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    data_dir: Path
+    env: dict
+    port: int
+    proc: Optional[subprocess.Popen] = None
+    agents: list = field(default_factory=list)
+    log_path: Optional[Path] = None
+
+    @property
+    def token(self) -> str:
+        return (self.data_dir / "token").read_text().strip()
+
+    @property
+    def agent_token(self) -> str:
+        return (self.data_dir / "agent_token").read_text().strip()
+
+    def client(self, token: Optional[str] = None) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60,
+                            headers={"Authorization": f"Bearer {token or self.token}"})
+
+    def start(self) -> "Server":
+        self.log_path = self.data_dir.parent / f"server-{self.port}.log"
+        log = self.log_path.open("a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenpulse.cli", "server", "--data-dir", str(self.data_dir),
+             "--port", str(self.port)], env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/api/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not start in 60 s")
+
+    def kill(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def start_agent(self, name: str = "agent", *extra: str, env: Optional[dict] = None) -> subprocess.Popen:
+        work = self.data_dir.parent / f"work-{name}"
+        log = (self.data_dir.parent / f"agent-{name}.log").open("a")
+        p = subprocess.Popen(
+            [sys.executable, "-m", "tokenpulse.cli", "agent", "--server", self.url, "--token", self.agent_token,
+             "--work-dir", str(work), "--name", name, "--heartbeat", "1", "--grace", "5", *extra],
+            env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.agents.append(p)
+        return p
+
+    def wait_job(self, job_id: int, states=("completed", "failed", "cancelled", "paused"), timeout: float = 120) -> dict:
+        with self.client() as c:
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                job = c.get(f"/api/jobs/{job_id}").json()
+                if job["state"] in states:
+                    return job
+                time.sleep(0.2)
+        raise AssertionError(f"job {job_id} still {job['state']} after {timeout} s: {job}")
+
+    def ws(self, topics: str, token: Optional[str] = None):
+        from websockets.sync.client import connect
+        return connect(f"ws://127.0.0.1:{self.port}/ws?topics={topics}",
+                       additional_headers={"Authorization": f"Bearer {token or self.token}"})
+
+
+def make_server(tmp_path: Path, **settings) -> Server:
+    port = free_port()
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "TOKENPULSE_ALLOW_FAULT_INJECTION": "1", "PYTHONUNBUFFERED": "1"}
+    env.update({f"TOKENPULSE_{k.upper()}": (json.dumps(v) if isinstance(v, (list, dict)) else str(v))
+                for k, v in settings.items()})
+    return Server(url=f"http://127.0.0.1:{port}", data_dir=data_dir, env=env, port=port)
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    made: list[Server] = []
+
+    def factory(**settings) -> Server:
+        s = make_server(tmp_path / f"s{len(made)}", **settings)
+        made.append(s)
+        return s.start()
+    yield factory
+    for s in made:
+        for a in s.agents:
+            if a.poll() is None:
+                a.send_signal(signal.SIGTERM)
+        for a in s.agents:
+            try:
+                a.wait(20)
+            except subprocess.TimeoutExpired:
+                a.kill()
+        s.kill()
+
+
+@pytest.fixture
+def server(server_factory) -> Server:
+    return server_factory()
+
+
+@pytest.fixture
+def agent_server(server) -> Server:
+    """A server with one agent running."""
+    server.start_agent("a1")
+    return server
