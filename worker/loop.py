@@ -31,7 +31,8 @@ def to_device(batch: dict, device: torch.device) -> dict:
 def forward_loss(model, batch: dict, precision: str, device: torch.device) -> torch.Tensor:
     """Summed next-token cross entropy of one micro-batch (targets already shifted, -100 ignored)."""
     with autocast(device, precision):
-        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+        kw = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
+        logits = model(input_ids=batch["input_ids"], use_cache=False, **kw).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["targets"].reshape(-1),
                            ignore_index=IGNORE, reduction="sum")
 

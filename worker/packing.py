@@ -117,9 +117,11 @@ def collate(data: Tokenized, rows: list[list[int]], layout: Layout, pad_id: int)
             c += n
         if c < width:  # positions continue into the pad tail so it never looks like a new example
             pos[r, c:] = np.arange(pos[r, c - 1] + 1, pos[r, c - 1] + 1 + width - c) if c else np.arange(width)
-    return {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(pos),
-            "targets": torch.from_numpy(tgt), "n_real": sum(used), "n_padded": B * width,
-            "n_targets": n_targets, "n_examples": sum(len(r) for r in rows)}
+    out = {"input_ids": torch.from_numpy(ids), "targets": torch.from_numpy(tgt), "n_real": sum(used),
+           "n_padded": B * width, "n_targets": n_targets, "n_examples": sum(len(r) for r in rows)}
+    if layout.mode == "pack":  # only packed rows need them (and some models take no position_ids)
+        out["position_ids"] = torch.from_numpy(pos)
+    return out
 
 
 def expected_fill(data: Tokenized, layout: Layout, seed: int) -> float:

@@ -18,6 +18,7 @@ from typing import Optional
 from tokenpulse.protocol import JobSpec
 
 from .emit import Emitter
+from .alerts import send_alert
 from .errors import EXIT_CRASH, EXIT_NAN, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecError
 
 
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     except BaseException as e:  # noqa: BLE001 -- the last word must be a state event
         import torch
         if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
-            em.alert("oom", f"out of memory: {str(e)[:500]}", severity="critical")
+            send_alert(em, "oom", f"out of memory: {str(e)[:500]}", severity="critical")
             em.emit("state", state="failed", reason=f"out of memory: {str(e)[:2000]}", failure="oom",
                     exit_code=EXIT_OOM)
             return EXIT_OOM
