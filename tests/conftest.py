@@ -49,6 +49,7 @@ class Server:
                             headers={"Authorization": f"Bearer {token or self.token}"})
 
     def start(self) -> "Server":
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir.parent / f"server-{self.port}.log"
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(

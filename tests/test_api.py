@@ -1,0 +1,95 @@
+"""Bad input gets a 4xx that names the field, and nothing is stored; no token, no access."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus, ConnectionClosed
+
+
+BAD_SPECS = [
+    ({"learning_rate": -1}, "learning_rate"),
+    ({"max_steps": 0}, "max_steps"),
+    ({"padding": "sideways"}, "padding"),
+    ({"precision": "fp8"}, "precision"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"max_seq_length": 3}, "max_seq_length"),
+    ({"model": "/no/such/model/dir"}, "model"),
+    ({"dataset": "/no/such/data.jsonl"}, "dataset"),
+    ({"unknown_setting": 1}, "unknown_setting"),
+    ({"prompt_field": "q"}, "body"),  # prompt without response
+]
+
+
+@pytest.mark.parametrize("spec,field", BAD_SPECS)
+def test_bad_spec_is_refused_naming_the_field(server, spec, field):
+    with server.client() as c:
+        r = c.post("/api/jobs", json=spec)
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        fields = [e["field"] for e in detail["errors"]]
+        assert field in fields, detail
+        assert detail["message"]
+        assert c.get("/api/jobs").json()["total"] == 0, "nothing half-written is stored"
+
+
+def test_dataset_checks_use_the_data(server, tmp_path):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n")
+    not_model = tmp_path / "empty_dir"
+    not_model.mkdir()
+    unreadable = tmp_path / "data.xml"
+    unreadable.write_text("<x/>")
+    with server.client() as c:
+        cases = [
+            ({"dataset": str(data), "text_field": "body"}, "text_field", "not in the dataset"),
+            ({"dataset": str(data)}, "text_field", "no 'text' column"),
+            ({"dataset": str(data), "prompt_field": "question", "response_field": "reply"}, "response_field", "reply"),
+            ({"model": str(not_model)}, "model", "config.json"),
+            ({"dataset": str(unreadable)}, "dataset", "unsupported"),
+        ]
+        for spec, field, words in cases:
+            r = c.post("/api/jobs", json=spec)
+            assert r.status_code == 422, (spec, r.text)
+            d = r.json()["detail"]
+            assert d["field"] == field and words in d["message"], d
+        ok = c.post("/api/jobs", json={"dataset": str(data), "prompt_field": "question", "response_field": "answer"})
+        assert ok.status_code == 201, ok.text
+        assert c.get("/api/jobs").json()["total"] == 1
+
+
+def test_without_token_rest_is_401_and_websocket_refused(server):
+    r = httpx.get(f"{server.url}/api/jobs")
+    assert r.status_code == 401 and "token" in r.json()["detail"]
+    r = httpx.post(f"{server.url}/api/jobs", json={}, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    with pytest.raises((InvalidStatus, ConnectionClosed)):
+        with server.ws("jobs", token="wrong") as ws:
+            ws.recv(timeout=5)
+    # pages send the browser to the login form
+    r = httpx.get(f"{server.url}/", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/login")
+
+
+def test_agent_token_cannot_act_as_user_and_user_cannot_claim(server):
+    agent = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.agent_token}"})
+    assert agent.post("/api/jobs", json={}).status_code == 403
+    assert agent.get("/api/jobs").status_code == 403
+    with server.client() as user:
+        assert user.post("/api/agents", json={"name": "x", "host": "h"}).status_code == 403
+
+
+def test_cookie_login_and_csrf(server):
+    with httpx.Client(base_url=server.url, follow_redirects=False) as b:
+        bad = b.post("/login", data={"token": "nope", "next": "/"})
+        assert bad.status_code == 401 and "not valid" in bad.text
+        r = b.post("/login", data={"token": server.token, "next": "/"})
+        assert r.status_code == 303
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        assert b.get("/").status_code == 200
+        assert b.get("/api/jobs").status_code == 200
+        # a state change riding only on the cookie needs the CSRF header
+        assert b.post("/api/jobs", json={}).status_code == 403
+        assert b.post("/api/jobs", json={}, headers={"X-TokenPulse-CSRF": "1"}).status_code == 201
