@@ -1,23 +1,31 @@
 """Leases: an agent whose heartbeats stop is lost, and its jobs are handled by the retry policy
-(requeued from their newest checkpoint, or failed) instead of being left 'running' forever."""
+(requeued from their newest checkpoint, or failed) instead of being left 'running' forever.
+
+An agent is lost after `agent_lost_after_s` without a heartbeat, counted from the later of its last
+heartbeat and this server's start: a server restart gives every agent a full lease to reconnect
+instead of failing all running jobs at once.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from typing import Optional
 
 from sqlalchemy import select
 
 from server import store
 from server.ingest import alert_dict, upsert_alert
 from server.models import Agent, Job
-from tokenpulse.protocol import ACTIVE_STATES
+from tokenpulse.protocol import ACTIVE_STATES, JobState
 
 log = logging.getLogger("tokenpulse.reaper")
 
 
-def reap(s, lost_after_s: float) -> list[tuple]:
-    now = time.time()
+def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] = None) -> list[tuple]:
+    now = time.time() if now is None else now
+    if now - started_at < lost_after_s:
+        return []  # every agent gets one full lease after a server start
     frames = []
     for agent in s.scalars(select(Agent).where(Agent.state == "online", Agent.seen_at < now - lost_after_s)):
         agent.state = "lost"
@@ -25,11 +33,15 @@ def reap(s, lost_after_s: float) -> list[tuple]:
         jobs = s.scalars(select(Job).where(Job.agent_id == agent.id,
                                            Job.state.in_([x.value for x in ACTIVE_STATES])))
         for job in jobs:
-            silent = now - agent.seen_at
-            reason = f"worker lost: agent {agent.name} sent no heartbeat for {silent:.0f} s"
+            silent = now - (agent.seen_at or 0)
+            reason = (f"worker lost: agent {agent.name} sent no heartbeat for {silent:.0f} s "
+                      f"(lost after {lost_after_s:g} s)")
+            attempt = job.attempt
+            new_state = store.end_attempt(s, job, JobState.failed, reason, "lost")
+            policy = (f"requeued after attempt {attempt} (resumes from its newest checkpoint)"
+                      if new_state == JobState.queued else f"job {new_state.value}")
             alert = upsert_alert(s, job.id, agent.id, {"kind": "worker_lost", "severity": "critical",
-                                                       "message": reason})
-            new_state = store.end_attempt(s, job, store.JobState.failed, reason, "lost")
+                                                       "message": f"{reason}; {policy}"})
             frames.append(("alerts", {"type": "alert", "alert": alert_dict(alert)}, False))
             frames.append(("jobs", {"type": "job", "job": store.job_summary(job)}, False))
             frames.append((f"job:{job.id}", {"type": "job", "job": store.job_summary(job)}, False))
@@ -38,10 +50,11 @@ def reap(s, lost_after_s: float) -> list[tuple]:
 
 
 async def reaper_loop(tp) -> None:
+    started_at = time.time()
     while True:
         await asyncio.sleep(tp.settings.reaper_every_s)
         try:
-            frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s))
+            frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s, started_at))
             for topic, payload, droppable in frames:
                 tp.hub.publish(topic, payload, droppable)
                 if payload.get("type") == "alert" and tp.webhooks is not None:

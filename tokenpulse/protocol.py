@@ -46,6 +46,12 @@ class StallSpec(BaseModel):
     ceiling_s: Optional[float] = Field(None, gt=0, description="always stalled after this many seconds")
     first_step_s: Optional[float] = Field(None, gt=0, description="allowance for the first step")
     phase_s: Optional[float] = Field(None, gt=0, description="budget for a phase with no counter")
+    slow_factor: Optional[float] = Field(None, gt=1, description="slow when throughput falls this many x below its own earlier rate")
+    slow_projection_factor: Optional[float] = Field(None, gt=1, description="... or this many x below the preflight projection")
+    slow_growth_factor: Optional[float] = Field(None, gt=1, description="slow when step time grows steadily by this factor")
+    slow_padding_frac: Optional[float] = Field(None, gt=0, le=1, description="slow when more than this fraction of batch tokens is padding")
+    slow_step_s: Optional[float] = Field(None, gt=0, description="an optimizer step slower than this crawls")
+    slow_periodic_frac: Optional[float] = Field(None, gt=0, le=1, description="periodic pauses costing this share of the time")
 
 
 class FaultSpec(BaseModel):

@@ -24,6 +24,7 @@ import httpx
 from tokenpulse.protocol import Claim
 from worker.child import TrainingProcess, describe_exit
 from worker.outbox import Outbox
+from worker.slow import SlowDetector, gpu_info
 from worker.stall import StallConfig, StallDetector
 
 log = logging.getLogger("tokenpulse.agent")
@@ -48,6 +49,7 @@ class RunningJob:
     claim: Claim
     process: TrainingProcess
     detector: StallDetector
+    slow: Optional[SlowDetector] = None
     alive_at: float = field(default_factory=time.time)
     child_state: Optional[dict] = None
     requested: Optional[str] = None  # cancel or pause, once asked
@@ -66,7 +68,8 @@ class Agent:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.capacity = capacity
         self.heartbeat_s, self.flush_s, self.poll_s, self.grace_s = heartbeat_s, flush_s, poll_s, grace_s
-        self.stall_config = stall or StallConfig()
+        self.stall_config = stall or StallConfig.from_env()  # TOKENPULSE_STALL_* over the defaults
+        self.gpu, self.gpu_bf16 = gpu_info()
         self.outbox = Outbox(work_dir / "journal")
         self.jobs: dict[int, RunningJob] = {}
         self.agent_id: Optional[int] = None
@@ -150,7 +153,8 @@ class Agent:
         self.outbox.open_job(claim.job_id, claim.seq_start)
         stall = self.stall_config.merged(claim.spec.stall.model_dump())
         proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", claim.resume_from)
-        rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall))
+        rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
+                        slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16))
         self.jobs[claim.job_id] = rj
         note = f" resuming from {claim.resume_from}" if claim.resume_from else ""
         self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}{note}", "stream": "agent"})
@@ -185,13 +189,13 @@ class Agent:
                 continue
             now = time.time()
             rj.alive_at = now
+            recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
+            if recovered is not None:
+                self.emit(rj, "alert", {"kind": "stalled", "message": recovered.message, "clear": True})
             if kind == "alive":
                 continue  # carried by the heartbeat, not stored one by one
-            was_stalled = rj.detector.stalled
-            rj.detector.observe(kind, data, now)
-            if was_stalled and not rj.detector.stalled:
-                self.emit(rj, "alert", {"kind": "stalled", "message": f"progressing again (phase '{rj.detector.phase}')",
-                                        "clear": True})
+            if rj.slow is not None:
+                rj.slow.observe(kind, data, now)
             if kind == "state":
                 rj.child_state = data  # judged together with the exit code, in supervise()
                 continue
@@ -209,21 +213,50 @@ class Agent:
             self.emit(rj, "log", {"line": line[:8192], "stream": name})
 
     async def supervise(self, rj: RunningJob) -> None:
-        """Watch for stalls while the process runs; then report how it ended."""
+        """Watch for stalls and slowness while the process runs; then report how it ended."""
         proc = rj.process
         while proc.proc.returncode is None:
             try:
-                await asyncio.wait_for(proc.proc.wait(), 1.0)
+                await asyncio.wait_for(proc.proc.wait(), 0.5)
             except asyncio.TimeoutError:
                 pass
-            verdict = rj.detector.check(time.time())
-            if verdict is not None and verdict.kind == "stalled":
-                stack = await self.capture_stack(rj)
-                self.emit(rj, "alert", {"kind": "stalled", "severity": "critical",
-                                        "message": verdict.message, "stack": stack})
+            if proc.proc.returncode is not None:
+                break
+            try:
+                await self.detect(rj, time.time())
+            except Exception:  # detection must never take supervision down with it
+                log.exception("job %s: detection failed", rj.claim.job_id)
         await asyncio.gather(*rj.tasks[:3], return_exceptions=True)  # drain pipes: last lines, last events
-        self.emit(rj, "state", self.judge_exit(rj, proc.proc.returncode))
+        verdict = self.judge_exit(rj, proc.proc.returncode)
+        self.close_alerts(rj, verdict)
+        self.emit(rj, "state", verdict)
         self.finish(rj.claim.job_id)
+
+    async def detect(self, rj: RunningJob, now: float) -> None:
+        v = rj.detector.check(now)
+        if v is not None and v.kind == "stalled":
+            stack = await self.capture_stack(rj)
+            if rj.process.proc.returncode is not None:
+                return  # it ended while we looked: the exit tells the story
+            self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": v.message,
+                                    "stack": stack[-199_000:] if stack else None})
+        v = rj.slow.check(now) if rj.slow is not None else None
+        if v is not None:
+            if v.kind == "slow":
+                self.emit(rj, "alert", {"kind": "slow", "severity": "warning", "message": v.message})
+            else:
+                self.emit(rj, "alert", {"kind": "slow", "message": v.message, "clear": True})
+
+    def close_alerts(self, rj: RunningJob, verdict: dict) -> None:
+        """The process is gone: open stalled/slow alerts close (saying how it ended); a crash alerts."""
+        how = f"the training process ended ({verdict.get('state')})"
+        if rj.detector.stalled:
+            self.emit(rj, "alert", {"kind": "stalled", "message": how, "clear": True})
+        if rj.slow is not None and rj.slow.open_keys:
+            self.emit(rj, "alert", {"kind": "slow", "message": how, "clear": True})
+        if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal"):
+            self.emit(rj, "alert", {"kind": "crashed", "severity": "critical",
+                                    "message": (verdict.get("reason") or "training process crashed")[:8000]})
 
     def judge_exit(self, rj: RunningJob, returncode: int) -> dict:
         code, sig, words = describe_exit(returncode)
@@ -248,20 +281,35 @@ class Agent:
         self.flush_now.set()
 
     async def capture_stack(self, rj: RunningJob) -> str:
-        """Every thread's Python stack: py-spy where it may attach, else faulthandler (SIGUSR1)."""
+        """Every thread's Python stack: py-spy where it may attach, else faulthandler (SIGUSR1).
+        TOKENPULSE_STACK_TOOL=faulthandler skips py-spy."""
         spy = shutil.which("py-spy")
-        if spy:
+        if spy and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
             try:
                 p = await asyncio.create_subprocess_exec(spy, "dump", "--pid", str(rj.process.pid),
                                                          stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-                out, err = await asyncio.wait_for(p.communicate(), 20)
+                try:
+                    out, err = await asyncio.wait_for(p.communicate(), 20)
+                except asyncio.TimeoutError:
+                    p.kill()
+                    raise
                 if p.returncode == 0 and out.strip():
                     return "py-spy dump:\n" + out.decode(errors="replace")
+                log.info("py-spy could not dump job %s (%s); using faulthandler", rj.claim.job_id,
+                         err.decode(errors="replace").strip()[:300])
             except (OSError, asyncio.TimeoutError):
                 pass
+        # faulthandler writes every thread's stack to stderr; read_output collects the lines.
         rj.stack_lines = []
         rj.process.signal(signal.SIGUSR1)
-        await asyncio.sleep(1.0)
+        end, seen, quiet_since = time.monotonic() + 3.0, 0, time.monotonic()
+        while time.monotonic() < end:
+            await asyncio.sleep(0.1)
+            if len(rj.stack_lines) != seen:
+                seen, quiet_since = len(rj.stack_lines), time.monotonic()
+            elif seen and time.monotonic() - quiet_since > 0.3 and any(
+                    x.startswith(("Current thread", "Thread 0x")) for x in rj.stack_lines):
+                break  # the dump is complete: lines stopped arriving
         lines, rj.stack_lines = rj.stack_lines, None
         return "faulthandler dump:\n" + "\n".join(lines)
 

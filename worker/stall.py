@@ -1,94 +1,200 @@
-"""Is a training process progressing, stalled, or slow? Pure logic over observed progress, with
-an injectable clock, so every rule is testable without waiting.
+"""Is a training process progressing or stalled? Pure logic over observed events, with the clock
+passed in (`now`), so every rule is testable without waiting.
 
-Progress is any forward movement: a new step, or a phase counter that moved, or a new phase. The
-stall timeout is learned from the job's own history: `factor` x the typical recent interval between
-progress reports, clamped to [floor, ceiling]; the first step gets its own allowance (it may include
-compilation or a cold cache); a phase that reports no counter gets a fixed budget.
+Alive is not progress: the training process's `alive` thread speaks every second whatever its main
+thread does. Progress is forward movement: a new optimizer step (metrics), a phase counter that
+moved (tokenizing 1200/5000, accumulating 234 samples), a new phase, or a phase whose detail changed.
+
+The stall timeout is learned from the job's own history, per phase: `factor` x the typical recent
+interval between progress reports in that phase (the median, or half the worst recent interval if
+that is larger: a job with a regular slow step is not stalled by it), clamped to [floor, ceiling].
+A phase without enough history gets an allowance instead: `first_step_s` for a counted phase (its
+first unit may include compilation or a cold cache), `phase_s` for a phase that reports no counter.
+
+Every threshold has a default here, an agent-wide override in the environment (TOKENPULSE_STALL_<NAME>,
+e.g. TOKENPULSE_STALL_FLOOR_S=60) and a per-job override in spec.stall (StallSpec).
 """
 from __future__ import annotations
 
+import os
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 
 @dataclass
 class StallConfig:
-    factor: float = 5.0
-    floor_s: float = 30.0
-    ceiling_s: float = 1800.0
-    first_step_s: float = 600.0
-    phase_s: float = 900.0
-    warmup_intervals: int = 5
+    # ---- stalled ----
+    factor: float = 10.0  # stalled after factor x the typical interval between progress reports
+    floor_s: float = 30.0  # never stalled before this many silent seconds
+    ceiling_s: float = 1800.0  # always stalled after this many silent seconds
+    first_step_s: float = 600.0  # allowance before a counted phase (training included) has history
+    phase_s: float = 900.0  # budget for a phase that reports no counter
+    min_intervals: int = 3  # intervals needed before the learned timeout applies
+    # ---- slow (worker/slow.py) ----
+    slow_factor: float = 3.0  # throughput this many times below the job's own earlier rate
+    slow_projection_factor: float = 5.0  # ... or this many times below the preflight projection
+    slow_growth_factor: float = 2.0  # step time grew steadily by this factor
+    slow_padding_frac: float = 0.5  # more than this fraction of batch tokens are padding
+    slow_step_s: float = 120.0  # an optimizer step slower than this crawls (batch too large)
+    slow_periodic_frac: float = 0.25  # periodic pauses costing this fraction of the time
+    slow_min_samples: int = 3  # speed samples (metrics with step_time_s) before judging slowness
 
     def merged(self, overrides: dict) -> "StallConfig":
-        return StallConfig(**{**self.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
+        known = {f.name for f in fields(self)}
+        return StallConfig(**{**self.__dict__,
+                              **{k: v for k, v in overrides.items() if v is not None and k in known}})
+
+    @classmethod
+    def from_env(cls, env=None) -> "StallConfig":
+        """Agent-wide defaults from TOKENPULSE_STALL_<FIELD> (e.g. TOKENPULSE_STALL_FACTOR=8)."""
+        env = os.environ if env is None else env
+        c = cls()
+        for f in fields(c):
+            raw = env.get(f"TOKENPULSE_STALL_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            try:
+                setattr(c, f.name, type(getattr(c, f.name))(float(raw)))
+            except ValueError:
+                raise ValueError(f"TOKENPULSE_STALL_{f.name.upper()}={raw!r}: not a number")
+        return c
 
 
 @dataclass
 class Verdict:
-    kind: str  # "stalled" or "progressing"
-    silent_s: float
-    timeout_s: float
-    phase: Optional[str]
+    kind: str  # "stalled", "recovered" (for stalls); "slow", "slow_clear" (worker/slow.py)
     message: str
+    silent_s: float = 0.0
+    timeout_s: float = 0.0
+    phase: Optional[str] = None
+    reasons: list = field(default_factory=list)
+
+
+def _describe_phase(phase: Optional[str], done, total, unit) -> str:
+    if phase is None:
+        return "starting (before the first progress report)"
+    s = f"'{phase}'"
+    if done is not None:
+        s += f" at {done:g}" + (f"/{total:g}" if total else "") + (f" {unit}" if unit else "")
+    return s
 
 
 @dataclass
 class StallDetector:
     config: StallConfig = field(default_factory=StallConfig)
     last_progress: Optional[float] = None
+    last_event: Optional[float] = None  # any line from the process (alive included)
     phase: Optional[str] = None
-    phase_done: Optional[float] = None
+    done: Optional[float] = None
+    total: Optional[float] = None
+    unit: Optional[str] = None
+    detail: Optional[str] = None
+    step: Optional[int] = None
     has_counter: bool = False
-    steps_seen: int = 0
-    intervals: deque = field(default_factory=lambda: deque(maxlen=50))
+    moved: int = 0  # forward movements since entering the current phase
+    intervals: dict = field(default_factory=dict)  # phase -> deque of seconds between progress
     stalled: bool = False
+    stalled_at: Optional[float] = None
 
     def start(self, now: float) -> None:
-        self.last_progress = now
+        self.last_progress = self.last_event = now
 
-    def observe(self, kind: str, data: dict, now: float) -> None:
-        """Feed every event from the training process (alive events are not progress)."""
+    # ---- feeding -----------------------------------------------------------------------------
+
+    def observe(self, kind: str, data: dict, now: float) -> Optional[Verdict]:
+        """Feed every event from the training process. Returns a 'recovered' verdict when a
+        stalled job moves again."""
+        self.last_event = now
         if kind == "phase":
-            name, done = data.get("name"), data.get("done")
-            if name != self.phase or (done is not None and done != self.phase_done):
-                self._progress(now, same_phase=(name == self.phase))
+            name, done, detail = data.get("name"), data.get("done"), data.get("detail")
+            unit, total = data.get("unit"), data.get("total")
             if name != self.phase:
-                self.intervals.clear()
-            self.phase, self.phase_done = name, done
-            self.has_counter = done is not None
-        elif kind == "metrics":
-            self.steps_seen += 1
-            self._progress(now, same_phase=True)
+                self.phase, self.moved = name, 0
+                self.done, self.detail, self.unit, self.total = done, detail, unit, total
+                self.has_counter = done is not None
+                if unit == "steps" and done is not None:
+                    self.step = int(done) if self.step is None else max(self.step, int(done))
+                return self._progress(now, interval=False)
+            self.unit, self.total = unit, total
+            if done is not None:
+                self.has_counter = True
+                if unit == "steps" and self.step is not None and done <= self.step:
+                    self.done = done  # the metrics of this step already counted as progress
+                    return None
+                if done != self.done:
+                    self.done, self.detail = done, detail
+                    if unit == "steps":
+                        self.step = int(done)
+                    return self._progress(now, interval=True)
+                return None
+            if detail != self.detail:
+                self.detail = detail
+                return self._progress(now, interval=True)
+            return None
+        if kind == "metrics":
+            step = int(data.get("step", 0))
+            if self.step is None or step > self.step:
+                self.step = step
+                return self._progress(now, interval=True)
+        return None
 
-    def _progress(self, now: float, same_phase: bool) -> None:
-        if self.last_progress is not None and same_phase:
-            self.intervals.append(now - self.last_progress)
+    def _progress(self, now: float, interval: bool) -> Optional[Verdict]:
+        if interval and self.last_progress is not None:
+            if self.moved > 0:  # the first movement in a phase may include setup: not typical
+                self.intervals.setdefault(self.phase, deque(maxlen=50)).append(now - self.last_progress)
+            self.moved += 1
+        silent = now - self.last_progress if self.last_progress is not None else 0.0
         self.last_progress = now
-        self.stalled = False
+        if self.stalled:
+            self.stalled, self.stalled_at = False, None
+            return Verdict("recovered", f"progressing again: {self.where()} after {silent:.0f} s without "
+                           f"progress", silent_s=silent, phase=self.phase)
+        return None
+
+    # ---- judging -----------------------------------------------------------------------------
+
+    def where(self) -> str:
+        return _describe_phase(self.phase, self.done, self.total, self.unit)
 
     def timeout(self) -> float:
+        """Seconds without progress after which the current phase counts as stalled."""
         c = self.config
-        if self.phase == "training" and self.steps_seen == 0 and len(self.intervals) < 1:
-            return max(c.first_step_s, c.floor_s)
-        if len(self.intervals) >= min(c.warmup_intervals, 2):
-            typical = statistics.median(self.intervals)
-            worst = max(self.intervals)
-            return min(c.ceiling_s, max(c.floor_s, c.factor * max(typical, worst / 2)))
-        return max(c.floor_s, c.phase_s if not self.has_counter else c.first_step_s)
+        hist = self.intervals.get(self.phase)
+        if hist is not None and len(hist) >= c.min_intervals:
+            recent = list(hist)[-20:]
+            typical = max(statistics.median(recent), max(recent) / 2)
+            limit = c.factor * typical
+        else:
+            limit = c.first_step_s if self.has_counter else c.phase_s
+        return max(c.floor_s, min(c.ceiling_s, limit))
+
+    def explain_timeout(self) -> str:
+        c = self.config
+        hist = self.intervals.get(self.phase)
+        if hist is not None and len(hist) >= c.min_intervals:
+            recent = list(hist)[-20:]
+            return (f"{c.factor:g} x this phase's typical progress interval of "
+                    f"{statistics.median(recent):.2f} s, within [{c.floor_s:g}, {c.ceiling_s:g}] s")
+        what = "first-step allowance" if self.has_counter else "budget for a phase without a counter"
+        return f"{what}, within [{c.floor_s:g}, {c.ceiling_s:g}] s"
 
     def check(self, now: float) -> Optional[Verdict]:
-        """A verdict when the job has just become stalled, or just recovered; else None."""
-        if self.last_progress is None:
+        """A 'stalled' verdict when the job has just become stalled; else None."""
+        if self.last_progress is None or self.stalled:
             return None
         silent = now - self.last_progress
         limit = self.timeout()
-        if not self.stalled and silent > limit:
-            self.stalled = True
-            return Verdict("stalled", silent, limit, self.phase,
-                           f"no progress in phase '{self.phase}' for {silent:.0f} s "
-                           f"(timeout {limit:.0f} s, learned from this job's own pace)")
-        return None
+        if silent <= limit:
+            return None
+        self.stalled, self.stalled_at = True, now
+        quiet = now - (self.last_event or self.last_progress)
+        if quiet > 5:
+            alive = (f"; the process has also said nothing for {quiet:.0f} s (its alive thread is silent: "
+                     f"frozen, a deadlock holding the GIL, SIGSTOP, or uninterruptible I/O)")
+        else:
+            alive = "; the process is alive (its alive thread still reports) but its work does not move"
+        return Verdict("stalled", f"stalled: no progress in {self.where()} for {silent:.0f} s (timeout "
+                       f"{limit:.0f} s: {self.explain_timeout()}){alive}",
+                       silent_s=silent, timeout_s=limit, phase=self.phase)

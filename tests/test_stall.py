@@ -1,0 +1,264 @@
+"""Pure logic of the stall and slow detectors, with a fake clock: no processes, no waiting."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tokenpulse.protocol import JobSpec, StallSpec
+from worker.slow import SlowDetector
+from worker.stall import StallConfig, StallDetector
+
+CFG = StallConfig(factor=5, floor_s=3, ceiling_s=100, first_step_s=20, phase_s=40)
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, dt: float) -> float:
+        self.t += dt
+        return self.t
+
+
+def train_steps(d: StallDetector, clock: Clock, n: int, dt: float, start: int = 0):
+    """What the training loop sends per logged step: metrics, then the training phase counter."""
+    for k in range(start + 1, start + n + 1):
+        clock.tick(dt)
+        d.observe("metrics", {"step": k, "values": {"loss": 1.0}}, clock())
+        d.observe("phase", {"name": "training", "done": k, "total": 1000, "unit": "steps"}, clock())
+
+
+def started(cfg=CFG) -> tuple[StallDetector, Clock]:
+    c = Clock()
+    d = StallDetector(cfg)
+    d.start(c())
+    return d, c
+
+
+# ---- stalled ----------------------------------------------------------------------------------
+
+def test_alive_is_not_progress():
+    d, c = started()
+    d.observe("phase", {"name": "loading model"}, c())
+    for _ in range(60):  # the alive thread keeps talking; nothing moves
+        c.tick(1)
+        d.observe("alive", {"phase": "loading model"}, c())
+        if d.check(c()):
+            break
+    assert d.stalled and c() - 1000 == pytest.approx(41)  # phase_s budget (no counter), not earlier
+
+
+def test_learned_timeout_from_step_history():
+    d, c = started()
+    d.observe("phase", {"name": "training", "done": 0, "total": 1000, "unit": "steps"}, c())
+    train_steps(d, c, 10, 0.2)
+    assert d.timeout() == 3  # 5 x 0.2 s = 1 s, raised to the floor
+    c.tick(2.9)
+    assert d.check(c()) is None
+    c.tick(0.2)
+    v = d.check(c())
+    assert v is not None and v.kind == "stalled" and "training" in v.message and "at 10/1000 steps" in v.message
+    assert d.check(c.tick(5)) is None  # said once
+    train_steps(d, c, 0, 0)
+    r = d.observe("metrics", {"step": 11, "values": {}}, c.tick(1))
+    assert r is not None and r.kind == "recovered" and not d.stalled
+
+
+def test_metrics_and_phase_of_the_same_step_count_once():
+    d, c = started()
+    d.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c())
+    train_steps(d, c, 6, 10.0)
+    hist = list(d.intervals["training"])
+    assert hist and all(x == pytest.approx(10.0) for x in hist)  # no ~0 s interval from the phase echo
+    assert d.timeout() == 50
+
+
+def test_slow_steps_scale_the_timeout_and_ceiling_caps_it():
+    d, c = started()
+    d.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c())
+    train_steps(d, c, 6, 30.0)
+    assert d.timeout() == 100  # 5 x 30 = 150, capped at the ceiling
+    c.tick(99)
+    assert d.check(c()) is None
+    assert d.check(c.tick(2)).kind == "stalled"
+
+
+def test_first_step_allowance():
+    d, c = started()
+    d.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c())
+    assert d.timeout() == 20  # no history: first_step_s, not the floor
+    c.tick(19)
+    assert d.check(c()) is None
+    assert d.check(c.tick(2)).kind == "stalled"
+
+
+def test_slow_phase_reporting_progress_never_stalls():
+    d, c = started()
+    d.observe("phase", {"name": "loading dataset", "detail": "stream"}, c())
+    el = 0.0
+    for _ in range(int(60 / 0.5)):  # 60 s phase = 20x the floor, progress every 0.5 s
+        el += 0.5
+        c.tick(0.5)
+        d.observe("phase", {"name": "loading dataset", "done": el, "total": 60, "unit": "s"}, c())
+        for _ in range(2):
+            c.tick(0.0)
+            assert d.check(c()) is None
+    assert not d.stalled
+
+
+def test_streaming_detail_counts_as_progress():
+    d, c = started()
+    d.observe("phase", {"name": "accumulating", "detail": "0 samples"}, c())
+    for k in range(1, 30):
+        c.tick(2.5)
+        d.observe("phase", {"name": "accumulating", "detail": f"{k * 100} samples"}, c())
+        assert d.check(c()) is None
+
+
+def test_returning_to_a_phase_keeps_its_history():
+    d, c = started()
+    d.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c())
+    train_steps(d, c, 6, 1.0)
+    d.observe("phase", {"name": "saving", "detail": "checkpoint at step 6"}, c.tick(0.1))
+    assert d.timeout() == 40  # phase_s: saving reports no counter
+    c.tick(30)
+    assert d.check(c()) is None
+    d.observe("phase", {"name": "training", "done": 6, "total": 100, "unit": "steps"}, c())
+    assert d.timeout() == 5  # training's learned timeout, not the first-step allowance again
+    assert d.check(c.tick(6)).kind == "stalled"
+
+
+def test_silent_process_is_named():
+    d, c = started()
+    d.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c())
+    train_steps(d, c, 6, 1.0)
+    v = d.check(c.tick(30))
+    assert "alive thread is silent" in v.message
+    d2, c2 = started()
+    d2.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c2())
+    train_steps(d2, c2, 6, 1.0)
+    for _ in range(10):
+        d2.observe("alive", {}, c2.tick(1))
+    assert "is alive" in d2.check(c2()).message
+
+
+def test_config_from_env_and_per_job_spec():
+    cfg = StallConfig.from_env({"TOKENPULSE_STALL_FLOOR_S": "45", "TOKENPULSE_STALL_FACTOR": "7",
+                                "TOKENPULSE_STALL_MIN_INTERVALS": "4"})
+    assert (cfg.floor_s, cfg.factor, cfg.min_intervals, cfg.ceiling_s) == (45, 7, 4, 1800)
+    spec = JobSpec(stall=StallSpec(floor_s=3, slow_factor=2.5))
+    job = cfg.merged(spec.stall.model_dump())
+    assert (job.floor_s, job.factor, job.slow_factor) == (3, 7, 2.5)
+    with pytest.raises(ValueError):
+        StallConfig.from_env({"TOKENPULSE_STALL_FLOOR_S": "soon"})
+
+
+# ---- slow -------------------------------------------------------------------------------------
+
+def feed(s: SlowDetector, c: Clock, steps, st: float, tps: float, pad: float = 0.05, start_step=None):
+    step = start_step if start_step is not None else (s.last_step or 2)
+    for _ in range(steps):
+        c.tick(st)
+        step += 1
+        s.observe("metrics", {"step": step, "values": {"loss": 1.0, "step_time_s": st, "tokens_per_s": tps,
+                                                       "padding_frac": pad}}, c())
+    return s.check(c())
+
+
+def test_throughput_drop_is_slow_and_clears():
+    s, c = SlowDetector(CFG), Clock()
+    assert feed(s, c, 10, 0.1, 5000) is None
+    v = feed(s, c, 3, 0.5, 1000)
+    assert v is not None and v.kind == "slow" and "fell 5.0x" in v.message and "5,000 tokens/s" in v.message
+    assert feed(s, c, 3, 0.5, 1000) is None  # same reasons: not raised again
+    v = feed(s, c, 3, 0.1, 5000)
+    assert v is not None and v.kind == "slow_clear"
+
+
+def test_noise_is_not_slow():
+    import random
+    rnd = random.Random(1)
+    s, c = SlowDetector(CFG), Clock()
+    for _ in range(300):
+        st = 0.1 * rnd.uniform(0.6, 1.8)
+        assert feed(s, c, 1, st, 500 / st) is None
+
+
+def test_below_preflight_projection():
+    s, c = SlowDetector(CFG), Clock()
+    s.observe("info", {"batch_size": 4, "measured": [{"rows": 2, "tokens_per_s": 900.0},
+                                                     {"rows": 4, "tokens_per_s": 10000.0}]}, c())
+    v = feed(s, c, 5, 1.0, 1500)
+    assert v.kind == "slow" and "preflight projection of 10,000 tokens/s" in v.message
+
+
+def test_padding_waste_names_recommended_length():
+    s, c = SlowDetector(CFG), Clock()
+    s.observe("info", {"padding": "max_length", "reason": "asked for"}, c())
+    s.observe("info", {"max_seq_length": 2048, "recommended_max_seq_length": 136}, c())
+    v = feed(s, c, 4, 0.5, 200, pad=0.95)
+    assert v.kind == "slow" and "95% of every batch is pad tokens" in v.message
+    assert "max_seq_length=136" in v.message and "padding=max_length" in v.message
+
+
+def test_padding_waste_estimates_a_length_without_info():
+    s, c = SlowDetector(CFG), Clock()
+    s.observe("info", {"padding": "max_length", "max_seq_length": 1024}, c())
+    v = feed(s, c, 4, 0.5, 200, pad=0.9)
+    assert "max_seq_length around 208" in v.message  # 2 x (0.1 x 1024) rounded up to 8
+
+
+def test_cpu_while_gpu_and_fp32_on_bf16_gpu():
+    s, c = SlowDetector(CFG, gpu="NVIDIA H100", gpu_bf16=True), Clock()
+    s.observe("info", {"device": "cpu", "reason": "asked for cpu"}, c())
+    v = feed(s, c, 4, 0.5, 200)
+    assert v.kind == "slow" and "on the CPU although this worker has a GPU (NVIDIA H100)" in v.message
+    s2 = SlowDetector(CFG, gpu="NVIDIA H100", gpu_bf16=True)
+    s2.observe("info", {"device": "cuda"}, c())
+    s2.observe("info", {"precision": "fp32", "reason": "asked for"}, c())
+    v = feed(s2, c, 4, 0.5, 200)
+    assert "fp32 on a GPU with bf16" in v.message
+    s3 = SlowDetector(CFG, gpu=None)
+    s3.observe("info", {"device": "cpu"}, c())
+    assert feed(s3, c, 4, 0.5, 200) is None  # a CPU-only worker: nothing to name
+
+
+def test_crawling_steps_name_the_batch():
+    s, c = SlowDetector(StallConfig(slow_step_s=60)), Clock()
+    s.observe("info", {"batch_size": 64, "row_len": 4096}, c())
+    s.observe("info", {"grad_accum": 32}, c())
+    v = feed(s, c, 3, 90.0, 100)
+    assert "each optimizer step takes 90 s (64 rows x 32 accumulation x 4096 tokens)" in v.message
+
+
+def test_steady_growth_vs_one_jump():
+    s, c = SlowDetector(CFG), Clock()
+    st, v = 0.1, None
+    for _ in range(14):
+        st *= 1.1
+        v = feed(s, c, 1, st, 100 / st) or v
+    assert v is not None and "grows steadily" in v.message
+    j, c = SlowDetector(StallConfig(slow_factor=100)), Clock()
+    for k in range(14):
+        st = 0.1 if k < 7 else 0.3
+        assert feed(j, c, 1, st, 100 / st) is None  # a 3x jump is not growth (and under this slow_factor)
+
+
+def test_periodic_stalls_every_n_steps():
+    s, c = SlowDetector(CFG), Clock()
+    step = 2
+    v = None
+    for k in range(60):
+        step += 1
+        dt = 0.1
+        if step % 10 == 0:
+            s.observe("phase", {"name": "evaluating"}, c())
+            dt = 1.5
+        c.tick(dt)
+        s.observe("metrics", {"step": step, "values": {"step_time_s": 0.1, "tokens_per_s": 1000}}, c())
+        v = s.check(c()) or v
+    assert v is not None and "periodic stalls every 10 steps" in v.message and "evaluating" in v.message

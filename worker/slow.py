@@ -1,0 +1,274 @@
+"""Is a progressing job slow, and why? Pure logic over the job's own metrics and info events, with
+the clock passed in, so each rule is testable without training anything.
+
+Slow means progressing, but:
+- throughput far below what this job showed earlier (`slow_factor` x, against its best sustained
+  pace), or far below its preflight projection (`slow_projection_factor` x the autotune measurement);
+- or a step time that grows steadily (`slow_growth_factor` x across the recent window, not one jump);
+- or a known waste, named with its fix: padding above `slow_padding_frac` of batch tokens, the model
+  on the CPU while the worker has a GPU, fp32 on a GPU with bf16, optimizer steps so large they crawl
+  (`slow_step_s`), or periodic pauses every N steps costing `slow_periodic_frac` of the time.
+
+One alert per job (kind "slow"), its message listing the reasons; re-raised only when the set of
+reasons changes, cleared (saying so) when none holds any more.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from worker.stall import StallConfig, Verdict
+
+
+def gpu_info() -> tuple[Optional[str], bool]:
+    """(GPU name or None, whether it has bf16) from nvidia-smi, without importing torch."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None, False
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None, False
+    if not out:
+        return None, False
+    name, _, cap = out.splitlines()[0].partition(",")
+    try:
+        bf16 = float(cap.strip()) >= 8.0
+    except ValueError:
+        bf16 = False
+    return name.strip(), bf16
+
+
+@dataclass
+class Sample:
+    t: float
+    step: int
+    step_time: float  # seconds per optimizer step over the window this sample covers
+    tps: Optional[float]  # real tokens per second
+    padding: Optional[float]
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x:,.0f} tokens/s" if x >= 10 else f"{x:.2f} tokens/s"
+
+
+@dataclass
+class SlowDetector:
+    config: StallConfig = field(default_factory=StallConfig)
+    gpu: Optional[str] = None  # the worker's accelerator (None: CPU only)
+    gpu_bf16: bool = False
+    info: dict = field(default_factory=dict)
+    samples: list = field(default_factory=list)
+    arrivals: list = field(default_factory=list)  # (t, step) of every metrics event
+    pauses_at: dict = field(default_factory=dict)  # step -> phase names seen between steps (saving...)
+    projected_tps: Optional[float] = None
+    best_tps: Optional[float] = None  # best sustained throughput (median of 3 samples) so far
+    open_keys: Optional[frozenset] = None
+    open_message: Optional[str] = None
+    fresh: bool = False
+    last_step: Optional[int] = None
+
+    # ---- feeding -----------------------------------------------------------------------------
+
+    def observe(self, kind: str, data: dict, now: float) -> None:
+        if kind == "info":
+            self.info.update({k: v for k, v in data.items() if k != "reason"})
+            if "measured" in data:
+                rates = [m.get("tokens_per_s") for m in data["measured"] or [] if isinstance(m, dict)]
+                rates = [r for r in rates if isinstance(r, (int, float)) and r > 0]
+                if rates:
+                    self.projected_tps = max(rates)
+            if isinstance(data.get("projected_tokens_per_s"), (int, float)):
+                self.projected_tps = float(data["projected_tokens_per_s"])
+        elif kind == "phase":
+            name = data.get("name")
+            if name and name != "training" and self.last_step is not None:
+                self.pauses_at.setdefault(self.last_step, set()).add(name)
+        elif kind == "metrics":
+            step, v = int(data.get("step", 0)), data.get("values", {})
+            if self.last_step is not None and step <= self.last_step:
+                return
+            self.arrivals.append((now, step))
+            self.last_step = step
+            st = v.get("step_time_s")
+            if st is None or not st > 0:
+                return  # warm-up steps carry no speed figures
+            self.samples.append(Sample(now, step, float(st), v.get("tokens_per_s"), v.get("padding_frac")))
+            if len(self.samples) > 2000:
+                del self.samples[:1000]
+            rates = self._rates()
+            if len(rates) >= 3:
+                sustained = statistics.median(rates[-3:])
+                self.best_tps = sustained if self.best_tps is None else max(self.best_tps, sustained)
+            self.fresh = True
+
+    def _rates(self) -> list[float]:
+        """Throughput per sample: real tokens/s when reported, else optimizer steps/s."""
+        if all(s.tps for s in self.samples[-20:]):
+            return [s.tps for s in self.samples]
+        return [1.0 / s.step_time for s in self.samples]
+
+    def _uses_tokens(self) -> bool:
+        return all(s.tps for s in self.samples[-20:])
+
+    # ---- reasons -----------------------------------------------------------------------------
+
+    def reasons(self) -> list[tuple[str, str]]:
+        c = self.config
+        out: list[tuple[str, str]] = []
+        n = len(self.samples)
+        if n < c.slow_min_samples:
+            return out
+        rates = self._rates()
+        recent = self.samples[-3:]
+        now_rate = statistics.median(rates[-3:])
+        unit = _fmt_rate if self._uses_tokens() else (lambda x: f"{x:.2f} steps/s")
+        was_open = self.open_keys or frozenset()
+
+        # throughput against the job's own best sustained pace (hysteresis: clears at half the factor)
+        if self.best_tps and now_rate > 0:
+            drop = self.best_tps / now_rate
+            need = c.slow_factor if "fell" not in was_open else max(1.0, c.slow_factor / 2)
+            if drop >= need:
+                out.append(("fell", f"throughput fell {drop:.1f}x: {unit(now_rate)} now, "
+                                    f"{unit(self.best_tps)} earlier in this job"))
+
+        # against the preflight projection (autotune's measured forward+backward rate)
+        if self.projected_tps and self._uses_tokens() and now_rate > 0:
+            below = self.projected_tps / now_rate
+            need = c.slow_projection_factor if "projection" not in was_open else c.slow_projection_factor / 2
+            if below >= need:
+                out.append(("projection", f"{unit(now_rate)} is {below:.1f}x below the preflight "
+                                          f"projection of {unit(self.projected_tps)}"))
+
+        # steady growth of the step time (not a single jump: that is 'fell')
+        g = self._growth()
+        if g is not None:
+            out.append(("growth", g))
+
+        # padding waste
+        pads = [s.padding for s in recent if s.padding is not None]
+        if pads and statistics.median(pads) > c.slow_padding_frac:
+            out.append(("padding", self._padding_reason(statistics.median(pads))))
+
+        # the model on the CPU while the worker has a GPU
+        dev = str(self.info.get("device", ""))
+        if self.gpu and dev.startswith("cpu"):
+            out.append(("cpu", f"the model trains on the CPU although this worker has a GPU ({self.gpu}): "
+                               f"set device=auto or cuda"))
+
+        # no mixed precision on a GPU that has bf16
+        if dev.startswith("cuda") and self.info.get("precision") == "fp32" and self.gpu_bf16:
+            out.append(("precision", f"training in fp32 on a GPU with bf16 ({self.gpu or 'this GPU'}): "
+                                     f"precision=auto or bf16 is typically 2-3x faster"))
+
+        # optimizer steps so large they crawl
+        st = statistics.median([s.step_time for s in recent])
+        if st >= c.slow_step_s:
+            rows, ga = self.info.get("batch_size"), self.info.get("grad_accum")
+            row_len = self.info.get("row_len") or self.info.get("max_seq_length")
+            shape = ""
+            if rows and ga:
+                shape = f" ({rows} rows x {ga} accumulation" + (f" x {row_len} tokens" if row_len else "") + ")"
+            out.append(("crawl", f"each optimizer step takes {st:.0f} s{shape}: the batch is so large that "
+                                 f"steps crawl; lower tokens_per_batch / batch_size / grad_accum"))
+
+        p = self._periodic()
+        if p is not None:
+            out.append(("periodic", p))
+        return out
+
+    def _growth(self) -> Optional[str]:
+        c = self.config
+        xs = [s.step_time for s in self.samples[-12:]]
+        if len(xs) < 9:
+            return None
+        k = len(xs) // 3
+        m1, m2, m3 = statistics.median(xs[:k]), statistics.median(xs[k:2 * k]), statistics.median(xs[-k:])
+        if not (m1 > 0 and m2 >= 1.15 * m1 and m3 >= 1.15 * m2 and m3 >= c.slow_growth_factor * m1):
+            return None
+        jump = max(b / a for a, b in zip(xs, xs[1:]) if a > 0)
+        if math.log(jump) >= 0.5 * math.log(m3 / m1):
+            return None  # one jump, not a steady climb
+        first, last = self.samples[-len(xs)].step, self.samples[-1].step
+        return (f"step time grows steadily: {m1:.2f} s -> {m3:.2f} s per step between steps {first} and "
+                f"{last} (something accumulates: a leak, growing sequences, or state kept across steps)")
+
+    def _padding_reason(self, frac: float) -> str:
+        mode = self.info.get("padding")
+        L = self.info.get("max_seq_length")
+        rec = self.info.get("recommended_max_seq_length")
+        if rec is None and L:
+            mean = (1 - frac) * L  # real tokens per row (max_length rows are one example each)
+            rec = int(math.ceil(mean * 2 / 8) * 8)
+            rec_s = f"max_seq_length around {rec} (about twice the mean example of {mean:.0f} tokens)"
+        else:
+            rec_s = f"max_seq_length={rec} (the recommended length for this data)" if rec else ""
+        msg = f"padding waste: {frac:.0%} of every batch is pad tokens"
+        if mode == "max_length":
+            msg += f" (padding=max_length to max_seq_length={L})" if L else " (padding=max_length)"
+            fix = "use padding=auto (packing) or dynamic"
+            msg += f"; {fix}" + (f", or {rec_s}" if rec_s else "")
+        elif mode == "dynamic":
+            msg += "; use padding=auto (packing) or group_by_length=true"
+            if rec_s and L and rec and rec < L:
+                msg += f", and {rec_s}"
+        elif rec_s:
+            msg += f"; {rec_s}"
+        return msg
+
+    def _periodic(self) -> Optional[str]:
+        """Pauses every N steps (arrival gaps far above the typical one) costing a share of the time."""
+        a = self.arrivals[-400:]
+        if len(a) < 12:
+            return None
+        per = [((t2 - t1) / (s2 - s1), s2, t2 - t1) for (t1, s1), (t2, s2) in zip(a, a[1:]) if s2 > s1]
+        typical = statistics.median(p for p, _, _ in per)
+        if typical <= 0:
+            return None
+        spikes = [(s, dt) for p, s, dt in per if p > 4 * typical]
+        if len(spikes) < 3:
+            return None
+        gaps = [b - a_ for (a_, _), (b, _) in zip(spikes, spikes[1:])]
+        n, count = Counter(gaps).most_common(1)[0]
+        if count < max(2, 0.6 * len(gaps)) or n < 2:
+            return None
+        lost = sum(dt - typical * 1 for _, dt in spikes)
+        span = a[-1][0] - a[0][0]
+        if span <= 0 or lost / span < self.config.slow_periodic_frac:
+            return None
+        seen = set()
+        for s, _ in spikes:
+            for k in (s - 1, s - 2, s):
+                seen |= self.pauses_at.get(k, set())
+        cause = (f"during '{', '.join(sorted(seen))}'" if seen else
+                 "no phase reported: re-sorting or reloading data, evaluation, or checkpoints")
+        each = statistics.median(dt for _, dt in spikes)
+        return (f"periodic stalls every {n} steps ({each:.1f} s each, {lost / span:.0%} of the time; "
+                f"{cause})")
+
+    # ---- judging -----------------------------------------------------------------------------
+
+    def check(self, now: float) -> Optional[Verdict]:
+        """A 'slow' verdict when the set of reasons appears or changes, 'slow_clear' when it ends."""
+        if not self.fresh:
+            return None
+        self.fresh = False
+        rs = self.reasons()
+        keys = frozenset(k for k, _ in rs)
+        if rs and keys != self.open_keys:
+            self.open_keys = keys
+            self.open_message = "slow: " + "; ".join(text for _, text in rs)
+            return Verdict("slow", self.open_message, reasons=rs)
+        if not rs and self.open_keys:
+            self.open_keys = self.open_message = None
+            rate = self._rates()[-1] if self.samples else 0
+            unit = _fmt_rate if self._uses_tokens() else (lambda x: f"{x:.2f} steps/s")
+            return Verdict("slow_clear", f"no longer slow: {unit(rate)} at step {self.last_step}")
+        return None
