@@ -1,32 +1,112 @@
 """Agent event batches -> one transaction per batch -> live frames for the hub.
 
-Runs on the writer thread. Exactly once: each job keeps a watermark (next_seq); events below it are
-replays and are acknowledged without being stored again. Metrics go to the lean metrics table in
-one executemany; everything else to the events table.
+Runs on the writer thread, parsing included (ingest.parse_batch): the event loop only receives the
+body bytes and sends the reply, so a 5,000-event batch never blocks websocket fan-out.
+
+Exactly once: each job keeps a watermark (next_seq); events below it are replays and are
+acknowledged without being stored again, and the metrics primary key (job, key, step) makes any
+point that does slip through overwrite itself. Metrics go to the lean metrics table in one
+executemany, plus a rollup row per 256 steps (first/last/min/max) for fast chart reads; everything
+else goes to the events table.
 """
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
+import orjson
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from server import store
+from server.hub import Frame
 from server.models import Agent, Alert, Event as EventRow, Job, MetricKey
 from tokenpulse.protocol import ACTIVE_STATES, Command, Event, JobState
+
+ROLLUP_SHIFT = 8  # a rollup row covers 2**8 = 256 steps of one (job, key)
+MAX_EVENTS = 100_000  # per batch, as EventBatch says
 
 
 @dataclass
 class Outcome:
     acked: dict[int, int] = field(default_factory=dict)
     commands: list[Command] = field(default_factory=list)
-    frames: list[tuple[str, dict, bool]] = field(default_factory=list)  # (topic, payload, droppable)
+    frames: list[tuple[str, Any, bool]] = field(default_factory=list)  # (topic, payload or Frame, droppable)
     alerts: list[dict] = field(default_factory=list)  # new or changed alerts, for webhooks
 
+
+class Ev:
+    """A checked event: what protocol.Event holds, without a pydantic object per metric point."""
+    __slots__ = ("kind", "job_id", "seq", "t", "data")
+
+    def __init__(self, kind: str, job_id: int, seq: int, t: float, data: dict):
+        self.kind, self.job_id, self.seq, self.t, self.data = kind, job_id, seq, t, data
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+
+def invalid(loc: tuple, msg: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": ("body",) + loc, "msg": msg, "type": "value_error"}])
+
+
+def fast_metric(e: Any) -> Optional[Ev]:
+    """The common event, a metrics point, checked by hand: the same rules as protocol.Event +
+    MetricsData at ~1/10 of the cost (pydantic: ~15 us an event). Anything not plainly valid returns
+    None and goes through the protocol model, which accepts it or explains the 422."""
+    if type(e) is not dict or e.get("kind") != "metrics" or len(e) > 5:
+        return None
+    job_id, seq, t, d = e.get("job_id"), e.get("seq"), e.get("t"), e.get("data")
+    if (type(job_id) is not int or job_id < 1 or type(seq) is not int or seq < 0
+            or type(d) is not dict or len(d) != 2):
+        return None
+    if type(t) is not float:
+        if type(t) is not int:
+            return None
+        t = float(t)
+    step, values = d.get("step"), d.get("values")
+    if type(step) is not int or step < 0 or type(values) is not dict:
+        return None
+    for k, v in values.items():
+        if type(v) is not float or not 0 < len(k) <= 64:
+            return None
+    return Ev("metrics", job_id, seq, t, d)
+
+
+def parse_batch(body: bytes) -> list[Ev]:
+    """{"events": [...]} -> checked events, or RequestValidationError (a 422 like any other)."""
+    try:
+        doc = orjson.loads(body)  # ~4x faster than json.loads
+    except orjson.JSONDecodeError:
+        try:  # NaN/Infinity literals: the stdlib accepts them (non-finite values are dropped later)
+            doc = json.loads(body)
+        except ValueError as e:
+            raise invalid((), f"invalid JSON: {e}") from None
+    evs = doc.get("events") if isinstance(doc, dict) else None
+    if not isinstance(evs, list):
+        raise invalid(("events",), "Field required: a list of events")
+    if len(evs) > MAX_EVENTS:
+        raise invalid(("events",), f"at most {MAX_EVENTS} events a batch")
+    out = []
+    for i, e in enumerate(evs):
+        ev = fast_metric(e)
+        if ev is None:
+            try:
+                m = Event.model_validate(e)
+            except ValidationError as err:
+                first = err.errors()[0]
+                raise invalid(("events", i) + tuple(first.get("loc", ())), first.get("msg", "invalid")) from None
+            ev = Ev(m.kind, m.job_id, m.seq, m.t, m.data)
+        out.append(ev)
+    return out
+
+
+# ---- storing ----------------------------------------------------------------------------------
 
 class MetricKeys:
     """name -> id, cached: key names are few, points are many."""
@@ -50,15 +130,25 @@ class MetricKeys:
 METRIC_KEYS = MetricKeys()
 
 INSERT_METRIC = "INSERT OR REPLACE INTO metrics (job_id, key_id, step, t, value) VALUES (?, ?, ?, ?, ?)"
+ROLLUP_COLS = ("n, first_step, first_t, first_value, last_step, last_t, last_value, "
+               "min_step, min_t, min_value, max_step, max_t, max_value")
+INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, bucket, {ROLLUP_COLS}) "
+                 f"VALUES ({', '.join('?' * 16)})")
 
 
-def ingest(s: Session, agent_id: int, events: list[Event]) -> Outcome:
+def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
+    """Store a batch (Ev or protocol.Event objects). With a hub, live frames are built (serialized)
+    here on the writer thread, and only for topics someone watches."""
     out = Outcome()
-    by_job: dict[int, list[Event]] = defaultdict(list)
+    watched = hub.watched if hub is not None else (lambda topic: True)
+    by_job: dict[int, list] = defaultdict(list)
     for ev in events:
         by_job[ev.job_id].append(ev)
     metric_rows: list[tuple] = []
+    rollups: dict[tuple, list] = {}  # (job, key, bucket) -> aggregate of this batch's points
+    dirty: set[tuple] = set()  # buckets with a repeated or out-of-order step: recomputed from the rows
     event_rows: list[dict] = []
+    key_ids = METRIC_KEYS.ids
     for job_id, evs in by_job.items():
         job = s.get(Job, job_id)
         evs.sort(key=lambda e: e.seq)
@@ -79,33 +169,91 @@ def ingest(s: Session, agent_id: int, events: list[Event]) -> Outcome:
         job.next_seq = fresh[-1].seq + 1
         if job.state == JobState.starting.value:
             store.transition(s, job, JobState.running)
-        live: list[dict] = []
+        last: Optional[dict] = None
+        critical = False
         for e in fresh:
             d = e.data
             if e.kind == "metrics":
-                step = d["step"]
-                for name, value in d["values"].items():
-                    metric_rows.append((job_id, METRIC_KEYS.id_for(s, name), step, e.t, value))
-                job.step = step
-                last = json.loads(job.last) if job.last else {}
+                step, t = d["step"], e.t
+                bucket = step >> ROLLUP_SHIFT
+                for name, v in d["values"].items():
+                    if not math.isfinite(v):
+                        continue  # SQLite would store NaN as NULL; JSON cannot carry it either
+                    kid = key_ids.get(name) or METRIC_KEYS.id_for(s, name)
+                    metric_rows.append((job_id, kid, step, t, v))
+                    # The rollup of this bucket, kept while the rows go by (one dict hit a point).
+                    g = rollups.get((job_id, kid, bucket))
+                    if g is None:
+                        rollups[(job_id, kid, bucket)] = [1, step, t, v, step, t, v, step, t, v, step, t, v]
+                        continue
+                    g[0] += 1
+                    if step > g[4]:
+                        g[4], g[5], g[6] = step, t, v
+                    else:
+                        dirty.add((job_id, kid, bucket))
+                    if v < g[9]:
+                        g[7], g[8], g[9] = step, t, v
+                    if v > g[12]:
+                        g[10], g[11], g[12] = step, t, v
+                if last is None:
+                    last = json.loads(job.last) if job.last else {}
                 last.update(d["values"])
                 last["step"] = step
-                job.last = json.dumps(last)
+                job.step = step
             else:
                 event_rows.append({"job_id": job_id, "seq": e.seq, "t": e.t, "kind": e.kind,
                                    "data": json.dumps(d)})
                 apply_event(s, job, e, out)
-            live.append({"kind": e.kind, "seq": e.seq, "t": e.t, "data": d})
-        critical = any(x["kind"] in ("state", "alert") for x in live)
-        out.frames.append((f"job:{job_id}", {"type": "events", "job_id": job_id, "events": live},
-                           not critical))
-        out.frames.append(("jobs", {"type": "job", "job": store.job_summary(job)}, not critical))
+                critical = critical or e.kind in ("state", "alert")
+        if last is not None:
+            job.last = json.dumps({k: v for k, v in last.items() if isinstance(v, (int, float)) and math.isfinite(v)})
+        topic = f"job:{job_id}"
+        if watched(topic):
+            live = [{"kind": e.kind, "seq": e.seq, "t": e.t, "data": e.data} for e in fresh]
+            payload = {"type": "events", "job_id": job_id, "events": live}
+            out.frames.append((topic, Frame(payload, not critical), not critical))
+        if watched("jobs"):
+            out.frames.append(("jobs", Frame({"type": "job", "job": store.job_summary(job)}, not critical),
+                               not critical))
     if metric_rows:
-        # One executemany on the raw DBAPI cursor: ~10x cheaper per row than ORM objects.
-        s.connection().exec_driver_sql(INSERT_METRIC, metric_rows)
+        # One executemany on the raw sqlite3 cursor: ~10x cheaper a row than ORM objects, and no
+        # SQLAlchemy statement handling per row. Same connection, so the same transaction.
+        cur = s.connection().connection.cursor()
+        cur.executemany(INSERT_METRIC, metric_rows)
+        store_rollups(cur, rollups, dirty)
     if event_rows:
         s.execute(insert(EventRow).prefix_with("OR IGNORE"), event_rows)
     return out
+
+
+def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple]) -> None:
+    """Merge this batch's per-bucket aggregates into metric_rollups (a few rows a key per batch).
+    A bucket that got a step at or before one it already had (a resumed job re-logging steps, a
+    repeat) is recomputed from its rows, so an overwritten value never lingers as a min or max."""
+    rows = []
+    for (job_id, kid, bucket), g in batch.items():
+        old = cur.execute(f"SELECT {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? "
+                          "AND bucket = ?", (job_id, kid, bucket)).fetchone()
+        if (job_id, kid, bucket) in dirty or (old is not None and g[1] <= old[4]):
+            lo = bucket << ROLLUP_SHIFT
+            pts = cur.execute("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND step "
+                              "BETWEEN ? AND ? ORDER BY step", (job_id, kid, lo, lo + (1 << ROLLUP_SHIFT) - 1)
+                              ).fetchall()
+            g = aggregate(pts)
+        elif old is not None:
+            # Appending after the stored points: first stays, last is ours, extremes compare.
+            g = [old[0] + g[0], *old[1:4], *g[4:7],
+                 *(old[7:10] if old[9] <= g[9] else g[7:10]), *(old[10:13] if old[12] >= g[12] else g[10:13])]
+        rows.append((job_id, kid, bucket, *g))
+    cur.executemany(INSERT_ROLLUP, rows)
+
+
+def aggregate(pts: list[tuple]) -> list:
+    """(step, t, value) rows in step order -> [n, first, last, min, max] as rollup columns."""
+    first, last = pts[0], pts[-1]
+    mn = min(pts, key=lambda p: p[2])
+    mx = max(pts, key=lambda p: p[2])
+    return [len(pts), *first, *last, *mn, *mx]
 
 
 def apply_event(s: Session, job: Job, e: Event, out: Outcome) -> None:

@@ -4,14 +4,15 @@ from __future__ import annotations
 import json
 from typing import Literal, Optional
 
-from fastapi import APIRouter, HTTPException, Query
+import orjson
+from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import func, or_, select
 
 from server import store
 from server.deps import AppDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
-from server.series import downsample
+from server.series import read_series
 from server.validate import SpecError, check_spec
 from tokenpulse.protocol import ACTIVE_STATES, JobSpec, JobState
 
@@ -157,6 +158,7 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
                 keys: Optional[list[str]] = Query(None, description="metric names (default: all)"),
                 max_points: int = Query(1000, ge=2, le=1_000_000, description="downsample above this"),
                 after_step: Optional[int] = Query(None, description="only points after this step"),
+                before_step: Optional[int] = Query(None, description="only points up to this step (zoom)"),
                 mode: Literal["minmax", "lttb"] = "minmax") -> dict:
     """Series by metric name: {"loss": {"step": [...], "value": [...], "t": [...]}}. Long series are
     downsampled server-side, keeping each bucket's first, last, min and max points."""
@@ -165,21 +167,16 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
         names = dict(s.execute(select(MetricKey.name, MetricKey.id)).all())
         wanted = keys or list(names)
         out: dict = {}
-        conn = s.connection()
+        cur = s.connection().connection.cursor()  # raw sqlite3: no per-row SQLAlchemy work
         for name in wanted:
             kid = names.get(name)
             if kid is None:
                 continue
-            sql = "SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ?"
-            params: tuple = (job_id, kid)
-            if after_step is not None:
-                sql += " AND step > ?"
-                params += (after_step,)
-            rows = conn.exec_driver_sql(sql + " ORDER BY step", params).fetchall()
-            if not rows:
-                continue
-            out[name] = downsample(rows, max_points, mode)
-        return {"job_id": job_id, "series": out}
+            series = read_series(cur, job_id, kid, max_points, mode, after_step, before_step)
+            if series is not None:
+                out[name] = series
+    # orjson straight to bytes: FastAPI's jsonable_encoder walks every number (~0.3 s for 100k points).
+    return Response(orjson.dumps({"job_id": job_id, "series": out}), media_type="application/json")
 
 
 @router.get("/{job_id}/events")
