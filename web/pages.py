@@ -62,9 +62,92 @@ def job_page(request: Request, job_id: int):
     return page(request, "job.html", job_id=job_id)
 
 
+# The submit form, one entry per JobSpec setting: (name, label, kind, help). Defaults and extra help
+# come from JobSpec itself, so the form cannot drift from what the API accepts; a test checks that
+# every JobSpec field is on the form.
+FORM: list[tuple[str, str, list[tuple]]] = [
+    ("data", "Model and data", [
+        ("name", "Name", "text", "A label for the job, shown in lists and charts."),
+        ("model", "Model", "text", "A local Hugging Face model directory, or builtin:tiny-llama (a tiny model for trying things out)."),
+        ("dataset", "Dataset", "text", ".jsonl / .csv / .parquet / .txt file, a datasets save_to_disk directory, or builtin:demo."),
+        ("text_field", "Text field", "text", "Column holding plain text. Leave empty to detect (text, content...)."),
+        ("prompt_field", "Prompt field", "text", "For prompt/response pairs: the prompt column (give both or neither)."),
+        ("response_field", "Response field", "text", "For prompt/response pairs: the response column."),
+        ("loss_on_response_only", "Loss on the response only", "bool", "Mask prompt tokens out of the loss (prompt/response data)."),
+        ("streaming", "Stream the dataset", "bool", "Read the dataset as a stream, accumulating chunks (for data larger than memory)."),
+    ]),
+    ("training", "Training", [
+        ("max_steps", "Max steps", "int", "Optimizer steps. Leave empty and set epochs instead; 200 when both are empty."),
+        ("epochs", "Epochs", "float", "Passes over the data, used when max steps is empty."),
+        ("learning_rate", "Learning rate", "float", "Peak learning rate (after warmup)."),
+        ("warmup_steps", "Warmup steps", "int", "Steps of linear warmup from 0 to the peak learning rate."),
+        ("weight_decay", "Weight decay", "float", "AdamW weight decay."),
+        ("seed", "Seed", "int", "Random seed for data order and initialisation."),
+    ]),
+    ("batching", "Batching, length and precision", [
+        ("max_seq_length", "Max sequence length (tokens)", "auto-int", "auto: covers the data up to the coverage percentile (see Analyze dataset)."),
+        ("length_coverage", "Length coverage (%)", "float", "Percentile of example lengths that auto max length keeps whole."),
+        ("padding", "Padding", "select:auto,pack,dynamic,max_length", "pack: padding-free, several examples per row; dynamic: pad to the batch's longest; max_length: pad every row to the max (wasteful)."),
+        ("group_by_length", "Group by length", "bool", "With dynamic padding, batch examples of similar length together (less padding)."),
+        ("batch_size", "Micro-batch (rows)", "auto-int", "Rows per forward pass; auto measures a few sizes and takes the fastest that fits."),
+        ("tokens_per_batch", "Tokens per optimizer step", "int", "Effective batch in real tokens per step. Empty: 16 rows' worth."),
+        ("grad_accum", "Gradient accumulation", "auto-int", "Micro-batches per optimizer step; auto reaches tokens per step."),
+        ("precision", "Precision", "select:auto,bf16,fp16,fp32", "auto: bf16 where measured faster or on GPUs that have it."),
+        ("gradient_checkpointing", "Gradient checkpointing", "bool", "Recompute activations in the backward pass: less memory, ~30 % slower."),
+        ("device", "Device", "select:auto,cpu,cuda", "auto: the accelerator when there is one."),
+    ]),
+    ("lora", "LoRA (parameter-efficient fine-tuning)", [
+        ("lora.enabled", "Use LoRA", "bool", "Train small low-rank adapters instead of all weights."),
+        ("lora.rank", "Rank r", "int", "Adapter rank; 8–64 is typical."),
+        ("lora.alpha", "Alpha", "float", "Scaling = alpha / rank."),
+        ("lora.dropout", "Dropout", "float", "Dropout on the adapter input (0 to <1)."),
+        ("lora.target_modules", "Target modules", "list", "Comma-separated module names, e.g. q_proj, v_proj."),
+        ("lora.load_in_4bit", "4-bit base weights (QLoRA)", "bool", "CUDA only: quantize the frozen base model to 4 bits."),
+    ]),
+    ("ops", "Checkpoints, scheduling and retries", [
+        ("checkpoint_every", "Checkpoint every (steps)", "int", "Save a checkpoint every N optimizer steps."),
+        ("checkpoint_every_min", "… or every (minutes)", "float", "Save a checkpoint every N minutes of training."),
+        ("keep_checkpoints", "Keep checkpoints", "int", "How many recent checkpoints to keep on disk."),
+        ("log_every", "Log every (steps)", "int", "Steps between metric points on the charts."),
+        ("priority", "Priority", "int", "−100 to 100; higher runs first."),
+        ("max_retries", "Max retries", "int", "Automatic retries after OOM (with a halved micro-batch), a lost worker or a crash."),
+    ]),
+    ("stall", "Stall detection (seconds; empty = server default)", [
+        ("stall.factor", "Factor", "float", "Stalled after this many times the typical step interval."),
+        ("stall.floor_s", "Floor (s)", "float", "Never stalled before this many seconds without progress."),
+        ("stall.ceiling_s", "Ceiling (s)", "float", "Always stalled after this many seconds without progress."),
+        ("stall.first_step_s", "First step allowance (s)", "float", "How long the first step may take."),
+        ("stall.phase_s", "Phase budget (s)", "float", "Budget for a phase with no progress counter."),
+    ]),
+]
+
+
+def form_fields() -> list[dict]:
+    from tokenpulse.protocol import JobSpec, LoraSpec, StallSpec
+    models = {"": JobSpec, "lora": LoraSpec, "stall": StallSpec}
+    groups = []
+    for gid, title, fields in FORM:
+        out = []
+        for name, label, kind, help_text in fields:
+            prefix, _, leaf = name.rpartition(".")
+            f = models[prefix].model_fields.get(leaf)
+            default = None
+            if f is not None and not f.is_required():
+                default = f.get_default(call_default_factory=True)
+            if isinstance(default, list):
+                default = ", ".join(default)
+            if name == "lora.enabled":
+                default = False
+            out.append({"name": name, "label": label, "kind": kind.split(":")[0],
+                        "options": kind.split(":")[1].split(",") if ":" in kind else [],
+                        "help": help_text, "default": default, "id": "f-" + name.replace(".", "-")})
+        groups.append({"id": gid, "title": title, "fields": out})
+    return groups
+
+
 @router.get("/submit", response_class=HTMLResponse)
 def submit_page(request: Request, clone: int | None = None):
-    return page(request, "submit.html", clone=clone)
+    return page(request, "submit.html", clone=clone, groups=form_fields())
 
 
 @router.get("/compare", response_class=HTMLResponse)

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import func, or_, select
 
 from server import store
@@ -33,7 +33,9 @@ def job_detail(job: Job, attempts: list[Attempt]) -> dict:
     d["spec"] = json.loads(job.spec)
     d["info"] = json.loads(job.info) if job.info else {}
     d["attempts"] = [{"attempt": a.attempt, "agent_id": a.agent_id, "started_at": a.started_at,
-                      "ended_at": a.ended_at, "outcome": a.outcome, "reason": a.reason} for a in attempts]
+                      "ended_at": a.ended_at, "outcome": a.outcome, "reason": a.reason,
+                      "failure": a.failure, "exit_code": a.exit_code, "signal": a.signal,
+                      "resumed_from": a.resumed_from} for a in attempts]
     return d
 
 
@@ -75,7 +77,7 @@ def list_jobs(tp: AppDep, _: UserDep,
         if state:
             where.append(Job.state.in_([x.value for x in state]))
         if q:
-            where.append(or_(Job.name.contains(q), Job.id == (int(q) if q.isdigit() else -1)))
+            where.append(or_(Job.name.contains(q), Job.id == (int(q) if q.isascii() and q.isdigit() and len(q) < 19 else -1)))
         total = s.scalar(select(func.count()).select_from(Job).where(*where))
         rows = s.scalars(select(Job).where(*where).order_by(Job.id.desc()).limit(limit).offset(offset))
         return JobList(total=total, jobs=[store.job_summary(j) for j in rows])
@@ -149,7 +151,13 @@ async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, _: UserDep) -> 
         parent = get_job_or_404(s, job_id)
         base = json.loads(parent.spec)
     base.update(body.changes)
-    spec = JobSpec.model_validate(base)
+    try:
+        spec = JobSpec.model_validate(base)
+    except ValidationError as e:  # the edited settings are a body error (422), like a submit's
+        errors = [{"field": ".".join(str(p) for p in x.get("loc", ())) or "changes",
+                   "message": str(x.get("msg", "invalid")).removeprefix("Value error, ")} for x in e.errors()]
+        raise HTTPException(422, {"message": "; ".join(f"{x['field']}: {x['message']}" for x in errors),
+                                  "field": errors[0]["field"] if errors else None, "errors": errors}) from None
     return await submit(tp, spec, parent_id=job_id)
 
 

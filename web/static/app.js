@@ -1,5 +1,6 @@
 // Shared helpers: the REST client (with the CSRF header cookie sessions need), a websocket that
-// reconnects and tells the page to refill from REST, and formatting with units.
+// reconnects and tells the page to refill from REST, the header's alert badge and browser
+// notifications, relative times that tick, and number formatting with units.
 "use strict";
 const TP = (() => {
   async function api(path, opts = {}) {
@@ -9,7 +10,7 @@ const TP = (() => {
       init.body = JSON.stringify(opts.body);
     }
     const r = await fetch(path, init);
-    if (r.status === 401) { location.href = "/login?next=" + encodeURIComponent(location.pathname); throw new Error("login"); }
+    if (r.status === 401) { location.href = "/login?next=" + encodeURIComponent(location.pathname + location.search); throw new Error("login"); }
     const data = r.status === 204 ? null : await r.json().catch(() => null);
     if (!r.ok) {
       const d = data && data.detail;
@@ -20,39 +21,121 @@ const TP = (() => {
     return data;
   }
 
-  // topics: ["jobs"], ["job:3"]...; onFrame(frame); onOpen() runs at every (re)connect so the
-  // page can fetch what it missed while disconnected.
+  // ---- live: one websocket per page --------------------------------------------------------------
+  // topics: ["jobs"], ["job:3"]...; onFrame(frame); onOpen() runs at every (re)connect so the page
+  // can fetch from REST whatever it missed while disconnected. "alerts" is always subscribed: the
+  // header badge and notifications live here.
+  const openAlerts = new Map(); // id -> alert
+  const alertListeners = [];
+  function onAlert(fn) { alertListeners.push(fn); }
+
   function live(topics, onFrame, onOpen) {
-    let delay = 500;
+    let delay = 500, first = true;
     const dot = document.getElementById("conn");
+    const all = [...new Set([...topics, "alerts"])];
+    function setDot(on, text) {
+      if (!dot) return;
+      dot.classList.toggle("on", on); dot.title = text; dot.setAttribute("aria-label", text);
+      const label = dot.querySelector(".conn-text"); if (label) label.textContent = on ? "live" : "offline";
+    }
     function connect() {
       const proto = location.protocol === "https:" ? "wss" : "ws";
-      const ws = new WebSocket(`${proto}://${location.host}/ws?topics=${topics.join(",")}`);
-      ws.onopen = () => { delay = 500; if (dot) { dot.classList.add("on"); dot.title = "live"; } if (onOpen) onOpen(); };
-      ws.onmessage = (m) => onFrame(JSON.parse(m.data));
+      const ws = new WebSocket(`${proto}://${location.host}/ws?topics=${all.join(",")}`);
+      ws.onopen = async () => {
+        delay = 500; setDot(true, "live: updates arrive as they happen");
+        const reconnect = !first; first = false;
+        try { await Promise.all([refillAlerts(!reconnect), onOpen ? onOpen(reconnect) : null]); }
+        catch (e) { if (e.message !== "login") console.warn("refill failed:", e.message); }
+      };
+      ws.onmessage = (m) => {
+        const f = JSON.parse(m.data);
+        if (f.type === "alert") { handleAlert(f.alert, true); alertListeners.forEach((fn) => fn(f.alert)); }
+        onFrame(f);
+      };
       ws.onclose = () => {
-        if (dot) { dot.classList.remove("on"); dot.title = "reconnecting…"; }
-        setTimeout(connect, delay); delay = Math.min(delay * 2, 10000);
+        setDot(false, "reconnecting… (the page refills from the server when it is back)");
+        setTimeout(connect, delay); delay = Math.min(delay * 2, 5000);
       };
     }
     connect();
   }
 
+  async function refillAlerts(initial) {
+    const list = await api("/api/alerts?state=open&limit=1000");
+    const known = new Set(openAlerts.keys());
+    openAlerts.clear();
+    for (const a of list) { openAlerts.set(a.id, a); if (!initial && !known.has(a.id)) notify(a); }
+    renderBadge();
+  }
+
+  function handleAlert(a, live) {
+    const isNew = a.state === "open" && !openAlerts.has(a.id);
+    if (a.state === "open") openAlerts.set(a.id, a); else openAlerts.delete(a.id);
+    renderBadge();
+    if (isNew && live) notify(a);
+  }
+
+  function renderBadge() {
+    const b = document.getElementById("alert-count");
+    if (!b) return;
+    const n = openAlerts.size;
+    b.hidden = n === 0;
+    b.textContent = `⚠ ${n}`;
+    b.title = n ? [...openAlerts.values()].slice(0, 10).map((a) => `job ${a.job_id ?? "–"}: ${a.kind} — ${a.message.split("\n")[0]}`).join("\n") : "";
+    b.setAttribute("aria-label", `${n} open alert${n === 1 ? "" : "s"}`);
+    const first = [...openAlerts.values()].sort((x, y) => x.id - y.id).find((a) => a.job_id);
+    b.href = first ? `/jobs/${first.job_id}#alerts` : "/";
+  }
+
+  function notify(a) {
+    if (!("Notification" in window) || Notification.permission !== "granted") return;
+    try {
+      const n = new Notification(`tokenpulse: job ${a.job_id ?? ""} ${a.kind}`, { body: a.message.slice(0, 200), tag: `alert-${a.id}` });
+      n.onclick = () => { window.focus(); if (a.job_id) location.href = `/jobs/${a.job_id}#alerts`; };
+    } catch (e) { /* some browsers only allow notifications from a service worker */ }
+  }
+
+  function askNotifications() {
+    const btn = document.getElementById("notify");
+    if (!btn) return;
+    if (!("Notification" in window) || Notification.permission !== "default") { btn.hidden = true; return; }
+    btn.hidden = false;
+    btn.onclick = async () => { await Notification.requestPermission(); btn.hidden = true; };
+  }
+
+  // ---- formatting --------------------------------------------------------------------------------
   const nf = new Intl.NumberFormat("en-US");
   function num(x, digits = 0) {
-    if (x === null || x === undefined || Number.isNaN(x)) return "–";
-    return x.toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
+    if (x === null || x === undefined || Number.isNaN(Number(x))) return "–";
+    return Number(x).toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
   }
-  function sig(x, n = 4) { return x === null || x === undefined ? "–" : Number(x).toPrecision(n); }
+  function sig(x, n = 4) {
+    if (x === null || x === undefined || !isFinite(x)) return "–";
+    const v = Number(x);
+    return Math.abs(v) >= 1e5 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(2) : String(Number(v.toPrecision(n)));
+  }
+  function compact(x, unit = "") { // 12.3 k tok/s
+    if (x === null || x === undefined || !isFinite(x)) return "–";
+    const a = Math.abs(x);
+    const [d, s] = a >= 1e9 ? [1e9, " G"] : a >= 1e6 ? [1e6, " M"] : a >= 1e4 ? [1e3, " k"] : [1, " "];
+    const v = x / d;
+    return `${v.toLocaleString("en-US", { maximumFractionDigits: d === 1 ? (a < 10 ? 2 : a < 100 ? 1 : 0) : 1 })}${unit ? s + unit : s.trim()}`.trim();
+  }
+  function bytesMB(mb) { return mb === null || mb === undefined ? "–" : mb >= 1024 ? `${num(mb / 1024, 2)} GiB` : `${num(mb, 0)} MiB`; }
   function dur(s) {
     if (s === null || s === undefined || !isFinite(s)) return "–";
     s = Math.max(0, Math.round(s));
     if (s < 60) return `${s} s`;
     if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
-    return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+    return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
   }
-  function ago(t) { return t ? `${dur(Date.now() / 1000 - t)} ago` : "never"; }
-  function abs(t) { return t ? new Date(t * 1000).toLocaleString() : ""; }
+  function ago(t) {
+    if (!t) return "never";
+    const d = Date.now() / 1000 - t;
+    return d < 1 ? "just now" : `${dur(d)} ago`;
+  }
+  function abs(t) { return t ? new Date(t * 1000).toLocaleString("en-GB", { dateStyle: "medium", timeStyle: "medium" }) : ""; }
   function phaseText(p) {
     if (!p) return "–";
     let s = p.name;
@@ -64,16 +147,37 @@ const TP = (() => {
   function el(tag, attrs = {}, ...kids) {
     const e = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs)) {
+      if (v === undefined || v === null || v === false) continue;
       if (k === "class") e.className = v; else if (k === "text") e.textContent = v;
-      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v);
+      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v === true ? "" : v);
     }
-    for (const k of kids) e.append(k);
+    for (const k of kids) if (k !== null && k !== undefined && k !== "") e.append(k);
     return e;
+  }
+  // A <time> that says "12 s ago" and shows the absolute time on hover; ticks on its own.
+  function rel(t, opts = {}) {
+    return el("time", { class: `rel${opts.hb ? " hb " + heartbeatClass(t) : ""}`, "data-t": t || "", datetime: t ? new Date(t * 1000).toISOString() : null,
+      title: t ? abs(t) : "", "data-hb": opts.hb ? "1" : null, text: t ? ago(t) : (opts.none || "–") });
   }
   function heartbeatClass(t) {
     if (!t) return "hb-none";
     const age = Date.now() / 1000 - t;
     return age < 15 ? "hb-ok" : age < 60 ? "hb-warn" : "hb-bad";
   }
-  return { api, live, num, sig, dur, ago, abs, phaseText, el, heartbeatClass };
+  function tick() {
+    for (const e of document.querySelectorAll("time.rel[data-t]")) {
+      const t = Number(e.dataset.t);
+      if (!t) continue;
+      const text = ago(t);
+      if (e.textContent !== text) e.textContent = text;
+      if (e.dataset.hb) e.className = `rel hb ${heartbeatClass(t)}`;
+    }
+  }
+  setInterval(tick, 1000);
+
+  const ACTIVE = ["running", "starting"];
+  const FINAL = ["completed", "failed", "cancelled"];
+  document.addEventListener("DOMContentLoaded", askNotifications);
+  if (document.readyState !== "loading") askNotifications();
+  return { api, live, onAlert, openAlerts, num, sig, compact, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
 })();

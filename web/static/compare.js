@@ -1,39 +1,138 @@
 "use strict";
 (() => {
-  const pick = document.getElementById("compare-pick");
-  const chosen = new Set(new URLSearchParams(location.search).getAll("job").map(Number));
-  const COLORS = ["#2563eb", "#f97316", "#16a34a", "#9333ea", "#dc2626", "#0891b2"];
-  let charts = {};
+  const $ = (id) => document.getElementById(id);
+  const pick = $("compare-pick");
+  const chosen = new Set(new URLSearchParams(location.search).getAll("job").map(Number).filter(Boolean));
+  const COLORS = ["#2563eb", "#f97316", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777"];
+  const charts = {};
+  const cache = new Map(); // id -> {detail, metrics}
+  let jobs = [];
+
+  function ema(vals, a) {
+    const out = new Array(vals.length); let m = 0, w = 0;
+    for (let i = 0; i < vals.length; i++) {
+      const v = vals[i]; if (v === null || !isFinite(v)) { out[i] = null; continue; }
+      m = a * m + (1 - a) * v; w = a * w + (1 - a); out[i] = a ? m / w : v;
+    }
+    return out;
+  }
 
   async function init() {
-    const data = await TP.api("/api/jobs?limit=100");
-    pick.replaceChildren(...data.jobs.map((j) => TP.el("label", { class: "check" },
-      TP.el("input", { type: "checkbox", value: j.id, ...(chosen.has(j.id) ? { checked: "" } : {}),
-        onchange: (e) => { e.target.checked ? chosen.add(j.id) : chosen.delete(j.id); draw(); } }),
-      ` ${j.name} (#${j.id}, ${j.state})`)));
-    draw();
+    const [data, sel] = await Promise.all([TP.api("/api/jobs?limit=200"),
+      Promise.all([...chosen].map((id) => TP.api(`/api/jobs/${id}`).catch(() => null)))]);
+    jobs = data.jobs;
+    for (const j of sel) if (j && !jobs.some((x) => x.id === j.id)) jobs.push(j);
+    renderPicker(); draw();
+  }
+
+  function renderPicker() {
+    const q = $("pick-search").value.trim();
+    pick.replaceChildren(...jobs.filter((j) => !q || j.name.includes(q) || String(j.id) === q.replace("#", "") || chosen.has(j.id)).map((j) => {
+      const i = [...chosen].indexOf(j.id);
+      return TP.el("label", { class: "check pick" },
+        TP.el("input", { type: "checkbox", value: j.id, checked: chosen.has(j.id),
+          onchange: (e) => { e.target.checked ? chosen.add(j.id) : chosen.delete(j.id); syncUrl(); renderPicker(); draw(); } }),
+        TP.el("span", { class: "swatch", style: i >= 0 ? `background:${COLORS[i % COLORS.length]}` : "" }),
+        TP.el("span", { text: `${j.name} ` }), TP.el("span", { class: "muted", text: `#${j.id}` }),
+        TP.el("span", { class: `badge ${j.state}`, text: j.state }));
+    }));
+  }
+  function syncUrl() { history.replaceState(null, "", `/compare${chosen.size ? "?" + [...chosen].map((id) => `job=${id}`).join("&") : ""}`); }
+
+  async function load(id) {
+    if (!cache.has(id)) {
+      const [detail, metrics] = await Promise.all([TP.api(`/api/jobs/${id}`),
+        TP.api(`/api/jobs/${id}/metrics?keys=loss&keys=tokens_per_s&max_points=1500`)]);
+      if (TP.FINAL.includes(detail.state)) cache.set(id, { detail, metrics }); else return { detail, metrics };
+    }
+    return cache.get(id);
   }
 
   async function draw() {
     const ids = [...chosen];
-    const [metrics, details] = await Promise.all([
-      Promise.all(ids.map((id) => TP.api(`/api/jobs/${id}/metrics?keys=loss&keys=tokens_per_s&max_points=1000`))),
-      Promise.all(ids.map((id) => TP.api(`/api/jobs/${id}`)))]);
+    $("compare-empty").hidden = ids.length > 0;
+    const got = await Promise.all(ids.map(load));
+    const a = Number($("smooth").value), byTime = $("xaxis").value === "time";
     for (const [id, key] of [["chart-cmp-loss", "loss"], ["chart-cmp-tps", "tokens_per_s"]]) {
-      const steps = new Set();
-      metrics.forEach((m) => (m.series[key] ? m.series[key].step : []).forEach((s) => steps.add(s)));
-      const xs = [...steps].sort((a, b) => a - b);
-      const cols = [xs, ...metrics.map((m) => { const s = m.series[key]; const mp = new Map(); if (s) s.step.forEach((st, i) => mp.set(st, s.value[i])); return xs.map((x) => mp.get(x) ?? null); })];
-      const box = document.getElementById(id);
+      const xsOf = (g) => { const s = g.metrics.series[key]; if (!s) return []; return byTime ? s.t.map((t) => Math.round((t - s.t[0]) * 10) / 10) : s.step; };
+      const all = new Set(); got.forEach((g) => xsOf(g).forEach((x) => all.add(x)));
+      const xs = [...all].sort((p, q) => p - q);
+      const cols = [xs], ser = [{ label: byTime ? "s" : "step" }];
+      got.forEach((g, i) => {
+        const s = g.metrics.series[key]; const mp = new Map();
+        if (s) xsOf(g).forEach((x, k) => mp.set(x, s.value[k]));
+        const raw = xs.map((x) => (mp.has(x) ? mp.get(x) : null));
+        const color = COLORS[i % COLORS.length], label = `#${g.detail.id} ${g.detail.name}`;
+        if (key === "loss" && a > 0) {
+          cols.push(raw); ser.push({ label: `${label} (raw)`, stroke: color + "40", width: 1, spanGaps: true, points: { show: false }, value: (u, v) => TP.sig(v) });
+          // smooth over the job's own points only, then spread onto the shared x axis
+          const own = s ? ema(s.value, a) : []; const sm = new Map(); if (s) xsOf(g).forEach((x, k) => sm.set(x, own[k]));
+          cols.push(xs.map((x) => (sm.has(x) ? sm.get(x) : null)));
+          ser.push({ label, stroke: color, width: 2, spanGaps: true, points: { show: false }, value: (u, v) => TP.sig(v) });
+        } else {
+          cols.push(raw); ser.push({ label, stroke: color, width: key === "loss" ? 2 : 1.5, spanGaps: true, points: { show: false },
+            value: (u, v) => (key === "loss" ? TP.sig(v) : TP.compact(v, "tok/s")) });
+        }
+      });
+      const box = $(id);
       if (charts[id]) charts[id].destroy();
-      charts[id] = new uPlot({ width: box.clientWidth || 600, height: 240, scales: { x: { time: false } },
-        series: [{ label: "step" }, ...details.map((d, i) => ({ label: `#${d.id} ${d.name}`, stroke: COLORS[i % COLORS.length], spanGaps: true }))] }, cols, box);
+      box.replaceChildren();
+      if (!ids.length) { charts[id] = null; continue; }
+      charts[id] = new uPlot({ width: Math.max(280, box.clientWidth || 600), height: 260, scales: { x: { time: false } }, series: ser,
+        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18 }, { size: 56, label: key === "loss" ? "loss" : "tok/s", labelSize: 18, values: key === "loss" ? undefined : (u, v) => v.map((x) => TP.compact(x)) }],
+        cursor: { sync: { key: "cmp" }, drag: { x: true, y: false } } }, cols, box);
     }
-    const keys = new Set(); details.forEach((d) => Object.keys(d.spec).forEach((k) => keys.add(k)));
-    const differ = [...keys].filter((k) => new Set(details.map((d) => JSON.stringify(d.spec[k]))).size > 1);
-    const table = document.getElementById("compare-diff");
-    table.replaceChildren(TP.el("tr", {}, TP.el("th", { text: "setting" }), ...details.map((d) => TP.el("th", { text: `#${d.id}` }))),
-      ...differ.map((k) => TP.el("tr", {}, TP.el("td", { text: k }), ...details.map((d) => TP.el("td", { text: JSON.stringify(d.spec[k]) })))));
+    diffTable(got.map((g) => g.detail));
   }
+
+  function flat(spec, prefix = "") {
+    const out = {};
+    for (const [k, v] of Object.entries(spec || {})) {
+      if (v && typeof v === "object" && !Array.isArray(v)) Object.assign(out, flat(v, `${prefix}${k}.`));
+      else out[prefix + k] = v;
+    }
+    return out;
+  }
+
+  function diffTable(details) {
+    const table = $("compare-diff");
+    if (!details.length) { table.replaceChildren(); $("compare-same").textContent = ""; return; }
+    const specs = details.map((d) => flat(d.spec));
+    const infos = details.map((d) => d.info || {});
+    const keys = new Set(); specs.forEach((s) => Object.keys(s).forEach((k) => keys.add(k)));
+    const differ = [...keys].filter((k) => k !== "name" && new Set(specs.map((s) => JSON.stringify(s[k] ?? null))).size > 1).sort();
+    const chosenKeys = ["device", "precision", "padding", "max_seq_length", "batch_size", "grad_accum", "tokens_per_batch"];
+    const infoDiff = chosenKeys.filter((k) => new Set(infos.map((i) => JSON.stringify(i[k] ?? null))).size > 1);
+    const fmt = (v) => (v === undefined || v === null ? "–" : typeof v === "object" ? JSON.stringify(v) : String(v));
+    const head = TP.el("tr", {}, TP.el("th", { text: "" }), ...details.map((d, i) => TP.el("th", {},
+      TP.el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` }), TP.el("a", { href: `/jobs/${d.id}`, text: `#${d.id} ${d.name}` }))));
+    const row = (label, vals, cls = "") => TP.el("tr", { class: cls }, TP.el("th", { scope: "row", text: label }), ...vals.map((v) => TP.el("td", { text: v })));
+    const rows = [
+      row("state", details.map((d) => d.state)),
+      row("steps", details.map((d) => `${TP.num(d.step)}${d.total_steps ? " / " + TP.num(d.total_steps) : ""}`)),
+      row("last loss", details.map((d) => TP.sig((d.last || {}).loss))),
+      row("real tokens/s (last)", details.map((d) => TP.compact((d.last || {}).tokens_per_s, "tok/s"))),
+      row("duration", details.map((d) => (d.started_at ? TP.dur((d.finished_at || Date.now() / 1000) - d.started_at) : "–"))),
+      ...differ.map((k) => row(k, specs.map((s) => fmt(s[k])), "diff")),
+      ...infoDiff.map((k) => row(`${k} (chosen)`, infos.map((i) => fmt(i[k])), "diff")),
+    ];
+    table.replaceChildren(TP.el("thead", {}, head), TP.el("tbody", {}, ...rows));
+    $("compare-same").textContent = details.length > 1 ? (differ.length ? `${differ.length} setting${differ.length > 1 ? "s" : ""} differ; all other settings are the same.` : "All settings are the same.") : "Pick another job to see what differs.";
+  }
+
+  let rt = null;
+  window.addEventListener("resize", () => { clearTimeout(rt); rt = setTimeout(() => { for (const [id, c] of Object.entries(charts)) if (c) c.setSize({ width: Math.max(280, $(id).clientWidth), height: 260 }); }, 100); });
+  $("pick-search").addEventListener("input", renderPicker);
+  $("smooth").addEventListener("input", () => { $("smooth-val").value = Number($("smooth").value).toFixed(2); draw(); });
+  $("xaxis").addEventListener("change", draw);
+  TP.live(["jobs"], (f) => {
+    if (f.type === "job") {
+      const i = jobs.findIndex((j) => j.id === f.job.id);
+      if (i >= 0) jobs[i] = { ...jobs[i], ...f.job }; else jobs.unshift(f.job);
+      if (chosen.has(f.job.id) && TP.FINAL.includes(f.job.state)) { cache.delete(f.job.id); draw(); }
+      renderPicker();
+    }
+  }, null);
   init();
+  setInterval(() => { if ([...chosen].some((id) => !cache.has(id))) draw(); }, 5000); // running jobs grow
 })();

@@ -1,86 +1,132 @@
 "use strict";
 (() => {
   const PAGE = 50;
-  let offset = 0, jobs = new Map(), total = 0;
-  const body = document.getElementById("jobs-body");
-  const search = document.getElementById("search"), stateSel = document.getElementById("state-filter");
+  const ACTIVE_FILTER = ["queued", "starting", "running", "paused"];
+  const url = new URLSearchParams(location.search);
+  let offset = Number(url.get("offset") || 0), jobs = new Map(), total = 0, agents = new Map(), loaded = false;
+  const selected = new Set();
+  const $ = (id) => document.getElementById(id);
+  const body = $("jobs-body"), search = $("search"), stateSel = $("state-filter");
+  search.value = url.get("q") || ""; stateSel.value = url.get("state") || "";
 
-  async function load() {
-    const p = new URLSearchParams({ limit: PAGE, offset });
+  function states() { return stateSel.value === "active" ? ACTIVE_FILTER : stateSel.value ? [stateSel.value] : []; }
+
+  function syncUrl() {
+    const p = new URLSearchParams();
     if (search.value) p.set("q", search.value);
     if (stateSel.value) p.set("state", stateSel.value);
-    const [data, alerts] = await Promise.all([TP.api(`/api/jobs?${p}`), TP.api("/api/alerts?state=open&limit=1000")]);
-    const openAlerts = {};
-    for (const a of alerts) openAlerts[a.job_id] = (openAlerts[a.job_id] || 0) + 1;
-    jobs = new Map(data.jobs.map((j) => [j.id, { ...j, alerts: openAlerts[j.id] || 0 }]));
-    total = data.total;
+    if (offset) p.set("offset", offset);
+    history.replaceState(null, "", p.toString() ? `/?${p}` : "/");
+  }
+
+  let loadSeq = 0;
+  async function load() {
+    const my = ++loadSeq;
+    const p = new URLSearchParams({ limit: PAGE, offset });
+    if (search.value.trim()) p.set("q", search.value.trim().replace(/^#/, ""));
+    for (const s of states()) p.append("state", s);
+    const [data, ags] = await Promise.all([TP.api(`/api/jobs?${p}`), TP.api("/api/agents")]);
+    if (my !== loadSeq) return; // a newer filter won
+    agents = new Map(ags.map((a) => [a.id, a]));
+    jobs = new Map(data.jobs.map((j) => [j.id, j]));
+    total = data.total; loaded = true;
     render();
   }
 
   function matches(j) {
-    if (stateSel.value && j.state !== stateSel.value) return false;
-    if (search.value && !(`${j.name} ${j.id}`.includes(search.value))) return false;
+    const st = states();
+    if (st.length && !st.includes(j.state)) return false;
+    const q = search.value.trim().replace(/^#/, "");
+    if (q && !(j.name || "").includes(q) && String(j.id) !== q) return false;
     return true;
   }
+
+  function alertsFor(id) { let n = 0; for (const a of TP.openAlerts.values()) if (a.job_id === id) n++; return n; }
 
   function row(j) {
     const last = j.last || {};
     const p = j.phase;
-    const frac = p && p.total ? (p.done || 0) / p.total : null;
-    const tr = TP.el("tr", { "data-job": j.id, class: `state-${j.state}` },
-      TP.el("td", {}, TP.el("a", { href: `/jobs/${j.id}`, text: j.name || `job-${j.id}` })),
-      TP.el("td", {}, TP.el("span", { class: `badge ${j.state}`, text: j.state })),
-      TP.el("td", { class: "phase" }, TP.el("span", { text: TP.phaseText(p) }),
-        frac !== null ? TP.el("progress", { max: 1, value: frac }) : ""),
-      TP.el("td", { text: j.total_steps ? `${TP.num(j.step || 0)}/${TP.num(j.total_steps)}` : TP.num(j.step) }),
-      TP.el("td", { text: TP.sig(last.loss) }),
-      TP.el("td", { text: last.tokens_per_s !== undefined ? `${TP.num(last.tokens_per_s)} tok/s` : "–" }),
-      TP.el("td", { text: ["running", "starting"].includes(j.state) ? TP.dur(last.eta_s) : "–" }),
-      TP.el("td", { class: `hb ${["running", "starting"].includes(j.state) ? TP.heartbeatClass(j.alive_at) : ""}`, "data-alive": j.alive_at || "",
-        text: ["running", "starting"].includes(j.state) ? TP.ago(j.alive_at) : "–", title: TP.abs(j.alive_at) }),
-      TP.el("td", {}, j.alerts ? TP.el("span", { class: "alert-badge", text: `⚠ ${j.alerts}` }) : ""),
-      TP.el("td", { text: j.agent_id ? `agent ${j.agent_id}` : "–" }),
-      TP.el("td", { text: TP.ago(j.created_at), title: TP.abs(j.created_at) }));
-    return tr;
+    const active = TP.ACTIVE.includes(j.state);
+    const frac = p && p.total ? Math.min(1, (p.done || 0) / p.total) : null;
+    const nAlerts = alertsFor(j.id);
+    const ag = agents.get(j.agent_id);
+    const step = j.step ?? (last.step ?? null);
+    return TP.el("tr", { "data-job": j.id, class: `state-${j.state}` },
+      TP.el("td", { class: "sel" }, TP.el("input", { type: "checkbox", "aria-label": `Select ${j.name} for comparison`, checked: selected.has(j.id),
+        onchange: (e) => { e.target.checked ? selected.add(j.id) : selected.delete(j.id); compareLink(); } })),
+      TP.el("td", { class: "name", "data-label": "Job" }, TP.el("a", { href: `/jobs/${j.id}`, text: j.name || `job-${j.id}` }), TP.el("span", { class: "muted id", text: ` #${j.id}` })),
+      TP.el("td", { "data-label": "State" }, TP.el("span", { class: `badge ${j.state}`, text: j.state, title: j.reason || "" })),
+      TP.el("td", { class: "phase", "data-label": "Phase" }, TP.el("span", { class: "phase-text", text: active || j.state === "paused" ? TP.phaseText(p) : (j.state === "queued" ? "waiting for a worker" : (p ? p.name : "–")) }),
+        frac !== null && (active || j.state === "paused") ? TP.el("progress", { max: 1, value: frac, "aria-label": `${Math.round(frac * 100)} %` }) : ""),
+      TP.el("td", { class: "r", "data-label": "Step", text: step !== null ? `${TP.num(step)}${j.total_steps ? " / " + TP.num(j.total_steps) : ""}` : (j.total_steps ? `– / ${TP.num(j.total_steps)}` : "–") }),
+      TP.el("td", { class: "r", "data-label": "Loss", text: TP.sig(last.loss) }),
+      TP.el("td", { class: "r", "data-label": "Real tokens/s", text: last.tokens_per_s !== undefined ? TP.compact(last.tokens_per_s, "tok/s") : "–" }),
+      TP.el("td", { class: "r", "data-label": "ETA", text: active && last.eta_s !== undefined ? TP.dur(last.eta_s) : "–" }),
+      TP.el("td", { "data-label": "Heartbeat" }, active ? TP.rel(j.alive_at, { hb: true, none: "none yet" }) : TP.el("span", { class: "muted", text: "–" })),
+      TP.el("td", { "data-label": "Alerts" }, nAlerts ? TP.el("a", { class: "alert-badge", href: `/jobs/${j.id}#alerts`, text: `⚠ ${nAlerts}`, title: `${nAlerts} open alert${nAlerts > 1 ? "s" : ""}` }) : ""),
+      TP.el("td", { "data-label": "Worker", text: j.agent_id ? (ag ? ag.name : `agent ${j.agent_id}`) : "–" }),
+      TP.el("td", { "data-label": "Submitted" }, TP.rel(j.created_at)),
+      TP.el("td", { "data-label": "Started" }, TP.rel(j.started_at)));
   }
 
+  function compareLink() {
+    const a = $("compare-selected");
+    a.href = `/compare?${[...selected].map((id) => `job=${id}`).join("&")}`;
+    a.setAttribute("aria-disabled", selected.size < 1 ? "true" : "false");
+    a.textContent = selected.size ? `Compare selected (${selected.size})` : "Compare selected";
+  }
+
+  let pending = false;
   function render() {
-    body.replaceChildren(...[...jobs.values()].sort((a, b) => b.id - a.id).map(row));
-    if (!jobs.size) body.append(TP.el("tr", {}, TP.el("td", { colspan: 11, class: "empty", text: "No jobs yet. Press “Run demo” to train a tiny model." })));
-    document.getElementById("page-info").textContent = `${total ? offset + 1 : 0}–${Math.min(offset + PAGE, total)} of ${total}`;
-    document.getElementById("prev").disabled = offset === 0;
-    document.getElementById("next").disabled = offset + PAGE >= total;
+    if (pending) return; pending = true;
+    requestAnimationFrame(() => { pending = false; renderNow(); });
+  }
+  function renderNow() {
+    const list = [...jobs.values()].sort((a, b) => b.id - a.id);
+    body.replaceChildren(...list.map(row));
+    if (!list.length) {
+      const filtered = search.value || stateSel.value;
+      body.append(TP.el("tr", {}, TP.el("td", { colspan: 13, class: "empty", text: filtered ? "No job matches these filters." : "No jobs yet. Press “Run demo” to train a tiny model, or “New job”." })));
+    }
+    $("page-info").textContent = `${total ? offset + 1 : 0}–${Math.min(offset + list.length, total)} of ${TP.num(total)}`;
+    $("prev").disabled = offset === 0;
+    $("next").disabled = offset + PAGE >= total;
+    let run = 0, q = 0; for (const j of list) { if (TP.ACTIVE.includes(j.state)) run++; if (j.state === "queued") q++; }
+    $("counts").textContent = `${run} running · ${q} queued on this page`;
+    syncUrl();
   }
 
-  TP.live(["jobs", "alerts"], (f) => {
+  TP.live(["jobs"], (f) => {
+    if (!loaded) return;
     if (f.type === "job") {
       const old = jobs.get(f.job.id);
-      if (old || (offset === 0 && matches(f.job))) {
-        jobs.set(f.job.id, { ...(old || {}), ...f.job, alerts: old ? old.alerts : 0 });
-        if (!old) total += 1;
+      if (old) {
+        if (!matches(f.job) && offset === 0 && states().length) { jobs.delete(f.job.id); total -= 1; } else jobs.set(f.job.id, { ...old, ...f.job });
         render();
+      } else if (offset === 0 && matches(f.job) && (jobs.size < PAGE || f.job.id > Math.max(...jobs.keys()))) {
+        jobs.set(f.job.id, f.job); total += 1;
+        if (jobs.size > PAGE) jobs.delete(Math.min(...jobs.keys()));
+        if (f.job.agent_id && !agents.has(f.job.agent_id)) load(); else render();
       }
     } else if (f.type === "heartbeat") {
       const j = jobs.get(f.job_id);
-      if (j) { j.alive_at = f.alive_at; }
-    } else if (f.type === "alert") {
-      const j = jobs.get(f.alert.job_id);
-      if (j) { j.alerts = Math.max(0, j.alerts + (f.alert.state === "open" ? 1 : -1)); render(); }
-    }
+      if (j) {
+        j.alive_at = f.alive_at;
+        const t = body.querySelector(`tr[data-job="${f.job_id}"] time.hb`);
+        if (t) { t.dataset.t = f.alive_at; t.title = TP.abs(f.alive_at); }
+      }
+    } else if (f.type === "alert") render();
   }, load);
 
-  setInterval(() => { // ages move on their own
-    for (const td of body.querySelectorAll("td.hb[data-alive]")) {
-      const t = Number(td.dataset.alive), tr = td.closest("tr"), j = jobs.get(Number(tr.dataset.job));
-      if (j && ["running", "starting"].includes(j.state)) { td.textContent = TP.ago(j.alive_at); td.className = `hb ${TP.heartbeatClass(j.alive_at)}`; }
-    }
-  }, 1000);
-  search.addEventListener("input", () => { offset = 0; load(); });
+  let debounce = null;
+  search.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(() => { offset = 0; load(); }, 200); });
   stateSel.addEventListener("change", () => { offset = 0; load(); });
-  document.getElementById("prev").onclick = () => { offset = Math.max(0, offset - PAGE); load(); };
-  document.getElementById("next").onclick = () => { offset += PAGE; load(); };
-  document.getElementById("demo").onclick = async () => {
-    const j = await TP.api("/api/jobs", { method: "POST", body: { name: "demo" } });
-    location.href = `/jobs/${j.id}`;
+  $("prev").onclick = () => { offset = Math.max(0, offset - PAGE); load(); };
+  $("next").onclick = () => { offset += PAGE; load(); };
+  $("compare-selected").addEventListener("click", (e) => { if (!selected.size) e.preventDefault(); });
+  $("demo").onclick = async () => {
+    $("demo").disabled = true;
+    try { const j = await TP.api("/api/jobs", { method: "POST", body: { name: "demo" } }); location.href = `/jobs/${j.id}`; }
+    catch (e) { alert(e.message); $("demo").disabled = false; }
   };
 })();

@@ -2,82 +2,188 @@
 (() => {
   const form = document.getElementById("submit-form");
   const errBox = document.getElementById("form-error");
-  const NUM = ["max_steps", "epochs", "learning_rate", "checkpoint_every", "seed"];
-  const AUTO_NUM = ["batch_size", "grad_accum", "max_seq_length"];
+  const $ = (id) => document.getElementById(id);
 
+  function setPath(obj, path, v) {
+    const parts = path.split(".");
+    let o = obj;
+    for (const p of parts.slice(0, -1)) o = o[p] = o[p] || {};
+    o[parts[parts.length - 1]] = v;
+  }
+
+  // The form as a JobSpec. Empty inputs are left out (the API's defaults apply); numbers that do not
+  // parse are sent as typed so the API's message names the field.
   function spec() {
     const s = {};
     for (const el of form.elements) {
-      if (!el.name) continue;
-      if (el.type === "checkbox") { s[el.name] = el.checked; continue; }
+      if (!el.name || !el.dataset.kind || el.name === "lora.enabled") continue;
+      if (el.name.startsWith("lora.") && !form.elements["lora.enabled"].checked) continue;
+      const kind = el.dataset.kind;
+      if (kind === "bool") { setPath(s, el.name, el.checked); continue; }
       const v = el.value.trim();
-      if (v === "") continue;
-      if (NUM.includes(el.name)) s[el.name] = Number(v);
-      else if (AUTO_NUM.includes(el.name)) s[el.name] = v === "auto" ? "auto" : Number(v);
-      else s[el.name] = v;
+      if (v === "" || kind === "json") continue;
+      if (kind === "int" || kind === "float") setPath(s, el.name, isFinite(Number(v)) ? Number(v) : v);
+      else if (kind === "auto-int") setPath(s, el.name, v === "auto" ? "auto" : isFinite(Number(v)) ? Number(v) : v);
+      else if (kind === "list") setPath(s, el.name, v.split(",").map((x) => x.trim()).filter(Boolean));
+      else setPath(s, el.name, v);
     }
-    if (s.epochs !== undefined && form.elements.max_steps.value === "200") delete s.max_steps;
+    const extra = $("f-extra").value.trim();
+    if (extra) {
+      let x;
+      try { x = JSON.parse(extra); } catch (e) { const err = new Error("extra settings: not valid JSON"); err.errors = [{ field: "extra", message: `not valid JSON: ${e.message}` }]; throw err; }
+      for (const [k, v] of Object.entries(x)) s[k] = v && typeof v === "object" && !Array.isArray(v) && s[k] ? { ...s[k], ...v } : v;
+    }
     return s;
   }
 
-  function showError(e) {
-    for (const el of form.querySelectorAll(".invalid")) el.classList.remove("invalid");
+  function clearErrors() {
+    errBox.textContent = "";
+    for (const el of form.querySelectorAll(".invalid")) { el.classList.remove("invalid"); el.removeAttribute("aria-invalid"); }
     for (const el of form.querySelectorAll(".field-error")) el.remove();
-    errBox.textContent = e.message;
+  }
+
+  function showError(e) {
+    clearErrors();
+    let firstBad = null;
+    const unplaced = [];
     for (const fe of e.errors || []) {
-      const input = form.elements[fe.field];
-      if (input) {
-        input.classList.add("invalid");
-        input.closest("label").append(TP.el("span", { class: "field-error", text: fe.message }));
-      }
+      let input = form.elements[fe.field];
+      if (!input && fe.field && fe.field.startsWith("fault")) input = $("f-extra");
+      if (!input && fe.field === "body") input = null;
+      if (input && input.closest) {
+        input.classList.add("invalid"); input.setAttribute("aria-invalid", "true");
+        const id = `${input.id}-error`;
+        input.closest(".field").append(TP.el("span", { id, class: "field-error", role: "alert", text: fe.message }));
+        input.setAttribute("aria-describedby", `${input.id}-help ${id}`);
+        const det = input.closest("details"); if (det) det.open = true;
+        firstBad = firstBad || input;
+      } else unplaced.push(fe.field && fe.field !== "body" ? `${fe.field}: ${fe.message}` : fe.message);
     }
+    errBox.textContent = firstBad ? (unplaced.length ? unplaced.join("; ") : "Please fix the highlighted field" + ((e.errors || []).length > 1 ? "s." : ".")) : e.message;
+    if (firstBad) firstBad.focus();
   }
 
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    errBox.textContent = "";
+    clearErrors();
+    const btn = $("submit"); btn.disabled = true;
     try {
       const j = await TP.api("/api/jobs", { method: "POST", body: spec() });
       location.href = `/jobs/${j.id}`;
-    } catch (e) { showError(e); }
+    } catch (e) { showError(e); btn.disabled = false; }
+  });
+  form.addEventListener("input", (ev) => { // an edited field loses its stale error
+    const el = ev.target; if (!el.classList.contains("invalid")) return;
+    el.classList.remove("invalid"); el.removeAttribute("aria-invalid");
+    const fe = el.closest(".field") && el.closest(".field").querySelector(".field-error"); if (fe) fe.remove();
   });
 
-  document.getElementById("analyze").addEventListener("click", async () => {
-    const btn = document.getElementById("analyze");
-    btn.disabled = true; btn.textContent = "Analyzing…"; errBox.textContent = "";
-    try { showAnalysis(await TP.api("/api/datasets/analyze", { method: "POST", body: spec() })); }
-    catch (e) { showError(e); }
-    finally { btn.disabled = false; btn.textContent = "Analyze dataset"; }
+  // ---- Analyze dataset ---------------------------------------------------------------------------
+  let started = 0, timer = null;
+  $("analyze").addEventListener("click", async () => {
+    const btn = $("analyze"), status = $("analyze-status");
+    clearErrors();
+    btn.disabled = true; btn.textContent = "Analyzing…"; started = Date.now();
+    timer = setInterval(() => { status.textContent = `tokenizing the dataset… ${Math.round((Date.now() - started) / 1000)} s`; }, 500);
+    try {
+      const a = await TP.api("/api/datasets/analyze", { method: "POST", body: spec() });
+      showAnalysis(a);
+      status.textContent = `analyzed in ${TP.num((Date.now() - started) / 1000, 1)} s`;
+    } catch (e) { showError(e); status.textContent = ""; }
+    finally { clearInterval(timer); btn.disabled = false; btn.textContent = "Analyze dataset"; }
   });
 
   let hist = null;
+  const LAYOUT = { max_length: "Pad to max length", dynamic: "Dynamic padding", pack: "Packing (padding-free)" };
   function showAnalysis(a) {
-    const sec = document.getElementById("analysis"); sec.hidden = false;
+    const sec = $("analysis"); sec.hidden = false;
     const p = a.percentiles || {};
-    document.getElementById("analysis-summary").replaceChildren(
-      TP.el("p", { class: "recommend", text: `Recommended max sequence length: ${a.recommended_max_seq_length} tokens` }),
-      TP.el("p", { text: `${TP.num(a.num_examples)} examples${a.sampled ? ` (sampled ${TP.num(a.sample_size)})` : ""}; ` +
-        `mean ${TP.num(a.mean, 1)} tokens; p50 ${p.p50}, p90 ${p.p90}, p99 ${p.p99}, p99.9 ${p["p99.9"]}, max ${p.max}. ` +
-        `Truncates ${TP.num(a.truncated_examples)} examples (${TP.num(100 * (a.truncated_fraction || 0), 2)} %).` }));
-    const rows = [["Strategy", "Padding waste", "Real tokens / step"]];
-    for (const [k, v] of Object.entries(a.strategies || {})) rows.push([k, `${TP.num(100 * v.padding_fraction, 1)} %`, TP.num(v.real_tokens_per_step)]);
-    document.getElementById("analysis-table").replaceChildren(...rows.map((r, i) => TP.el("tr", {}, ...r.map((c) => TP.el(i ? "td" : "th", { text: c })))));
-    const h = a.histogram || { edges: [], counts: [] };
-    const data = [h.edges.slice(0, h.counts.length), h.counts];
-    const box = document.getElementById("chart-hist");
+    const rec = a.recommended_max_seq_length;
+    const useBtn = TP.el("button", { type: "button", class: "small", id: "use-recommended", text: `Use ${rec}`, onclick: () => {
+      form.elements.max_seq_length.value = rec; form.elements.max_seq_length.focus(); } });
+    const truncated = a.truncated ?? 0;
+    $("analysis-summary").replaceChildren(
+      TP.el("p", { class: "recommend" }, "Recommended max sequence length: ", TP.el("strong", { id: "recommended", text: `${TP.num(rec)} tokens` }), " ", useBtn),
+      TP.el("p", { text: `Covers ${a.length_coverage} % of examples whole` + (a.model_max_length ? `; the model accepts up to ${TP.num(a.model_max_length)} tokens.` : ".") }),
+      TP.el("p", {}, `At ${TP.num(a.max_seq_length)} tokens it truncates `, TP.el("strong", { id: "truncated", text: `${TP.num(truncated)} example${truncated === 1 ? "" : "s"} (${TP.num(100 * (a.truncated_frac || 0), 2)} %)` }), "."),
+      TP.el("p", { class: "muted", text: `${TP.num(a.examples)} examples${a.sampled ? ` (lengths from a sample of ${TP.num(a.sample_size)})` : ""}, ${TP.compact(a.tokens)} tokens, mean ${TP.num(a.mean, 1)} tokens per example. Fields: ${Object.entries(a.fields || {}).map(([k, v]) => `${k} = ${v}`).join(", ") || "–"}.` }));
+
+    const pk = Object.keys(p);
+    $("analysis-pct").replaceChildren(TP.el("tr", {}, ...pk.map((k) => TP.el("th", { class: "r", text: k }))),
+      TP.el("tr", {}, ...pk.map((k) => TP.el("td", { class: "r", text: `${TP.num(p[k])}` }))));
+
+    const rows = Object.entries(a.layouts || {});
+    const base = (a.layouts && a.layouts.max_length && a.layouts.max_length.real_tokens_per_step) || null;
+    const best = Math.max(...rows.map(([, v]) => v.real_tokens_per_step || 0));
+    $("analysis-table").replaceChildren(
+      TP.el("tr", {}, ...["Layout", "Padding waste", "Real tokens", "Padded tokens", "Speed-up"].map((h, i) => TP.el("th", { class: i ? "r" : "", text: h }))),
+      ...rows.map(([k, v]) => TP.el("tr", { class: v.real_tokens_per_step === best ? "best" : "" },
+        TP.el("td", { text: LAYOUT[k] || k }),
+        TP.el("td", { class: "r" }, TP.el("span", { class: `waste ${v.padding_frac > 0.5 ? "bad" : v.padding_frac > 0.2 ? "warn" : "ok"}`, text: `${TP.num(100 * v.padding_frac, 1)} %` })),
+        TP.el("td", { class: "r", text: TP.num(v.real_tokens_per_step) }),
+        TP.el("td", { class: "r", text: TP.num(v.padded_tokens_per_step) }),
+        TP.el("td", { class: "r", text: base ? `${TP.num(v.real_tokens_per_step / base, 2)}×` : "–" }))));
+    $("analysis-note").textContent = `Per optimizer step with ${TP.num(a.rows_per_step)} rows${a.layouts && a.layouts.pack && a.layouts.pack.row_len ? ` (packed rows of ${TP.num(a.layouts.pack.row_len)} tokens)` : ""}. Tokens are per optimizer step; padding waste is the share of computed tokens that are padding, real tokens are what the model learns from; speed-up is real tokens per step against padding to max length.`;
+
+    const h = a.histogram || [];
+    const xs = h.map((b) => (b.lo + b.hi) / 2), ys = h.map((b) => b.count);
+    const box = $("chart-hist");
     if (hist) hist.destroy();
-    hist = new uPlot({ width: box.clientWidth || 600, height: 200, scales: { x: { time: false } },
-      series: [{ label: "tokens" }, { label: "examples", stroke: "#2563eb", fill: "rgba(37,99,235,.3)", paths: uPlot.paths.bars({ size: [0.9] }) }],
-      axes: [{ label: "tokens per example" }, {}] }, data, box);
+    box.replaceChildren();
+    const width = Math.max(280, box.clientWidth || 500);
+    hist = new uPlot({ width, height: 200, scales: { x: { time: false, range: (u, lo, hi) => [0, Math.max(hi, rec) * 1.02] } },
+      legend: { show: true },
+      series: [{ label: "tokens", value: (u, v) => (v === null || v === undefined ? "–" : `${TP.num(v)} tokens`) },
+        { label: "examples", stroke: "#2563eb", fill: "rgba(37,99,235,.35)", paths: uPlot.paths.bars({ size: [0.95, 100] }), points: { show: false } }],
+      axes: [{ label: "tokens per example", labelSize: 18 }, { label: "examples", labelSize: 18, size: 50 }],
+      hooks: { draw: [(u) => { // the recommended length as a dashed line
+        const x = Math.round(u.valToPos(rec, "x", true)); const ctx = u.ctx;
+        ctx.save(); ctx.strokeStyle = "#dc2626"; ctx.setLineDash([5, 4]); ctx.lineWidth = 2;
+        ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
+        ctx.fillStyle = "#dc2626"; ctx.font = `${12 * devicePixelRatio}px system-ui`;
+        const label = `recommended ${rec} `, right = x + ctx.measureText(label).width > u.bbox.left + u.bbox.width;
+        ctx.textAlign = right ? "right" : "left"; ctx.fillText(right ? label : ` ${label}`, x, u.bbox.top + 14 * devicePixelRatio); ctx.restore();
+      }] } }, [xs, ys], box);
+    sec.scrollIntoView({ behavior: "smooth", block: "nearest" });
   }
 
-  const clone = form.dataset.clone;
-  if (clone) TP.api(`/api/jobs/${clone}`).then((j) => {
+  // ---- clone from an earlier job -----------------------------------------------------------------
+  function fill(j) {
+    form.reset();
+    const lora = j.spec.lora;
+    form.elements["lora.enabled"].checked = !!lora;
+    const extra = {};
     for (const [k, v] of Object.entries(j.spec)) {
+      if (k === "lora" || k === "stall") {
+        for (const [kk, vv] of Object.entries(v || {})) {
+          const el = form.elements[`${k}.${kk}`];
+          if (el) el.type === "checkbox" ? (el.checked = !!vv) : (el.value = vv === null ? "" : Array.isArray(vv) ? vv.join(", ") : vv);
+        }
+        continue;
+      }
       const el = form.elements[k];
-      if (!el || v === null || typeof v === "object") continue;
-      if (el.type === "checkbox") el.checked = !!v; else el.value = v;
+      if (!el) { if (v !== null) extra[k] = v; continue; }
+      if (el.type === "checkbox") el.checked = !!v; else el.value = v === null || v === undefined ? "" : v;
     }
+    $("f-extra").value = Object.keys(extra).length ? JSON.stringify(extra) : "";
+    if (lora) $("details-lora").open = true;
+    if (Object.keys(extra).length) $("details-extra").open = true;
+    if (Object.values(j.spec.stall || {}).some((v) => v !== null)) $("details-stall").open = true;
     form.elements.name.value = `${j.name} (clone)`;
+    const note = $("clone-note"); note.hidden = false;
+    note.replaceChildren("Settings copied from ", TP.el("a", { href: `/jobs/${j.id}`, text: `${j.name} #${j.id}` }), ` (${j.state}). Change what you like and submit.`);
+  }
+  const sel = $("clone-from");
+  const clone = form.dataset.clone;
+  TP.api("/api/jobs?limit=100").then((d) => {
+    for (const j of d.jobs) sel.append(TP.el("option", { value: j.id, text: `#${j.id} ${j.name} (${j.state})` }));
+    if (clone) sel.value = clone;
   });
+  sel.addEventListener("change", async () => {
+    if (!sel.value) { form.reset(); $("clone-note").hidden = true; $("f-extra").value = ""; history.replaceState(null, "", "/submit"); return; }
+    fill(await TP.api(`/api/jobs/${sel.value}`));
+    history.replaceState(null, "", `/submit?clone=${sel.value}`);
+  });
+  if (clone) TP.api(`/api/jobs/${clone}`).then(fill).catch((e) => { errBox.textContent = `Cannot clone job ${clone}: ${e.message}`; });
+  TP.live([], () => {}, null); // the header's live dot and alert badge
 })();

@@ -1,16 +1,43 @@
 "use strict";
 (() => {
   const body = document.getElementById("workers-body");
-  let agents = [];
-  async function load() { agents = await TP.api("/api/agents"); render(); }
-  function render() {
-    body.replaceChildren(...agents.map((a) => TP.el("tr", {},
-      TP.el("td", { text: `${a.name} (#${a.id})` }), TP.el("td", { text: a.host }), TP.el("td", { text: a.device }),
-      TP.el("td", {}, TP.el("span", { class: `badge ${a.state}`, text: a.state })),
-      TP.el("td", {}, ...a.jobs.map((j) => TP.el("a", { href: `/jobs/${j}`, text: `#${j} ` }))),
-      TP.el("td", { class: a.state === "online" ? TP.heartbeatClass(a.seen_at) : "", text: TP.ago(a.seen_at), title: TP.abs(a.seen_at) }))));
-    if (!agents.length) body.append(TP.el("tr", {}, TP.el("td", { colspan: 6, class: "empty", text: "No agents registered." })));
+  let agents = [], jobs = new Map();
+  async function load() {
+    const [a, running] = await Promise.all([TP.api("/api/agents"), TP.api("/api/jobs?state=starting&state=running&state=paused&limit=1000")]);
+    agents = a; jobs = new Map(running.jobs.map((j) => [j.id, j]));
+    render();
   }
-  TP.live(["agents", "jobs"], () => load(), load);
-  setInterval(render, 2000);
+  function device(d) { // "cuda: NVIDIA H100 80GB (79.1 GiB)" or "cpu (16 cores)": show as given, bolding the kind
+    const m = /^(\w+)(.*)$/.exec(d || "");
+    return m ? TP.el("span", {}, TP.el("strong", { text: m[1].toUpperCase() }), m[2]) : "–";
+  }
+  function render() {
+    body.replaceChildren(...agents.map((a) => {
+      const mine = a.jobs.map((id) => jobs.get(id) || { id, name: `job-${id}` });
+      return TP.el("tr", { "data-agent": a.id },
+        TP.el("td", { "data-label": "Agent" }, TP.el("strong", { text: a.name }), TP.el("span", { class: "muted", text: ` #${a.id}` })),
+        TP.el("td", { "data-label": "Host", text: a.host }),
+        TP.el("td", { "data-label": "Device", class: "wrap" }, device(a.device)),
+        TP.el("td", { class: "r", "data-label": "Slots", text: `${a.jobs.length} / ${a.capacity}` }),
+        TP.el("td", { "data-label": "State" }, TP.el("span", { class: `badge ${a.state}`, text: a.state })),
+        TP.el("td", { "data-label": "Current job", class: "wrap" }, ...(mine.length ? mine.map((j) => TP.el("div", {},
+          TP.el("a", { href: `/jobs/${j.id}`, text: `${j.name} #${j.id}` }), j.phase ? TP.el("span", { class: "muted", text: ` · ${TP.phaseText(j.phase)}` }) : "")) : [TP.el("span", { class: "muted", text: "idle" })])),
+        TP.el("td", { "data-label": "Last heartbeat" }, a.state === "online" ? TP.rel(a.seen_at, { hb: true }) : TP.rel(a.seen_at)),
+        TP.el("td", { "data-label": "Registered" }, TP.rel(a.created_at)));
+    }));
+    if (!agents.length) body.append(TP.el("tr", {}, TP.el("td", { colspan: 8, class: "empty", text: "No workers registered yet." })));
+    const on = agents.filter((a) => a.state === "online").length;
+    document.getElementById("worker-counts").textContent = `${on} online · ${agents.length - on} offline`;
+  }
+  let t = null;
+  const soon = () => { clearTimeout(t); t = setTimeout(load, 300); };
+  TP.live(["agents", "jobs"], (f) => {
+    if (f.type === "agent") soon();
+    else if (f.type === "job") {
+      const old = jobs.get(f.job.id);
+      if (!old || old.state !== f.job.state || old.agent_id !== f.job.agent_id) soon();
+      else { jobs.set(f.job.id, { ...old, ...f.job }); render(); }
+    }
+  }, load);
+  setInterval(load, 5000); // agent heartbeats are not pushed; refresh their ages from REST
 })();
