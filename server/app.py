@@ -44,6 +44,41 @@ async def validation_error(_: Request, exc: RequestValidationError) -> JSONRespo
                                     "errors": errors}}, status_code=422)
 
 
+async def out_of_range(_: Request, exc: OverflowError) -> JSONResponse:
+    """An id or number past SQLite's 64-bit integers (a fuzzer's favourite): the caller's mistake."""
+    message = "a number in the request is out of range (integers are at most 2**63 - 1)"
+    return JSONResponse({"detail": {"message": message, "field": None, "errors": [{"field": "body", "message": message}]}},
+                        status_code=422)
+
+
+class BodyLimit:
+    """Refuse request bodies over the limit with 413: at once when Content-Length says so, and while
+    reading when it does not (chunked uploads), so no body of any size is ever buffered whole."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        message = f"request body over the server's limit of {self.limit} bytes"
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await JSONResponse({"detail": message}, 413)(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    from starlette.exceptions import HTTPException as StarletteHTTPException
+                    raise StarletteHTTPException(413, message)  # FastAPI turns it into the 413 answer
+            return msg
+        return await self.app(scope, limited, send)
+
+
 def create_app(settings: Optional[Settings] = None) -> FastAPI:
     settings = settings or Settings()
 
@@ -69,13 +104,9 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     app = FastAPI(title="tokenpulse", version="0.1.0", lifespan=lifespan,
                   description="Run, watch and control model training.")
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(OverflowError, out_of_range)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return JSONResponse({"detail": f"request body over {settings.max_body_bytes} bytes"}, 413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
     for r in (jobs.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
         app.include_router(r)

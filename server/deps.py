@@ -38,7 +38,9 @@ class App:
         with self.db.read() as s:
             row = auth.lookup(s, token)
             caller = Caller(row.role, row.id) if row is not None else None
-        self.token_cache[h] = (caller, now + 5.0)  # revocation takes effect within 5 s
+        if len(self.token_cache) > 10_000:  # guessed tokens must not grow memory without bound
+            self.token_cache.clear()
+        self.token_cache[h] = (caller, now + 5.0)  # revocation takes effect within 5 s (at once here)
         return caller
 
 
@@ -46,11 +48,23 @@ def get_app(request: Request) -> App:
     return request.app.state.tp
 
 
-def token_from(headers, cookies, query) -> str:
+def bearer(headers) -> str:
     authz = headers.get("authorization", "")
-    if authz.lower().startswith("bearer "):
-        return authz[7:].strip()
-    return cookies.get(auth.COOKIE) or query.get("token") or ""
+    return authz[7:].strip() if authz.lower().startswith("bearer ") else ""
+
+
+def token_from(headers, cookies, query) -> str:
+    return bearer(headers) or cookies.get(auth.COOKIE) or query.get("token") or ""
+
+
+def same_origin(headers) -> bool:
+    """A browser's Origin header names the page that opened the connection: only our own pages
+    may use the session cookie (no Origin at all: not a browser, so no ambient cookie risk)."""
+    origin = headers.get("origin")
+    if not origin:
+        return True
+    host = headers.get("host", "")
+    return origin.split("://", 1)[-1].rstrip("/").lower() == host.lower()
 
 
 CSRF_HEADER = "x-tokenpulse-csrf"
@@ -62,11 +76,14 @@ def _caller(request: Request) -> Caller:
     if caller is None:
         raise HTTPException(401, "missing or invalid token: send 'Authorization: Bearer <token>' "
                                  "(the token is in the server's data directory) or log in")
-    by_cookie = not request.headers.get("authorization")
-    if by_cookie and request.method not in ("GET", "HEAD", "OPTIONS") and not request.headers.get(CSRF_HEADER):
+    by_cookie = not bearer(request.headers)  # a malformed Authorization header falls back to the cookie
+    if by_cookie and request.method not in ("GET", "HEAD", "OPTIONS"):
         # A cookie rides along on cross-site requests; a custom header cannot be added by another
         # site without a CORS preflight, which this server never grants. So: no header, no change.
-        raise HTTPException(403, f"state-changing browser requests need the {CSRF_HEADER} header")
+        if not request.headers.get(CSRF_HEADER):
+            raise HTTPException(403, f"state-changing browser requests need the {CSRF_HEADER} header")
+        if not same_origin(request.headers):
+            raise HTTPException(403, "cross-origin request refused")
     return caller
 
 
@@ -85,7 +102,11 @@ def require_agent(request: Request) -> Caller:
 
 
 def websocket_caller(ws: WebSocket) -> Optional[Caller]:
+    """Websockets have no CORS: a page on another site may open one, and the browser sends our
+    cookie along. So a cookie (or query) token is only honoured from our own origin."""
     tp: App = ws.app.state.tp
+    if not bearer(ws.headers) and not same_origin(ws.headers):
+        return None
     return tp.caller(token_from(ws.headers, ws.cookies, ws.query_params))
 
 

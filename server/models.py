@@ -54,6 +54,8 @@ class Agent(Base):
     state: Mapped[str] = mapped_column(String(16))  # online, lost, stopped
     created_at: Mapped[float] = mapped_column(Float)
     seen_at: Mapped[float] = mapped_column(Float)
+    # The token that registered it: only that token may act as this agent (revoking it stops it).
+    token_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
 
 
 class Attempt(Base):
@@ -66,6 +68,10 @@ class Attempt(Base):
     ended_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     outcome: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)
     reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    failure: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)  # oom, nan, crash, lost, spec...
+    exit_code: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    signal: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
+    resumed_from: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # checkpoint it started from
 
 
 class Event(Base):

@@ -28,8 +28,11 @@ TRANSITIONS: dict[JobState, set[JobState]] = {
     JobState.cancelled: set(),
 }
 
-# Failures worth another attempt; a bad spec or a NaN loss would only fail again.
-RETRYABLE = {"oom", "crash", "lost", "signal"}
+# Failure policy. Worth another attempt (resuming from the newest checkpoint): a crash, a killed
+# process, a lost worker, a stall the agent gave up on; out of memory too, with half the micro-batch.
+RETRYABLE = {"oom", "crash", "lost", "signal", "hang"}
+# Never retried, whatever the agent asks: a bad spec or a non-finite loss would only fail again.
+FINAL_FAILURES = {"spec", "nan"}
 
 
 class TransitionError(Exception):
@@ -67,9 +70,12 @@ def transition(s: Session, job: Job, new: JobState, reason: Optional[str] = None
         job.agent_id = None
     if new in FINAL_STATES:
         job.finished_at = now
-        # A job that is over has no live problem any more: clear its open alerts.
-        s.execute(update(Alert).where(Alert.job_id == job.id, Alert.state != "cleared")
-                  .values(state="cleared", cleared_at=now, updated_at=now))
+        # A job that is over has no live problem any more: clear its open alerts. A failed job keeps
+        # its critical ones (the NaN naming its step, the lost worker, the stall): they say why.
+        where = [Alert.job_id == job.id, Alert.state != "cleared"]
+        if new == JobState.failed:
+            where.append(Alert.severity != "critical")
+        s.execute(update(Alert).where(*where).values(state="cleared", cleared_at=now, updated_at=now))
 
 
 def claim(s: Session, agent_id: int) -> Optional[Job]:
@@ -92,37 +98,82 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
         return None
     job = s.get(Job, job_id)
     s.refresh(job)
-    s.add(Attempt(job_id=job.id, attempt=job.attempt, agent_id=agent_id, started_at=time.time()))
+    s.add(Attempt(job_id=job.id, attempt=job.attempt, agent_id=agent_id, started_at=time.time(),
+                  resumed_from=job.checkpoint))
     return job
+
+
+def retries_used(s: Session, job: Job) -> int:
+    """Attempts of this job that failed and were retried (pauses and resumes do not count)."""
+    return s.scalar(select(func.count()).select_from(Attempt).where(
+        Attempt.job_id == job.id, Attempt.outcome == "retried")) or 0
 
 
 def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], failure: Optional[str],
                 exit_code: Optional[int] = None, signal: Optional[str] = None,
                 retry: bool = False) -> JobState:
-    """Apply how an attempt ended, with the retry policy: a retryable failure with attempts left
-    goes back to the queue (resuming from its newest checkpoint); anything else is final."""
+    """Apply how an attempt ended, with the failure policy:
+
+    - oom: requeued with half the micro-batch and twice the accumulation (same effective batch),
+      from step 0 (a checkpoint's data position belongs to its micro-batch layout);
+    - crash, killed, lost worker, hang: requeued, resuming from the newest checkpoint;
+    - spec, nan: failed at once, never retried (the training process raises the alert naming the step);
+    - each job retries at most spec.max_retries times; a cancel asked for wins over any retry.
+    The attempt row keeps why it ended (outcome, failure kind, exit code, signal, reason)."""
+    if JobState(job.state) not in ACTIVE_STATES:
+        return JobState(job.state)  # already settled (a late report after a lease expired)
     job.failure, job.exit_code, job.signal = failure, exit_code, signal
-    if state == JobState.failed and (retry or failure in RETRYABLE):
-        spec = JobSpec.model_validate_json(job.spec)
-        if job.attempt <= spec.max_retries and job.requested_action != "cancel":
-            if failure == "oom":
-                spec = halve_micro_batch(spec)
-                job.spec = spec.model_dump_json()
-            transition(s, job, JobState.queued, reason=f"attempt {job.attempt} failed ({failure}): {reason}; retrying")
-            return JobState.queued
+    now = time.time()
+    attempt = s.get(Attempt, (job.id, job.attempt))
+    if attempt is not None:
+        attempt.failure, attempt.exit_code, attempt.signal = failure, exit_code, signal
     if job.requested_action == "cancel" and state == JobState.failed:
-        state = JobState.cancelled
+        state, reason = JobState.cancelled, f"cancelled by user ({reason})" if reason else "cancelled by user"
+    if state == JobState.failed and failure not in FINAL_FAILURES and (retry or failure in RETRYABLE):
+        spec = JobSpec.model_validate_json(job.spec)
+        used = retries_used(s, job)
+        if used < spec.max_retries:
+            note = ""
+            if failure == "oom":
+                smaller = halve_micro_batch(spec, json.loads(job.info) if job.info else {})
+                if smaller is None:
+                    return _final(s, job, state, f"{reason}; out of memory at micro-batch 1: nothing left to halve",
+                                  attempt, now)
+                spec = smaller
+                job.spec = spec.model_dump_json()
+                job.checkpoint = None
+                note = f"; retrying with batch_size={spec.batch_size}, grad_accum={spec.grad_accum} from step 0"
+            elif job.checkpoint:
+                note = f"; retrying from checkpoint {job.checkpoint}"
+            else:
+                note = "; retrying from step 0 (no checkpoint yet)"
+            why = f"attempt {job.attempt} failed ({failure or 'error'}): {reason or 'no reason given'}"
+            transition(s, job, JobState.queued, reason=f"{why}{note} (retry {used + 1} of {spec.max_retries})")
+            if attempt is not None:  # after transition(), which marks it 'queued'
+                attempt.ended_at, attempt.outcome, attempt.reason = now, "retried", why[:8000]
+            return JobState.queued
+        reason = f"{reason}; gave up after {used} retr{'y' if used == 1 else 'ies'} (max_retries={spec.max_retries})"
+    return _final(s, job, state, reason, attempt, now)
+
+
+def _final(s: Session, job: Job, state: JobState, reason: Optional[str], attempt: Optional[Attempt],
+           now: float) -> JobState:
     transition(s, job, state, reason=reason)
+    if attempt is not None:  # transition() wrote outcome/reason; keep them (and the end time)
+        attempt.ended_at, attempt.outcome, attempt.reason = now, state.value, reason
     return state
 
 
-def halve_micro_batch(spec: JobSpec) -> JobSpec:
-    """Out of memory: half the micro-batch, double accumulation, same effective batch."""
-    bs = spec.batch_size if isinstance(spec.batch_size, int) else 8
-    ga = spec.grad_accum if isinstance(spec.grad_accum, int) else 1
+def halve_micro_batch(spec: JobSpec, info: Optional[dict] = None) -> Optional[JobSpec]:
+    """Out of memory: half the micro-batch, double accumulation, same effective batch. 'auto' sizes
+    are read from what the attempt chose (its info events); None when the micro-batch is already 1."""
+    info = info or {}
+    bs = spec.batch_size if isinstance(spec.batch_size, int) else info.get("batch_size", 8)
+    ga = spec.grad_accum if isinstance(spec.grad_accum, int) else info.get("grad_accum", 1)
+    bs, ga = int(bs), int(ga)
     if bs <= 1:
-        return spec
-    return spec.model_copy(update={"batch_size": max(1, bs // 2), "grad_accum": ga * 2})
+        return None
+    return spec.model_copy(update={"batch_size": max(1, bs // 2), "grad_accum": min(65536, ga * 2)})
 
 
 def job_summary(job: Job) -> dict:

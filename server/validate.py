@@ -23,13 +23,30 @@ class SpecError(ValueError):
 
 def confined(settings: Settings, raw: str, field: str) -> Path:
     """Resolve a user-given path; refuse it outside the configured roots (symlinks resolved first)."""
-    path = Path(raw).expanduser()
-    real = path.resolve()
+    try:
+        path = Path(raw).expanduser()
+        real = path.resolve()  # symlinks followed: a link inside a root pointing out of it is refused
+    except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a name too long...
+        raise SpecError(field, f"{raw!r} is not a usable path: {e}") from None
     if settings.path_roots:
         roots = [Path(r).resolve() for r in settings.path_roots]
         if not any(real == r or r in real.parents for r in roots):
             raise SpecError(field, f"{raw!r} is outside the allowed roots ({', '.join(map(str, roots))})")
     return real
+
+
+def needs_remote_code(model_dir: Path) -> bool:
+    """A model whose config or tokenizer config maps classes to its own modules (auto_map)."""
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            cfg = json.loads((model_dir / name).read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            raise SpecError("model", f"cannot read {name} of {str(model_dir)!r}: {e}") from None
+        if isinstance(cfg, dict) and cfg.get("auto_map"):
+            return True
+    return False
 
 
 def check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
@@ -42,6 +59,10 @@ def check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
                                      f"(give a local Hugging Face model directory or {BUILTIN_MODEL})")
         if not (model / "config.json").is_file():
             raise SpecError("model", f"{spec.model!r} has no config.json: not a Hugging Face model directory")
+        if needs_remote_code(model) and not settings.allow_remote_code:
+            raise SpecError("model", f"{spec.model!r} ships its own Python code (auto_map in its config), which "
+                                     "would need trust_remote_code; this server does not run a model's code "
+                                     "unless its operator allows it (TOKENPULSE_ALLOW_REMOTE_CODE)")
         spec = spec.model_copy(update={"model": str(model)})
     if spec.lora is not None and spec.lora.load_in_4bit and spec.device == "cpu":
         raise SpecError("lora.load_in_4bit", "4-bit QLoRA needs a CUDA GPU; this job is pinned to the CPU")

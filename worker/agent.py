@@ -44,6 +44,60 @@ def describe_device() -> str:
     return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
+def checkpoint_step(path: Path) -> Optional[int]:
+    """The step of a complete checkpoint directory (written whole, then renamed), else None."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not meta.get("complete") or not (path / "trainer_state.pt").is_file() or not (path / "model").is_dir():
+        return None
+    return int(meta.get("step", -1))
+
+
+def pick_resume(recorded: Optional[str]) -> tuple[Optional[Path], str]:
+    """Where an attempt starts: the checkpoint the server recorded when it is complete here; else the
+    newest complete one beside it that is not newer (a newer one's metrics may never have reached
+    the server: resuming past them would leave a gap); else step 0. Never a half-written one."""
+    if not recorded:
+        return None, "starting from step 0"
+    path = Path(recorded)
+    step = checkpoint_step(path)
+    if step is not None:
+        return path, f"resuming from {path} (step {step})"
+    name = path.name.removeprefix("step-")
+    limit = int(name) if name.isdigit() else -1
+    older = []
+    if path.parent.is_dir():
+        for p in path.parent.iterdir():
+            st = checkpoint_step(p) if p.name.startswith("step-") else None
+            if st is not None and st <= limit:
+                older.append((st, p))
+    if older:
+        st, p = max(older)
+        return p, f"checkpoint {recorded} is missing or incomplete here; resuming from {p} (step {st})"
+    return None, f"checkpoint {recorded} is missing or incomplete here and none older is: starting from step 0"
+
+
+def prune_own_checkpoints(out_dir: Path, resume: Optional[Path]) -> None:
+    """Before an attempt, drop this job's checkpoints in our own output directory that are newer than
+    where it resumes (all of them, from step 0) and half-written temp dirs: left there, a stale newer
+    one would outrank the new run's checkpoints when only the newest K are kept."""
+    root = out_dir / "checkpoints"
+    if not root.is_dir():
+        return
+    start = checkpoint_step(resume) if resume is not None else -1
+    for p in root.iterdir():
+        if resume is not None and p.resolve() == resume.resolve():
+            continue
+        if p.name.startswith(".tmp-"):
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name.startswith("step-"):
+            st = checkpoint_step(p)
+            if st is None or st > start:
+                shutil.rmtree(p, ignore_errors=True)
+
+
 @dataclass
 class RunningJob:
     claim: Claim
@@ -120,6 +174,10 @@ class Agent:
                     if r.status_code == 404:  # the server forgot us (new database): register again
                         await self.register()
                         continue
+                    if r.status_code in (401, 403):  # revoked or wrong token: say so, keep trying slowly
+                        log.error("claim refused (%s): %s", r.status_code, r.text[:300])
+                        await asyncio.sleep(max(self.poll_s, 5.0))
+                        continue
                     if until_idle and not self.jobs:
                         break
                 await asyncio.sleep(self.poll_s)
@@ -151,13 +209,14 @@ class Agent:
         spec_path = job_dir / "spec.json"
         spec_path.write_text(claim.spec.model_dump_json(indent=2))
         self.outbox.open_job(claim.job_id, claim.seq_start)
+        resume, resume_note = pick_resume(claim.resume_from)
+        prune_own_checkpoints(job_dir / "out", resume)
         stall = self.stall_config.merged(claim.spec.stall.model_dump())
-        proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", claim.resume_from)
+        proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None)
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16))
         self.jobs[claim.job_id] = rj
-        note = f" resuming from {claim.resume_from}" if claim.resume_from else ""
-        self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}{note}", "stream": "agent"})
+        self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}: {resume_note}", "stream": "agent"})
         try:
             await proc.start()
         except OSError as e:

@@ -20,6 +20,18 @@ def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:
     return returncode, None, f"exited with code {returncode}"
 
 
+def _die_with_agent() -> None:
+    """In the child, before exec: when the agent dies (kill -9 included) the kernel kills the
+    training process too. Otherwise it trains on as an orphan whose events go nowhere, while the
+    server hands the job to another agent: two processes writing the same job (Linux only)."""
+    try:
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 class TrainingProcess:
     def __init__(self, spec_path: Path, out_dir: Path, cache_dir: Path, resume_from: Optional[str]):
         self.spec_path, self.out_dir, self.cache_dir = spec_path, out_dir, cache_dir
@@ -39,7 +51,8 @@ class TrainingProcess:
         # the group takes its dataloader workers too.
         self.proc = await asyncio.create_subprocess_exec(
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-            pass_fds=(write_fd,), start_new_session=True, limit=1 << 20)
+            pass_fds=(write_fd,), start_new_session=True, limit=1 << 20,
+            preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
         os.close(write_fd)
         loop = asyncio.get_running_loop()
         self.events = asyncio.StreamReader(limit=1 << 24)

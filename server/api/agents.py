@@ -31,11 +31,11 @@ def publish(tp, frames) -> None:
 
 
 @router.post("", status_code=201)
-async def register(hello: AgentHello, tp: AppDep, _: AgentDep) -> dict:
+async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> dict:
     def add(s):
         now = time.time()
         a = Agent(name=hello.name, host=hello.host, device=hello.device, capacity=hello.capacity,
-                  state="online", created_at=now, seen_at=now)
+                  state="online", created_at=now, seen_at=now, token_id=caller.token_id)
         s.add(a)
         s.flush()
         return agent_dict(a, [])
@@ -53,17 +53,20 @@ def list_agents(tp: AppDep, _: UserDep) -> list[dict]:
         return [agent_dict(a, running.get(a.id, [])) for a in s.scalars(select(Agent).order_by(Agent.id))]
 
 
-def known_agent(s, agent_id: int) -> Agent:
+def known_agent(s, agent_id: int, caller=None) -> Agent:
     agent = s.get(Agent, agent_id)
     if agent is None:
         raise HTTPException(404, f"agent {agent_id} is not registered")
+    if caller is not None and agent.token_id is not None and agent.token_id != caller.token_id:
+        raise HTTPException(403, f"agent {agent_id} was registered with another token; "
+                                 "an agent token acts only for the agents it registered")
     return agent
 
 
 @router.post("/{agent_id}/heartbeat")
-async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, _: AgentDep) -> AgentReply:
+async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) -> AgentReply:
     def beat(s):
-        known_agent(s, agent_id)
+        known_agent(s, agent_id, caller)
         return ingest.heartbeat(s, agent_id, hb.jobs)
     commands, frames = await tp.db.write(beat)
     publish(tp, frames)
@@ -71,9 +74,9 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, _: AgentDep) -> Ag
 
 
 @router.post("/{agent_id}/claim", responses={204: {"description": "no job for this agent now"}})
-async def claim(agent_id: int, tp: AppDep, _: AgentDep):
+async def claim(agent_id: int, tp: AppDep, caller: AgentDep):
     def take(s):
-        agent = known_agent(s, agent_id)
+        agent = known_agent(s, agent_id, caller)
         agent.seen_at, agent.state = time.time(), "online"
         job = store.claim(s, agent_id)
         if job is None:
@@ -92,7 +95,7 @@ async def claim(agent_id: int, tp: AppDep, _: AgentDep):
 @router.post("/{agent_id}/events", openapi_extra={"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"type": "object", "required": ["events"],
                                     "properties": {"events": {"type": "array", "items": {"type": "object"}}}}}}}})
-async def report(agent_id: int, request: Request, tp: AppDep, _: AgentDep) -> AgentReply:
+async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) -> AgentReply:
     """Store a batch of events (an EventBatch: {"events": [...]}) in one transaction; answer with the
     highest stored seq per job (the agent drops those from its journal) and any commands for its jobs."""
     # Raw bytes in, parsed and checked on the writer thread (ingest.parse_batch: a fast path for
@@ -101,7 +104,7 @@ async def report(agent_id: int, request: Request, tp: AppDep, _: AgentDep) -> Ag
     body = await request.body()
 
     def store_batch(s):
-        known_agent(s, agent_id)
+        known_agent(s, agent_id, caller)
         out = ingest.ingest(s, agent_id, ingest.parse_batch(body), tp.hub)
         out.commands.extend(c for c in ingest.pending_commands(s, agent_id, [])
                             if c.job_id not in {x.job_id for x in out.commands})

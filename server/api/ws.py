@@ -11,7 +11,7 @@ import json
 import re
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from server.deps import websocket_caller
 
@@ -20,6 +20,7 @@ TOPIC = re.compile(r"^(jobs|alerts|agents|job:[1-9][0-9]{0,12})$")
 
 
 class ClientMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown key is a mistake, said so, not ignored
     subscribe: list[str] = Field(default_factory=list, max_length=100)
     unsubscribe: list[str] = Field(default_factory=list, max_length=100)
 
@@ -59,14 +60,24 @@ async def websocket(ws: WebSocket):
     sender = asyncio.create_task(send_loop())
     try:
         while True:
-            raw = await ws.receive_text()
+            msg_in = await ws.receive()
+            if msg_in["type"] == "websocket.disconnect":
+                break
+            raw = msg_in.get("text")
+            if raw is None:  # a binary frame: refused like a malformed one, the socket stays open
+                await ws.send_text(json.dumps({"type": "error", "message": "send JSON text frames, "
+                                               "e.g. {\"subscribe\": [\"jobs\"]}; binary frames are refused"}))
+                continue
             if len(raw) > 65536:
                 await ws.send_text(json.dumps({"type": "error", "message": "message too large"}))
                 continue
             try:
                 msg = ClientMessage.model_validate_json(raw)
             except ValidationError as e:
-                await ws.send_text(json.dumps({"type": "error", "message": str(e.errors()[0]["msg"])}))
+                err = e.errors()[0]
+                where = ".".join(str(x) for x in err.get("loc", ()))
+                text = str(err["msg"]).removeprefix("Value error, ")
+                await ws.send_text(json.dumps({"type": "error", "message": f"{where}: {text}" if where else text}))
                 continue
             hub.unsubscribe(sub)
             sub.topics = (sub.topics | set(msg.subscribe)) - set(msg.unsubscribe)
