@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from .loop import forward_loss, to_device
@@ -53,14 +54,17 @@ def measure(model, data: Tokenized, layout: Layout, pad_id: int, precision: str,
         return None
 
 
-def candidates(base: Layout, step_tokens: int, device: torch.device) -> list[Layout]:
+def candidates(base: Layout, step_tokens: int, device: torch.device, p90: int = 0) -> list[Layout]:
     """Shapes worth timing. Packed rows: several row lengths (attention cost grows with the row) x a
     few micro-batch sizes, never more tokens per micro-batch than one optimizer step holds."""
     sizes = [2048, 4096, 8192] if device.type == "cpu" else [8192, 16384, 32768, 65536]
     cap = max(step_tokens, base.max_len)
     out = []
     if base.mode == "pack":
-        lens = sorted({base.max_len} | {r for r in (256, 512, 1024, 2048) if base.max_len < r <= 4 * base.max_len})
+        # Rows shorter than max_len are allowed (longer examples get rows of their own) as long as
+        # at least 90% of examples fit them; longer rows only cost more attention per token.
+        lens = sorted({base.max_len} | {r for r in (128, 256, 512, 1024, 2048)
+                                         if p90 <= r <= 4 * base.max_len and r != base.max_len})
         for row_len in lens:
             rows_opts = sorted({max(1, min(t, cap) // row_len) for t in sizes})
             for rows in rows_opts:
@@ -81,7 +85,8 @@ def candidates(base: Layout, step_tokens: int, device: torch.device) -> list[Lay
 def autotune(model, data: Tokenized, base: Layout, step_tokens: int, pad_id: int, precision: str,
              device: torch.device, seed: int, progress: Callable[[int, int], None]) -> tuple[Layout, list[dict]]:
     """The fastest fitting layout and the table of what was measured."""
-    cands = candidates(base, step_tokens, device)
+    p90 = int(np.percentile(np.minimum(data.lengths, base.max_len), 90)) if data.n else 0
+    cands = candidates(base, step_tokens, device, p90)
     if base.mode != "pack":
         # dynamic padding: more rows than the effective batch holds in examples is pointless
         mean_len = max(1.0, float(data.lengths.clip(max=base.max_len).mean()))

@@ -61,10 +61,17 @@ def epoch_batches(data: Tokenized, layout: Layout, seed: int, epoch: int) -> lis
     order = order[lengths[order] >= 2]  # a 1-token example has nothing to predict
     B = layout.rows
     if layout.mode == "pack":
-        rows = pack_rows(lengths, order, layout.row_len)
-        perm = rng.permutation(len(rows))  # first-fit leaves long rows first; mix them
-        rows = [rows[j] for j in perm]
-        return [rows[k:k + B] for k in range(0, len(rows), B)]
+        # Attention cost grows with the row, so rows may be shorter than max_len: the few examples
+        # longer than row_len get rows of their own (long_len), in micro-batches of the same token size.
+        long_len = long_row_len(layout)
+        short = order[lengths[order] <= layout.row_len]
+        long = order[lengths[order] > layout.row_len]
+        batches = []
+        for idx, width, rows_per in ((short, layout.row_len, B), (long, long_len, max(1, B * layout.row_len // long_len))):
+            rows = pack_rows(lengths, idx, width)
+            rows = [rows[j] for j in rng.permutation(len(rows))]  # first-fit fills early rows best; mix
+            batches += [rows[k:k + rows_per] for k in range(0, len(rows), rows_per)]
+        return [batches[j] for j in rng.permutation(len(batches))] if long.size else batches
     if layout.group_by_length and layout.mode == "dynamic":
         # Sort inside mega-batches of 50 micro-batches: similar lengths together, order still random.
         mega = 50 * B
@@ -75,6 +82,10 @@ def epoch_batches(data: Tokenized, layout: Layout, seed: int, epoch: int) -> lis
     else:
         batches = [order[k:k + B] for k in range(0, len(order), B)]
     return [[[int(i)] for i in b] for b in batches]
+
+
+def long_row_len(layout: Layout) -> int:
+    return max(layout.row_len, -(-layout.max_len // 8) * 8)
 
 
 def micro_stream(data: Tokenized, layout: Layout, seed: int, start_epoch: int = 0) -> Iterator[tuple[int, list]]:
@@ -98,7 +109,10 @@ def collate(data: Tokenized, rows: list[list[int]], layout: Layout, pad_id: int)
     L = layout.max_len
     seqs = [[data.ids(i, L) for i in row] for row in rows]
     used = [sum(len(s) for s in row) for row in seqs]
-    width = layout.row_len if layout.mode in ("pack", "max_length") else max(used)
+    if layout.mode == "pack":
+        width = layout.row_len if max(used) <= layout.row_len else long_row_len(layout)
+    else:
+        width = layout.row_len if layout.mode == "max_length" else max(used)
     B = len(rows)
     ids = np.full((B, width), pad_id, np.int64)
     pos = np.tile(np.arange(width, dtype=np.int64), (B, 1))
