@@ -262,3 +262,17 @@ def test_periodic_stalls_every_n_steps():
         s.observe("metrics", {"step": step, "values": {"step_time_s": 0.1, "tokens_per_s": 1000}}, c())
         v = s.check(c()) or v
     assert v is not None and "periodic stalls every 10 steps" in v.message and "evaluating" in v.message
+
+
+def test_stuck_at_reads_both_dump_formats():
+    from worker.stall import stuck_at
+    spy = ('py-spy dump:\nProcess 1: python\n\nThread 14747 (idle): "MainThread"\n'
+           '    _fault_hang (worker/controls.py:41)\n    Faults.before_step (worker/controls.py:57)\n'
+           'Thread 14752 (idle): "tokenpulse-alive"\n    Condition.wait (threading.py:331)\n')
+    assert stuck_at(spy) == "_fault_hang (worker/controls.py:41)"
+    fh = ('faulthandler dump:\nThread 0x00007f35e9a3b6c0 (most recent call first):\n'
+          '  File "/x/threading.py", line 331 in wait\n\n'
+          'Current thread 0x00007f35eba31b80 (most recent call first):\n'
+          '  File "/work/main/worker/controls.py", line 41 in _fault_hang\n')
+    assert stuck_at(fh) == "_fault_hang (/work/main/worker/controls.py:41)"
+    assert stuck_at(None) is None and stuck_at("garbage") is None

@@ -25,7 +25,7 @@ from tokenpulse.protocol import Claim
 from worker.child import TrainingProcess, describe_exit
 from worker.outbox import Outbox
 from worker.slow import SlowDetector, gpu_info
-from worker.stall import StallConfig, StallDetector
+from worker.stall import StallConfig, StallDetector, stuck_at
 
 log = logging.getLogger("tokenpulse.agent")
 
@@ -287,6 +287,11 @@ class Agent:
                 log.exception("job %s: detection failed", rj.claim.job_id)
         await asyncio.gather(*rj.tasks[:3], return_exceptions=True)  # drain pipes: last lines, last events
         verdict = self.judge_exit(rj, proc.proc.returncode)
+        if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal"):
+            d = rj.detector
+            ago = time.time() - d.last_progress if d.last_progress else 0
+            verdict["reason"] = (f"{verdict.get('reason') or ''}\nlast progress: {d.where()}, "
+                                 f"{ago:.0f} s before the exit")[-8000:]
         self.close_alerts(rj, verdict)
         self.emit(rj, "state", verdict)
         self.finish(rj.claim.job_id)
@@ -297,7 +302,9 @@ class Agent:
             stack = await self.capture_stack(rj)
             if rj.process.proc.returncode is not None:
                 return  # it ended while we looked: the exit tells the story
-            self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": v.message,
+            where = stuck_at(stack)
+            message = v.message + (f"; stuck at {where}" if where else "")
+            self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
         v = rj.slow.check(now) if rj.slow is not None else None
         if v is not None:

@@ -198,3 +198,26 @@ class StallDetector:
         return Verdict("stalled", f"stalled: no progress in {self.where()} for {silent:.0f} s (timeout "
                        f"{limit:.0f} s: {self.explain_timeout()}){alive}",
                        silent_s=silent, timeout_s=limit, phase=self.phase)
+
+
+def stuck_at(stack: Optional[str]) -> Optional[str]:
+    """The main thread's innermost frame from a py-spy or faulthandler dump: where it is stuck."""
+    if not stack:
+        return None
+    lines = stack.splitlines()
+    for i, line in enumerate(lines):
+        if ('"MainThread"' in line and line.startswith("Thread ")) or line.startswith("Current thread "):
+            for nxt in lines[i + 1:i + 3]:
+                nxt = nxt.strip()
+                if nxt.startswith("File "):  # faulthandler: File "path", line N in func
+                    try:
+                        path = nxt.split('"')[1]
+                        rest = nxt.split('"', 2)[2]
+                        lineno = rest.split("line ")[1].split()[0]
+                        func = rest.split(" in ", 1)[1]
+                        return f"{func} ({path}:{lineno})"
+                    except IndexError:
+                        return nxt
+                if nxt:
+                    return nxt  # py-spy: func (path:line)
+    return None

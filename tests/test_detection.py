@@ -1,0 +1,227 @@
+"""Detection on real processes (server, agent, training process; CPU): stalled with the stuck line,
+a slow-but-progressing phase that is not stalled, crashes by signal, a lost agent, slow jobs with
+their reason, webhooks delivered once with retries. Small per-job thresholds keep each case short."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psutil
+import pytest
+
+FAST = {"max_steps": 400, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
+        "max_retries": 0, "stall": {"floor_s": 3, "first_step_s": 30}}
+# One compute thread per training process: on a small shared machine, oversubscribed torch threads
+# make step times jump around far more than the detection under test should have to absorb.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@pytest.fixture
+def agent_server(server):
+    server.start_agent("a1", env=ONE_THREAD)
+    return server
+
+
+def submit(c, **spec) -> int:
+    r = c.post("/api/jobs", json={**FAST, **spec})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def alerts(c, job_id: int, kind=None) -> list[dict]:
+    params = {"job_id": job_id}
+    if kind:
+        params["kind"] = kind
+    return c.get("/api/alerts", params=params).json()
+
+
+def wait_for(fn, timeout: float, what: str, every: float = 0.2):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_step(c, job_id: int, step: int, timeout: float = 90) -> dict:
+    return wait_for(lambda: (lambda j: j if (j.get("step") or 0) >= step else None)(
+        c.get(f"/api/jobs/{job_id}").json()), timeout, f"job {job_id} at step {step}")
+
+
+def training_pids(agent: "psutil.Popen") -> list[int]:
+    return [p.pid for p in psutil.Process(agent.pid).children(recursive=True)
+            if "worker.train" in " ".join(p.cmdline())]
+
+
+def last_progress_t(c, job_id: int) -> float:
+    """When the job last moved: its newest metrics point or phase event (times from the process)."""
+    m = c.get(f"/api/jobs/{job_id}/metrics", params={"keys": ["loss"]}).json()["series"].get("loss", {})
+    ts = list(m.get("t", []))
+    ev = c.get(f"/api/jobs/{job_id}/events", params={"kinds": ["phase"], "tail": True, "limit": 5}).json()
+    ts += [e["t"] for e in ev["events"]]
+    return max(ts)
+
+
+@pytest.mark.parametrize("tool", ["py-spy", "faulthandler"])
+def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
+    s = server_factory()
+    s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
+    with s.client() as c:
+        jid = submit(c, fault={"hang_at_step": 8})
+        wait_step(c, jid, 8)
+        # the timeout is learned from this job's step times (3 s floor on an idle machine; more
+        # when the machine is busy): wait long enough for either, then judge against its own.
+        a = wait_for(lambda: alerts(c, jid, "stalled"), 90, "a stalled alert")[0]
+        hung_since = last_progress_t(c, jid)
+        assert a["severity"] == "critical" and a["state"] == "open"
+        assert "no progress in 'training' at 8/400 steps" in a["message"], a["message"]
+        timeout = float(a["message"].split("(timeout ")[1].split(" s")[0])
+        assert timeout >= 3
+        assert a["created_at"] - hung_since <= timeout + 2, (a["created_at"] - hung_since, a["message"])
+        assert "_fault_hang" in a["stack"], a["stack"][:3000]
+        assert "stuck at _fault_hang (" in a["message"], a["message"]
+        assert ("py-spy dump" if tool == "py-spy" else "faulthandler dump") in a["stack"]
+        assert "before_step" in a["stack"]  # the caller's frame too: the exact line it is stuck on
+        c.post(f"/api/jobs/{jid}/cancel")
+        job = s.wait_job(jid, timeout=30)
+        assert job["state"] == "cancelled"
+        a = alerts(c, jid, "stalled")[0]
+        assert a["state"] == "cleared" and "Cleared: the training process ended" in a["message"]
+
+
+def test_slow_data_phase_reporting_progress_is_not_stalled(agent_server):
+    s = agent_server
+    with s.client() as c:
+        jid = submit(c, max_steps=3, fault={"slow_data_s": 10})  # > 3x the 3 s stall timeout
+        job = s.wait_job(jid, timeout=120)
+        assert job["state"] == "completed", job
+        assert alerts(c, jid, "stalled") == []
+        ev = c.get(f"/api/jobs/{jid}/events", params={"kinds": ["phase"], "limit": 10000}).json()["events"]
+        loading = [e for e in ev if e["data"].get("name") == "loading dataset" and e["data"].get("unit") == "s"]
+        assert loading[-1]["t"] - loading[0]["t"] >= 9
+
+
+def test_kill9_training_process_fails_naming_the_signal(agent_server):
+    s = agent_server
+    with s.client() as c:
+        jid = submit(c)
+        wait_step(c, jid, 3)
+        pids = training_pids(s.agents[0])
+        assert len(pids) == 1
+        os.kill(pids[0], signal.SIGKILL)
+        job = s.wait_job(jid, timeout=20)
+        assert job["state"] == "failed" and job["signal"] == "SIGKILL" and job["failure"] == "signal"
+        assert "killed by SIGKILL" in job["reason"] and "last progress" in job["reason"], job["reason"]
+        crashed = alerts(c, jid, "crashed")
+        assert crashed and "SIGKILL" in crashed[0]["message"]
+
+
+def test_kill9_agent_is_lost_and_its_job_requeued_in_time(server_factory):
+    s = server_factory(agent_lost_after_s=3, reaper_every_s=0.5)
+    agent = s.start_agent("a1", env=ONE_THREAD)
+    with s.client() as c:
+        jid = submit(c, max_retries=1)
+        wait_step(c, jid, 2)
+        orphans = training_pids(agent)
+        agent.send_signal(signal.SIGKILL)
+        t0 = time.time()
+        try:
+            job = s.wait_job(jid, states=("queued", "failed"), timeout=15)
+            took = time.time() - t0
+        finally:
+            for pid in orphans:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        assert job["state"] == "queued" and job["failure"] == "lost", job  # policy: one retry left
+        assert took <= 3 + 1 + 0.5 + 1.5, took  # lease + heartbeat period + reaper period + slack
+        lost = alerts(c, jid, "worker_lost")
+        assert lost and "requeued" in lost[0]["message"] and "no heartbeat" in lost[0]["message"]
+        agents = c.get("/api/agents").json()
+        agents = agents.get("agents", agents) if isinstance(agents, dict) else agents
+        assert any(a["name"] == "a1" and a["state"] == "lost" for a in agents)
+
+
+def test_throughput_falling_5x_raises_slow_then_clears(agent_server):
+    s = agent_server
+    with s.client() as c:
+        jid = submit(c, max_steps=45, fault={"slow_after_step": 22, "slow_factor": 5})
+        a = wait_for(lambda: alerts(c, jid, "slow"), 120, "a slow alert", every=0.5)[0]
+        assert "throughput fell" in a["message"], a["message"]
+        assert a["severity"] == "warning"
+        job = s.wait_job(jid, timeout=120)
+        assert job["state"] == "completed"
+        assert alerts(c, jid, "stalled") == []
+        assert alerts(c, jid, "slow")[0]["state"] == "cleared"
+
+
+def test_padding_to_a_max_length_far_above_the_data_is_slow_and_named(agent_server):
+    s = agent_server
+    with s.client() as c:
+        jid = submit(c, max_steps=8, batch_size=2, padding="max_length", max_seq_length=1024)
+        job = s.wait_job(jid, timeout=120)
+        assert job["state"] == "completed", job
+        a = alerts(c, jid, "slow")
+        assert a, alerts(c, jid)
+        msg = a[0]["message"]
+        assert "padding waste" in msg and "padding=max_length to max_seq_length=1024" in msg, msg
+        assert "max_seq_length=" in msg.split("or ")[-1]  # the recommended length
+        info = c.get(f"/api/jobs/{jid}").json().get("info") or {}
+        rec = info.get("recommended_max_seq_length")
+        if rec:
+            assert f"max_seq_length={rec}" in msg
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 that answers 500 to the first `fail_first` requests."""
+
+    def __init__(self, fail_first: int = 1):
+        self.bodies: list[tuple[int, dict]] = []
+        self.fail_first = fail_first
+        me = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                code = 500 if len(me.bodies) < me.fail_first else 200
+                me.bodies.append((code, body))
+                self.send_response(code)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+def test_webhook_gets_each_alert_once_with_retries_after_500(server_factory):
+    rx = Receiver(fail_first=1)
+    try:
+        s = server_factory(webhooks=[rx.url], webhook_retries=3, webhook_timeout_s=2)
+        s.start_agent("a1", env=ONE_THREAD)
+        with s.client() as c:
+            jid = submit(c, fault={"crash_at_step": 2})
+            job = s.wait_job(jid, timeout=60)
+            assert job["state"] == "failed"
+            wait_for(lambda: [b for code, b in rx.bodies if code == 200], 10, "a delivered webhook")
+            time.sleep(2)  # anything else would arrive by now
+        crashed = [(code, b) for code, b in rx.bodies if b["kind"] == "crashed"]
+        assert [code for code, _ in crashed] == [500, 200], rx.bodies
+        body = crashed[1][1]
+        assert body["job_id"] == jid and body["state"] == "open"
+        assert body["text"].startswith(f"[tokenpulse] job {jid}: crashed (critical):")
+        assert "code 3" in body["message"]
+    finally:
+        rx.close()
