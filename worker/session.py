@@ -74,7 +74,8 @@ class Session:
             L = min(spec.max_seq_length, model_max) if model_max else spec.max_seq_length
             tr = int((lengths > L).sum())
             em.info(max_seq_length=L, reason="asked for" + (f" (clamped to the model's {model_max})"
-                    if L != spec.max_seq_length else ""), truncated=tr, truncated_frac=tr / max(1, len(lengths)))
+                    if L != spec.max_seq_length else ""), truncated=tr, truncated_frac=tr / max(1, len(lengths)),
+                    recommended_max_seq_length=recommend_max_len(lengths, spec.length_coverage, model_max))
             return L
         L = recommend_max_len(lengths, spec.length_coverage, model_max)
         tr = int((lengths > L).sum())
