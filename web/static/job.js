@@ -158,13 +158,26 @@
   }
   function emptyNote(box) { if (!box.firstChild) box.append(TP.el("p", { class: "muted empty", text: "No points yet." })); }
 
-  function addPoint(step, values) {
-    for (const [k, v] of Object.entries(values)) {
-      const s = series[k] || (series[k] = { step: [], value: [] });
-      if (s.step.length && s.step[s.step.length - 1] >= step) continue; // already have it (REST refill)
-      s.step.push(step); s.value.push(v);
+  // Points arrive from two sources (websocket frames, REST refills) in any order: keep each series
+  // sorted by step with every step once. The common case (newer than all) is a plain push.
+  function mergePoints(k, steps, values) {
+    const s = series[k] || (series[k] = { step: [], value: [] });
+    const n = s.step.length;
+    if (!steps.length) return;
+    if (!n || steps[0] > s.step[n - 1]) { for (let i = 0; i < steps.length; i++) { s.step.push(steps[i]); s.value.push(values[i]); } }
+    else {
+      const st = [], va = []; let i = 0, j = 0;
+      while (i < n || j < steps.length) {
+        if (j >= steps.length || (i < n && s.step[i] < steps[j])) { st.push(s.step[i]); va.push(s.value[i]); i++; }
+        else if (i >= n || steps[j] < s.step[i]) { st.push(steps[j]); va.push(values[j]); j++; }
+        else { st.push(s.step[i]); va.push(s.value[i]); i++; j++; } // same step: keep one
+      }
+      s.step = st; s.value = va;
     }
-    lastStep = Math.max(lastStep, step);
+    lastStep = Math.max(lastStep, s.step[s.step.length - 1]);
+  }
+  function addPoint(step, values) {
+    for (const [k, v] of Object.entries(values)) mergePoints(k, [step], [v]);
   }
 
   // ---- summary ----------------------------------------------------------------------------------
@@ -325,12 +338,7 @@
       TP.api(`/api/jobs/${jobId}/events?kinds=info&kinds=checkpoint&limit=1000`),
       TP.api(`/api/alerts?job_id=${jobId}&limit=50`)]);
     for (const [k, s] of Object.entries(m.series)) {
-      const cur = series[k] || (series[k] = { step: [], value: [] });
-      for (let i = 0; i < s.step.length; i++) {
-        const st = s.step[i];
-        if (!cur.step.length || st > cur.step[cur.step.length - 1]) { cur.step.push(st); cur.value.push(s.value[i]); }
-        if (st > lastStep) lastStep = st;
-      }
+      mergePoints(k, s.step, s.value);
       if (s.downsampled && first) downsampledInfo[k] = s.total_points;
     }
     drawCharts(true);
@@ -350,9 +358,12 @@
 
   TP.live([`job:${jobId}`], (f) => {
     if (f.type === "events" && f.job_id === jobId) {
-      let metrics = false;
-      for (const e of f.events) { onEvent(e); if (e.kind === "metrics") metrics = true; }
+      if (f.missed) { refill(); return; } // the server dropped events for this (lagging) page: ask REST
+      let metrics = false, state = false;
+      for (const e of f.events) { onEvent(e); if (e.kind === "metrics") metrics = true; if (e.kind === "state") state = true; }
       if (metrics) scheduleDraw();
+      if (job && job.state === "starting") showSummary({ state: "running" }); // the first event makes it running
+      if (state) refill();
     } else if (f.type === "job" && f.job.id === jobId) {
       const was = job && job.state;
       showSummary(f.job);
@@ -364,6 +375,7 @@
     } else if (f.type === "alert" && f.alert.job_id === jobId) showAlert(f.alert);
   }, refill);
 
+  window.TPJOB = { series, charts, job: () => job }; // for tests and bench/ui.py
   setInterval(() => { if (job) showHeartbeat(); }, 1000);
   $("smooth").addEventListener("input", () => { $("smooth-val").value = Number($("smooth").value).toFixed(2); drawCharts(true); });
   let resizeTimer = null;

@@ -1,0 +1,219 @@
+"""The browser UI end to end: a real server, a real agent training the demo model, and Debian's
+headless Chromium driven by Selenium (never a downloaded browser). Screenshots of every page go to
+test-artifacts/ui/."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ARTIFACTS
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+CHROMIUM = os.environ.get("TOKENPULSE_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("TOKENPULSE_CHROMEDRIVER", "/usr/bin/chromedriver")
+SHOTS = ARTIFACTS / "ui"
+
+pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                                reason="needs Debian's chromium and chromedriver")
+
+
+def make_driver(width: int = 1280, height: int = 800):
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--window-size={width},{height}"):
+        opts.add_argument(flag)
+    profile = tempfile.mkdtemp(prefix="tp-chromium-")
+    opts.add_argument(f"--user-data-dir={profile}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.profile_dir = profile
+    return driver
+
+
+@pytest.fixture
+def browser():
+    d = make_driver()
+    yield d
+    d.quit()
+    shutil.rmtree(d.profile_dir, ignore_errors=True)
+
+
+def login(d, server) -> None:
+    d.get(server.url + "/")  # not logged in: redirected to the login form
+    assert "/login" in d.current_url
+    d.find_element(By.ID, "token").send_keys(server.token)
+    d.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    wait(d, 15).until(lambda d: d.current_url.rstrip("/") == server.url and d.find_elements(By.CSS_SELECTOR, "#conn.on"))
+
+
+def wait(d, timeout: float) -> WebDriverWait:
+    return WebDriverWait(d, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,))
+
+
+def text(d, css: str) -> str:
+    els = d.find_elements(By.CSS_SELECTOR, css)
+    return els[0].text if els else ""
+
+
+def shot(d, name: str, full: bool = False) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    if full:
+        w = d.get_window_size()["width"]
+        h = d.execute_script("return document.documentElement.scrollHeight")
+        d.set_window_size(w, min(max(h, 800) + 90, 4000))
+        time.sleep(0.3)
+    d.save_screenshot(str(SHOTS / f"{name}.png"))
+    if full:
+        d.set_window_size(1280, 800)
+
+
+def console_errors(d) -> list[str]:
+    return [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_ui_end_to_end(agent_server, browser):
+    server, d = agent_server, browser
+    login(d, server)
+    errors: list[str] = []
+
+    # -- submit page: Analyze dataset shows the recommended length and the layouts table --
+    d.get(server.url + "/submit")
+    d.find_element(By.ID, "analyze").click()
+    wait(d, 90).until(lambda d: text(d, "#recommended"))
+    rec = text(d, "#recommended")
+    assert re.fullmatch(r"\d[\d,]* tokens", rec), rec
+    assert "truncates" in text(d, "#analysis-summary")
+    assert "Packing" in text(d, "#analysis-table")
+    assert d.execute_script("return document.querySelectorAll('#chart-hist canvas').length") == 1
+    d.find_element(By.ID, "use-recommended").click()
+    assert d.find_element(By.NAME, "max_seq_length").get_attribute("value") == rec.split()[0].replace(",", "")
+    shot(d, "submit-analysis", full=True)
+
+    # -- an invalid value: the API's message appears next to its field --
+    lr = d.find_element(By.NAME, "learning_rate")
+    lr.clear()
+    lr.send_keys("5")
+    d.find_element(By.ID, "submit").click()
+    wait(d, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#f-learning_rate-error"))
+    assert "invalid" in lr.get_attribute("class")
+    assert "/submit" in d.current_url
+    shot(d, "submit-validation")
+
+    # -- submit the demo job through the form --
+    lr.clear()
+    lr.send_keys("0.0003")
+    d.find_element(By.NAME, "name").send_keys("ui-demo")
+    steps = d.find_element(By.NAME, "max_steps")
+    steps.clear()
+    steps.send_keys("30")
+    d.find_element(By.ID, "submit").click()
+    wait(d, 15).until(lambda d: re.search(r"/jobs/\d+$", d.current_url))
+    job_id = int(d.current_url.rsplit("/", 1)[1])
+
+    # -- watch it: phase text changes, chart points increase, the job ends completed --
+    phases, points = [], []
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        p = text(d, "#phase-text")
+        if p and (not phases or phases[-1] != p):
+            phases.append(p)
+        n = int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0)
+        if n and (not points or points[-1] != n):
+            points.append(n)
+        if text(d, "#job-state") == "completed":
+            break
+        time.sleep(0.1)
+    assert text(d, "#job-state") == "completed", (phases, points)
+    time.sleep(0.5)  # the final refill
+    final_points = int(d.find_element(By.ID, "chart-loss").get_attribute("data-points"))
+    names = {re.split(r"[\d·]", p)[0].strip() for p in phases}
+    assert len(names) >= 2, phases  # e.g. loading model, tokenizing, training
+    assert any(p.startswith("training") for p in phases), phases
+    assert len([n for n in points if n > 0]) >= 2 and points == sorted(points), points  # grew live
+    assert final_points >= 30 * 0.9, final_points
+    assert d.execute_script("return document.querySelectorAll('#chart-loss canvas').length") == 1
+    assert "30 / 30" in text(d, "#step")
+    assert text(d, "#info .choices"), "automatic choices are shown"
+    assert "Final model" in text(d, "#output")
+    assert d.find_element(By.ID, "retry").is_displayed() and not d.find_element(By.ID, "cancel").is_displayed()
+    d.execute_script("window.scrollTo(0, 0)")
+    shot(d, "job-completed", full=True)
+    errors += console_errors(d)
+
+    # -- jobs page lists it, completed; workers shows the agent; compare overlays it --
+    d.get(server.url + "/")
+    wait(d, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job_id}"] .badge.completed'))
+    row = d.find_element(By.CSS_SELECTOR, f'tr[data-job="{job_id}"]').text
+    assert "ui-demo" in row and "30 / 30" in row and "tok/s" in row, row
+    shot(d, "jobs")
+    d.get(server.url + "/workers")
+    wait(d, 15).until(lambda d: "a1" in text(d, "#workers-body") and "online" in text(d, "#workers-body"))
+    shot(d, "workers")
+    d.get(f"{server.url}/compare?job={job_id}")
+    wait(d, 15).until(lambda d: d.execute_script("return document.querySelectorAll('#chart-cmp-loss canvas').length") == 1)
+    shot(d, "compare")
+    errors += console_errors(d)
+
+    # -- cancel a slow job from its page --
+    with server.client() as c:
+        slow = c.post("/api/jobs", json={"name": "slow", "max_steps": 2000, "fault": {"step_sleep_s": 0.2}}).json()
+    d.get(f"{server.url}/jobs/{slow['id']}")
+    wait(d, 120).until(lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"))
+    wait(d, 30).until(lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 2)
+    hb = d.find_element(By.CSS_SELECTOR, "#heartbeat time")
+    assert "hb-ok" in hb.get_attribute("class") and hb.get_attribute("title"), "heartbeat age with absolute time on hover"
+    shot(d, "job-running")
+    d.find_element(By.ID, "cancel").click()
+    d.find_element(By.ID, "cancel-confirm").click()
+    wait(d, 60).until(lambda d: text(d, "#job-state") == "cancelled")
+    assert server.wait_job(slow["id"], timeout=10)["state"] == "cancelled"
+    shot(d, "job-cancelled")
+
+    # -- phone width: the jobs list becomes cards, nothing scrolls sideways --
+    d.set_window_size(390, 844)
+    d.get(server.url + "/")
+    wait(d, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job_id}"]'))
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+    shot(d, "jobs-phone")
+    errors += console_errors(d)
+    assert not errors, errors
+
+
+def test_reconnect_fills_gap(server_factory, browser):
+    """A server restart mid-training: the page reconnects and fills the gap from REST, so the loss
+    chart has every step with no hole."""
+    server = server_factory()
+    server.start_agent("a1")
+    d = browser
+    login(d, server)
+    with server.client() as c:
+        job = c.post("/api/jobs", json={"name": "restart", "max_steps": 60, "fault": {"step_sleep_s": 0.1}}).json()
+    d.get(f"{server.url}/jobs/{job['id']}")
+    wait(d, 120).until(lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 3)
+    server.kill(signal.SIGTERM)
+    wait(d, 10).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#conn.on"))
+    time.sleep(2)  # training goes on; the agent journals the events it cannot send
+    server.start()
+    wait(d, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"))
+    wait(d, 120).until(lambda d: text(d, "#job-state") == "completed")
+    time.sleep(1)
+    steps = d.execute_script("return TPJOB.series.loss.step")
+    assert steps == list(range(steps[0], steps[0] + len(steps))), f"hole in the chart: {steps}"
+    assert steps[-1] == 60
+    errs = [e for e in console_errors(d)  # while the server was down: expected, nothing else
+            if not ("WebSocket" in e or "Failed to load resource" in e or "ERR_CONNECTION_REFUSED" in e)]
+    assert not errs, errs
