@@ -39,7 +39,10 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
 
     url = f"http://{settings.host}:{settings.port}"
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                            log_level="warning", ws_max_size=1 << 20)
+                            log_level="warning", ws_max_size=1 << 20,
+                            # Frames are serialized once for all subscribers; per-message deflate
+                            # would compress each one again per socket (most of the fan-out CPU).
+                            ws_per_message_deflate=False)
     server = uvicorn.Server(config)
     agents: list[subprocess.Popen] = []
     console = _console()
@@ -343,7 +346,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.set_defaults(fn=cmd_analyze)
 
     args = ap.parse_args(argv)
-    return args.fn(args) or 0
+    import httpx
+    try:
+        return args.fn(args) or 0
+    except httpx.ConnectError:
+        url = args.url or os.environ.get("TOKENPULSE_URL") or DEFAULT_URL
+        _console().print(f"[red]error[/] cannot reach tokenpulse at {url}: is the server running? "
+                         "(start it with `make up`, or set TOKENPULSE_URL)")
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
