@@ -276,3 +276,15 @@ def test_stuck_at_reads_both_dump_formats():
           '  File "/work/main/worker/controls.py", line 41 in _fault_hang\n')
     assert stuck_at(fh) == "_fault_hang (/work/main/worker/controls.py:41)"
     assert stuck_at(None) is None and stuck_at("garbage") is None
+
+
+def test_busy_machine_bursts_below_the_factor_are_not_slow_and_load_is_named():
+    s, c = SlowDetector(StallConfig()), Clock()  # default slow_factor (4)
+    assert feed(s, c, 30, 0.1, 5000) is None
+    assert feed(s, c, 10, 0.35, 5000 / 3.5) is None  # a neighbour takes the CPU: 3.5x, under 4x
+    assert feed(s, c, 20, 0.1, 5000) is None
+    s.load = (7.7, 2)
+    v = feed(s, c, 5, 0.6, 5000 / 6)
+    assert v.kind == "slow" and "oversubscribed: load 7.7 on 2 cores" in v.message
+    assert feed(s, c, 30, 0.6, 5000 / 6) is None  # a long slow stretch stays slow (baseline frozen)
+    assert s.open_keys == {"fell"}

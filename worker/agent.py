@@ -306,6 +306,8 @@ class Agent:
             message = v.message + (f"; stuck at {where}" if where else "")
             self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
+        if rj.slow is not None and rj.slow.fresh:
+            rj.slow.load = (os.getloadavg()[0], os.cpu_count())
         v = rj.slow.check(now) if rj.slow is not None else None
         if v is not None:
             if v.kind == "slow":

@@ -68,7 +68,8 @@ class SlowDetector:
     arrivals: list = field(default_factory=list)  # (t, step) of every metrics event
     pauses_at: dict = field(default_factory=dict)  # step -> phase names seen between steps (saving...)
     projected_tps: Optional[float] = None
-    best_tps: Optional[float] = None  # best sustained throughput (median of 3 samples) so far
+    baseline: Optional[float] = None  # the earlier pace, frozen while a 'fell' reason is open
+    load: Optional[tuple] = None  # (1-minute load average, cores), set by the agent before check()
     open_keys: Optional[frozenset] = None
     open_message: Optional[str] = None
     fresh: bool = False
@@ -102,10 +103,6 @@ class SlowDetector:
             self.samples.append(Sample(now, step, float(st), v.get("tokens_per_s"), v.get("padding_frac")))
             if len(self.samples) > 2000:
                 del self.samples[:1000]
-            rates = self._rates()
-            if len(rates) >= 3:
-                sustained = statistics.median(rates[-3:])
-                self.best_tps = sustained if self.best_tps is None else max(self.best_tps, sustained)
             self.fresh = True
 
     def _rates(self) -> list[float]:
@@ -131,13 +128,23 @@ class SlowDetector:
         unit = _fmt_rate if self._uses_tokens() else (lambda x: f"{x:.2f} steps/s")
         was_open = self.open_keys or frozenset()
 
-        # throughput against the job's own best sustained pace (hysteresis: clears at half the factor)
-        if self.best_tps and now_rate > 0:
-            drop = self.best_tps / now_rate
+        # throughput against the job's own earlier pace: the median of the last 5 samples (3 early
+        # on) against the median of everything before them; frozen while the alert is open, so a long
+        # slow stretch does not become the new normal. Hysteresis: clears at half the factor.
+        w = 5 if n >= 10 else 3
+        cur = statistics.median(rates[-w:])
+        if "fell" not in was_open and n >= w + 5:
+            self.baseline = statistics.median(rates[:-w][-500:])
+        if self.baseline and cur > 0:
+            drop = self.baseline / cur
             need = c.slow_factor if "fell" not in was_open else max(1.0, c.slow_factor / 2)
             if drop >= need:
-                out.append(("fell", f"throughput fell {drop:.1f}x: {unit(now_rate)} now, "
-                                    f"{unit(self.best_tps)} earlier in this job"))
+                msg = (f"throughput fell {drop:.1f}x: {unit(cur)} now, {unit(self.baseline)} earlier in "
+                       f"this job")
+                if self.load and self.load[0] > 1.5 * (self.load[1] or 1):
+                    msg += (f" (this machine is oversubscribed: load {self.load[0]:.1f} on {self.load[1]} "
+                            f"cores; other processes compete for it)")
+                out.append(("fell", msg))
 
         # against the preflight projection (autotune's measured forward+backward rate)
         if self.projected_tps and self._uses_tokens() and now_rate > 0:
@@ -196,6 +203,9 @@ class SlowDetector:
         jump = max(b / a for a, b in zip(xs, xs[1:]) if a > 0)
         if math.log(jump) >= 0.5 * math.log(m3 / m1):
             return None  # one jump, not a steady climb
+        ups = sum(b > a for a, b in zip(xs, xs[1:])) / (len(xs) - 1)
+        if ups < 0.6:
+            return None  # noise that happens to drift, not a climb
         first, last = self.samples[-len(xs)].step, self.samples[-1].step
         return (f"step time grows steadily: {m1:.2f} s -> {m3:.2f} s per step between steps {first} and "
                 f"{last} (something accumulates: a leak, growing sequences, or state kept across steps)")

@@ -33,7 +33,7 @@ class StallConfig:
     phase_s: float = 900.0  # budget for a phase that reports no counter
     min_intervals: int = 3  # intervals needed before the learned timeout applies
     # ---- slow (worker/slow.py) ----
-    slow_factor: float = 3.0  # throughput this many times below the job's own earlier rate
+    slow_factor: float = 4.0  # throughput this many times below the job's own earlier rate
     slow_projection_factor: float = 5.0  # ... or this many times below the preflight projection
     slow_growth_factor: float = 2.0  # step time grew steadily by this factor
     slow_padding_frac: float = 0.5  # more than this fraction of batch tokens are padding
