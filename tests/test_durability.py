@@ -1,0 +1,284 @@
+"""Control and durability, on real processes (server, agents, training processes; CPU, fp32):
+pause/resume continues exactly, kill -9 of the training process / the agent / the server loses
+nothing, and the failure policy (oom, nan, spec, retries), priorities and per-agent limits hold.
+
+Each scenario prints one FAULT line (fault, jobs and points before/after, what was lost) for the
+closing table; run with -s to see them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+# Tiny and fast: builtin model, fixed shapes (no autotune), fp32 on CPU, one metric point per step.
+SPEC = dict(max_steps=12, batch_size=2, grad_accum=1, max_seq_length=64, precision="fp32", device="cpu", seed=3,
+            log_every=1)
+
+
+def wait_for(pred, timeout: float, what: str, every: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def job(c: httpx.Client, jid: int) -> dict:
+    r = c.get(f"/api/jobs/{jid}")
+    r.raise_for_status()
+    return r.json()
+
+
+def db(srv) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{srv.data_dir / 'tokenpulse.db'}?mode=ro", uri=True, timeout=30)
+
+
+def stored_losses(srv, jid: int) -> dict[int, float]:
+    """Every stored loss point of a job, straight from the table (no downsampling)."""
+    with db(srv) as conn:
+        rows = conn.execute("SELECT m.step, m.value FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
+                            "WHERE m.job_id = ? AND k.name = 'loss' ORDER BY m.step", (jid,)).fetchall()
+    steps = [s for s, _ in rows]
+    assert len(steps) == len(set(steps)), f"a step stored twice: {steps}"
+    return dict(rows)
+
+
+def point_count(srv, jid: int) -> int:
+    with db(srv) as conn:
+        return conn.execute("SELECT count(*) FROM metrics WHERE job_id = ?", (jid,)).fetchone()[0]
+
+
+def training_pids(agent) -> list[int]:
+    try:
+        kids = psutil.Process(agent.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p.pid for p in kids if "worker.train" in " ".join(p.cmdline())]
+
+
+def step_of(path: str) -> int:
+    return int(Path(path).name.removeprefix("step-"))
+
+
+def assert_close(a: dict, b: dict, steps) -> None:
+    for s in steps:
+        assert math.isclose(a[s], b[s], rel_tol=1e-5, abs_tol=1e-6), f"step {s}: {a[s]} != {b[s]}"
+
+
+def fault_line(fault: str, jobs_before, points_before, jobs_after, points_after, lost: str) -> None:
+    print(f"\nFAULT | {fault} | jobs {jobs_before} -> {jobs_after} | points {points_before} -> "
+          f"{points_after} | lost: {lost}")
+
+
+# ---- pause / resume -----------------------------------------------------------------------------
+
+def test_pause_then_resume_on_another_agent_continues_exactly(server_factory):
+    srv = server_factory()
+    a1 = srv.start_agent("a1")
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**SPEC, "name": "paused", "fault": {"step_sleep_s": 0.3}}).json()["id"]
+        wait_for(lambda: (job(c, jid)["step"] or 0) >= 4, 90, "4 steps")
+        assert c.post(f"/api/jobs/{jid}/pause").status_code == 200
+        j = srv.wait_job(jid, timeout=60)
+        assert j["state"] == "paused", j
+        at, ckpt = j["step"], j["checkpoint"]
+        assert ckpt and step_of(ckpt) == at, (at, ckpt)  # the full checkpoint is at the exact step
+        assert j["attempts"][0]["outcome"] == "paused"
+        points_paused = point_count(srv, jid)
+        # The first agent goes away; the job resumes on another one, beside an uninterrupted twin.
+        a1.send_signal(signal.SIGTERM)
+        a1.wait(30)
+        ref = c.post("/api/jobs", json={**SPEC, "name": "reference"}).json()["id"]
+        assert c.post(f"/api/jobs/{jid}/resume").json()["state"] == "queued"
+        srv.start_agent("a2", "--capacity", "2")
+        for x in (jid, ref):
+            assert srv.wait_job(x, timeout=120)["state"] == "completed"
+        j = job(c, jid)
+    resumed, straight = stored_losses(srv, jid), stored_losses(srv, ref)
+    assert sorted(resumed) == sorted(straight) == list(range(1, SPEC["max_steps"] + 1))
+    assert_close(resumed, straight, range(1, SPEC["max_steps"] + 1))  # no jump at the resume
+    first, second = j["attempts"]
+    assert second["agent_id"] != first["agent_id"] and second["resumed_from"] == ckpt
+    fault_line(f"pause at step {at}, resume on another agent", "1 paused", points_paused, "2 completed",
+               point_count(srv, jid), "nothing (losses equal an uninterrupted run)")
+
+
+# ---- kill -9 of the training process --------------------------------------------------------------
+
+def test_kill9_training_process_resumes_from_newest_complete_checkpoint(server_factory):
+    srv = server_factory()
+    agent = srv.start_agent("a1")
+    spec = {**SPEC, "max_steps": 14, "checkpoint_every": 4, "keep_checkpoints": 2, "fault": {"step_sleep_s": 0.15}}
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json=spec).json()["id"]
+        j = wait_for(lambda: (lambda x: x if (x["step"] or 0) >= 10 and x["checkpoint"] else None)(job(c, jid)),
+                     90, "step 10 with a checkpoint")
+        ckdir = Path(j["checkpoint"]).parent
+        # A checkpoint half-written at the crash (no meta.json, no state) and a temp dir: never used.
+        torn = ckdir / "step-0000099"
+        (torn / "model").mkdir(parents=True)
+        (ckdir / ".tmp-step-0000098-1").mkdir()
+        pids = training_pids(agent)
+        assert len(pids) == 1
+        os.kill(pids[0], signal.SIGKILL)
+        before = stored_losses(srv, jid)
+        j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
+        assert j["state"] == "completed", j
+    after = stored_losses(srv, jid)
+    first, second = j["attempts"]
+    assert first["outcome"] == "retried" and first["failure"] == "signal" and first["signal"] == "SIGKILL", first
+    resumed = second["resumed_from"]
+    assert resumed and 4 <= step_of(resumed) <= max(before), (resumed, max(before))
+    assert not torn.exists() and not (ckdir / ".tmp-step-0000098-1").exists()
+    assert list(after) == list(range(1, 15))
+    # Steps redone after the checkpoint give the very same losses: the resume is exact.
+    assert_close(before, after, [s for s in before if s > step_of(resumed)])
+    fault_line(f"kill -9 training process at step {max(before)}", "1 running", len(before),
+               f"1 completed ({len(j['attempts'])} attempts)", len(after),
+               f"nothing (resumed from step {step_of(resumed)}; redone steps equal)")
+
+
+# ---- kill -9 of the agent -------------------------------------------------------------------------
+
+def test_kill9_agent_lease_expires_and_another_agent_finishes(server_factory):
+    srv = server_factory(agent_lost_after_s=3, reaper_every_s=0.5)
+    a1 = srv.start_agent("a1")
+    spec = {**SPEC, "max_steps": 14, "checkpoint_every": 4, "fault": {"step_sleep_s": 0.15}}
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json=spec).json()["id"]
+        wait_for(lambda: (lambda x: (x["step"] or 0) >= 6 and x["checkpoint"])(job(c, jid)), 90, "a checkpoint")
+        pids = training_pids(a1)
+        assert len(pids) == 1
+        points = point_count(srv, jid)
+        a1.kill()
+        a1.wait()
+        # The training process dies with its agent: no orphan trains on beside the next attempt.
+        wait_for(lambda: not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == "zombie",
+                 10, "the orphaned training process to die")
+        srv.start_agent("a2")
+        j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
+        assert j["state"] == "completed", j
+        alerts = c.get("/api/alerts", params={"job_id": jid}).json()
+    first, second = j["attempts"]
+    assert first["failure"] == "lost" and first["outcome"] == "retried", first
+    assert second["agent_id"] != first["agent_id"] and second["resumed_from"], second
+    assert any(a["kind"] == "worker_lost" for a in alerts), alerts
+    losses = stored_losses(srv, jid)
+    assert list(losses) == list(range(1, 15))
+    fault_line("kill -9 agent (lease 3 s)", "1 running", points, "1 completed on another agent",
+               point_count(srv, jid), f"nothing (resumed from step {step_of(second['resumed_from'])})")
+
+
+# ---- kill -9 of the server ------------------------------------------------------------------------
+
+def test_kill9_server_mid_run_every_point_stored_exactly_once(server_factory):
+    srv = server_factory()
+    srv.start_agent("a1")
+    spec = {**SPEC, "max_steps": 16, "fault": {"step_sleep_s": 0.1}}
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json=spec).json()["id"]
+        wait_for(lambda: (job(c, jid)["step"] or 0) >= 4, 90, "4 steps")
+    points_before = point_count(srv, jid)
+    srv.kill(signal.SIGKILL)
+    time.sleep(3)  # training goes on; the agent keeps what it cannot send in its journal
+    srv.start()
+    j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
+    assert j["state"] == "completed", j
+    assert j["attempt"] == 1, j["attempts"]  # the run went on: never restarted
+    losses = stored_losses(srv, jid)
+    assert list(losses) == list(range(1, 17))
+    with db(srv) as conn:
+        events = conn.execute("SELECT count(*) FROM events WHERE job_id = ?", (jid,)).fetchone()[0]
+        next_seq = conn.execute("SELECT next_seq FROM jobs WHERE id = ?", (jid,)).fetchone()[0]
+    # Every event the agent numbered (0..next_seq-1) is stored exactly once: one metrics event per
+    # step in the metrics table, everything else in the events table.
+    assert events + len(losses) == next_seq, (events, len(losses), next_seq)
+    fault_line("kill -9 server for 3 s mid-run", "1 running", points_before, "1 completed (1 attempt)",
+               point_count(srv, jid), f"nothing ({next_seq} events, each stored once)")
+
+
+# ---- failure policy, priorities, limits, clone ------------------------------------------------------
+
+class ScriptedAgent:
+    """The agent protocol spoken by hand, to drive the server's policy without training anything."""
+
+    def __init__(self, srv, capacity: int):
+        self.c = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
+        self.id = self.c.post("/api/agents", json={"name": "scripted", "host": "h", "capacity": capacity}).json()["id"]
+
+    def claim(self):
+        r = self.c.post(f"/api/agents/{self.id}/claim")
+        return r.json() if r.status_code == 200 else None
+
+    def end(self, claim: dict, **state) -> dict:
+        ev = {"kind": "state", "job_id": claim["job_id"], "seq": claim["seq_start"], "t": time.time(), "data": state}
+        r = self.c.post(f"/api/agents/{self.id}/events", json={"events": [ev]})
+        r.raise_for_status()
+        return r.json()
+
+
+def test_failure_policy_priorities_and_agent_limit(server_factory):
+    srv = server_factory()
+    bot = ScriptedAgent(srv, capacity=3)
+    with srv.client() as c:
+        def submit(**kw):
+            return c.post("/api/jobs", json={**SPEC, **kw}).json()["id"]
+        low = submit(name="low", priority=-5)
+        oom = submit(name="oom", priority=5, batch_size=8, grad_accum=2)
+        spec_bad = submit(name="spec", priority=5)
+        crash = submit(name="crash", priority=1, max_retries=0)
+        # Highest priority first (ties: oldest first), and never more than the agent's capacity.
+        claims = [bot.claim() for _ in range(4)]
+        assert [x["job_id"] for x in claims[:3]] == [oom, spec_bad, crash] and claims[3] is None
+        c_oom, c_spec, c_crash = claims[:3]
+
+        # out of memory: requeued with half the micro-batch, twice the accumulation, from step 0
+        bot.end(c_oom, state="failed", failure="oom", reason="CUDA out of memory", exit_code=5, retry=True)
+        j = job(c, oom)
+        assert j["state"] == "queued" and (j["spec"]["batch_size"], j["spec"]["grad_accum"]) == (4, 4), j
+        assert j["attempts"][0]["outcome"] == "retried" and j["attempts"][0]["failure"] == "oom"
+        assert "batch_size=4, grad_accum=4" in j["reason"]
+        # a bad spec: failed at once, even when the agent asks for a retry
+        bot.end(c_spec, state="failed", failure="spec", reason="column 'txt' is not in the dataset", retry=True)
+        j = job(c, spec_bad)
+        assert j["state"] == "failed" and j["attempts"][0]["outcome"] == "failed" and len(j["attempts"]) == 1
+        # a crash with no retries left: failed, and the reason says why it was not retried
+        bot.end(c_crash, state="failed", failure="crash", reason="segfault", exit_code=139, retry=True)
+        j = job(c, crash)
+        assert j["state"] == "failed" and "max_retries=0" in j["reason"], j
+
+        # the requeued oom job comes before the low-priority one; its retry starts from step 0
+        again = bot.claim()
+        assert again["job_id"] == oom and again["attempt"] == 2 and again["resume_from"] is None
+        assert again["spec"]["batch_size"] == 4
+
+        # retry / clone: a new job linked to its parent, with edits; a bad edit is a 422, not a 500
+        r = c.post(f"/api/jobs/{spec_bad}/clone", json={"changes": {"max_steps": 3}})
+        assert r.status_code == 201 and r.json()["parent_id"] == spec_bad and r.json()["spec"]["max_steps"] == 3
+        r = c.post(f"/api/jobs/{spec_bad}/clone", json={"changes": {"max_steps": -1}})
+        assert r.status_code == 422 and "max_steps" in r.text
+        # pause/resume of jobs in the wrong state: refused with the reason
+        r = c.post(f"/api/jobs/{low}/resume")
+        assert r.status_code == 409 and "only a paused job" in r.text
+
+
+def test_nan_loss_stops_with_alert_naming_the_step(server_factory):
+    srv = server_factory()
+    srv.start_agent("a1")
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**SPEC, "max_steps": 4, "fault": {"nan_at_step": 2}}).json()["id"]
+        j = srv.wait_job(jid, states=("completed", "failed"), timeout=90)
+        alerts = c.get("/api/alerts", params={"job_id": jid}).json()
+    assert j["state"] == "failed" and j["failure"] == "nan" and len(j["attempts"]) == 1, j
+    nan = [a for a in alerts if a["kind"] == "nan"]
+    assert nan and "step 2" in nan[0]["message"] and nan[0]["state"] == "open", alerts
