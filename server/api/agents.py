@@ -109,7 +109,7 @@ async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) 
         out.commands.extend(c for c in ingest.pending_commands(s, agent_id, [])
                             if c.job_id not in {x.job_id for x in out.commands})
         return out
-    out = await tp.db.write(store_batch)
+    out = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
     publish(tp, out.frames)
     if out.alerts and tp.webhooks is not None:
         for alert in out.alerts:
