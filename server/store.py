@@ -127,7 +127,7 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
     attempt = s.get(Attempt, (job.id, job.attempt))
     if attempt is not None:
         attempt.failure, attempt.exit_code, attempt.signal = failure, exit_code, signal
-    if job.requested_action == "cancel" and state == JobState.failed:
+    if job.requested_action == "cancel" and state in (JobState.failed, JobState.paused):
         state, reason = JobState.cancelled, f"cancelled by user ({reason})" if reason else "cancelled by user"
     if state == JobState.failed and failure not in FINAL_FAILURES and (retry or failure in RETRYABLE):
         spec = JobSpec.model_validate_json(job.spec)

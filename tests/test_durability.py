@@ -131,7 +131,7 @@ def test_kill9_training_process_resumes_from_newest_complete_checkpoint(server_f
         pids = training_pids(agent)
         assert len(pids) == 1
         os.kill(pids[0], signal.SIGKILL)
-        before = stored_losses(srv, jid)
+        before, points_before = stored_losses(srv, jid), point_count(srv, jid)
         j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
         assert j["state"] == "completed", j
     after = stored_losses(srv, jid)
@@ -143,8 +143,8 @@ def test_kill9_training_process_resumes_from_newest_complete_checkpoint(server_f
     assert list(after) == list(range(1, 15))
     # Steps redone after the checkpoint give the very same losses: the resume is exact.
     assert_close(before, after, [s for s in before if s > step_of(resumed)])
-    fault_line(f"kill -9 training process at step {max(before)}", "1 running", len(before),
-               f"1 completed ({len(j['attempts'])} attempts)", len(after),
+    fault_line(f"kill -9 training process at step {max(before)}", "1 running", points_before,
+               f"1 completed ({len(j['attempts'])} attempts)", point_count(srv, jid),
                f"nothing (resumed from step {step_of(resumed)}; redone steps equal)")
 
 
@@ -177,6 +177,26 @@ def test_kill9_agent_lease_expires_and_another_agent_finishes(server_factory):
     assert list(losses) == list(range(1, 15))
     fault_line("kill -9 agent (lease 3 s)", "1 running", points, "1 completed on another agent",
                point_count(srv, jid), f"nothing (resumed from step {step_of(second['resumed_from'])})")
+
+
+# ---- an agent stopped by its operator ----------------------------------------------------------------
+
+def test_agent_shutdown_checkpoints_and_requeues_its_job(server_factory):
+    srv = server_factory()
+    a1 = srv.start_agent("a1")
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**SPEC, "max_steps": 10, "fault": {"step_sleep_s": 0.2}}).json()["id"]
+        wait_for(lambda: (job(c, jid)["step"] or 0) >= 3, 90, "3 steps")
+        a1.send_signal(signal.SIGTERM)  # systemd stopping the agent: not a reason to cancel anybody's job
+        a1.wait(60)
+        j = job(c, jid)
+        assert j["state"] == "queued" and j["checkpoint"], j
+        assert j["attempts"][0]["outcome"] == "queued" and "shut down" in j["attempts"][0]["reason"]
+        ckpt = j["checkpoint"]
+        srv.start_agent("a2")
+        j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
+    assert j["state"] == "completed" and j["attempts"][1]["resumed_from"] == ckpt, j
+    assert len(j["attempts"]) == 2 and list(stored_losses(srv, jid)) == list(range(1, 11))
 
 
 # ---- kill -9 of the server ------------------------------------------------------------------------
@@ -282,3 +302,30 @@ def test_nan_loss_stops_with_alert_naming_the_step(server_factory):
     assert j["state"] == "failed" and j["failure"] == "nan" and len(j["attempts"]) == 1, j
     nan = [a for a in alerts if a["kind"] == "nan"]
     assert nan and "step 2" in nan[0]["message"] and nan[0]["state"] == "open", alerts
+
+
+# ---- the agent's journal ----------------------------------------------------------------------------
+
+def test_outbox_journal_compacts_and_survives_a_torn_line(tmp_path):
+    from worker.outbox import COMPACT_AFTER, Outbox
+    box = Outbox(tmp_path)
+    box.open_job(7, 100)
+    for i in range(COMPACT_AFTER + 500):
+        box.add(7, "metrics", {"step": i, "values": {"loss": 1.0}})
+    box.ack({"7": 100 + COMPACT_AFTER + 99})  # all but the last 400 acknowledged: the journal shrinks
+    lines = (tmp_path / "7.jsonl").read_text().splitlines()
+    assert len(lines) == 400 and box.size() == 400
+    box.add(7, "log", {"line": "after the rewrite"})
+    with (tmp_path / "7.jsonl").open("a") as f:
+        f.write('{"kind": "log", "job_id": 7, "se')  # torn by a kill -9 mid-write
+    again = Outbox(tmp_path)
+    again.recover()
+    seqs = [e["seq"] for e in again.pending[7]]
+    assert seqs == list(range(100 + COMPACT_AFTER + 100, 100 + COMPACT_AFTER + 501))
+    assert again.next_seq[7] == seqs[-1] + 1
+    # batches stay under the byte budget, in seq order
+    batch = again.batch(max_bytes=10_000)
+    assert 0 < len(batch) < len(seqs) and [e["seq"] for e in batch] == seqs[:len(batch)]
+    again.ack({7: seqs[-1]})
+    again.close_job(7)
+    assert not (tmp_path / "7.jsonl").exists()

@@ -107,6 +107,7 @@ class RunningJob:
     alive_at: float = field(default_factory=time.time)
     child_state: Optional[dict] = None
     requested: Optional[str] = None  # cancel or pause, once asked
+    started: float = field(default_factory=time.monotonic)  # when the attempt began (agent clock)
     stack_lines: Optional[list] = None  # collecting a faulthandler dump
     tasks: list = field(default_factory=list)
 
@@ -196,9 +197,15 @@ class Agent:
             await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
-        """Stop claiming; cancel what runs (the server requeues nothing: the user asked)."""
+        """Stop claiming. What runs is not the operator's to cancel: each job checkpoints (as for a
+        pause) and goes back to the queue, to resume from that checkpoint here later or elsewhere."""
         self.stopping = True
-        await asyncio.gather(*(rj.process.stop(signal.SIGTERM, self.grace_s) for rj in self.jobs.values()),
+        for rj in self.jobs.values():
+            if rj.requested is None:
+                rj.requested = "shutdown"
+                self.emit(rj, "log", {"line": f"agent {self.name} stopping: checkpointing to requeue", "stream": "agent"})
+        await asyncio.gather(*(rj.process.stop(signal.SIGUSR2 if rj.requested == "shutdown" else signal.SIGTERM,
+                                               max(self.grace_s, 60)) for rj in self.jobs.values()),
                              return_exceptions=True)
 
     # ---- one job -------------------------------------------------------------------------------
@@ -330,6 +337,12 @@ class Agent:
         code, sig, words = describe_exit(returncode)
         child = rj.child_state or {}
         said = child.get("state")
+        if rj.requested == "shutdown" and said == "paused":  # checkpointed on the way out: requeue,
+            return {"state": "queued", "exit_code": code,   # no retry spent
+                    "reason": f"agent {self.name} shut down; requeued ({child.get('reason', 'checkpoint saved')})"}
+        if rj.requested == "shutdown" and said is None:
+            return {"state": "failed", "failure": "lost", "exit_code": code, "signal": sig, "retry": True,
+                    "reason": f"agent {self.name} shut down; training process {words}"}
         if returncode == 0 and said in ("completed", "paused", "cancelled"):
             return {**child, "exit_code": 0}
         if rj.requested == "cancel":
@@ -392,13 +405,22 @@ class Agent:
             if action == "stack":
                 stack = await self.capture_stack(rj)
                 self.emit(rj, "log", {"line": stack[:8000], "stream": "agent"})
-            elif action in ("cancel", "pause") and rj.requested is None:
+            elif action in ("cancel", "pause") and (rj.requested is None or (action, rj.requested) == ("cancel", "pause")):
                 rj.requested = action
                 self.emit(rj, "log", {"line": f"agent: {action} requested", "stream": "agent"})
                 if action == "cancel":
                     asyncio.create_task(rj.process.stop(signal.SIGTERM, self.grace_s))
                 else:  # pause: the training process checkpoints and exits; give it time to save
-                    asyncio.create_task(rj.process.stop(signal.SIGUSR2, max(self.grace_s, 120)))
+                    asyncio.create_task(self.pause(rj))
+
+    async def pause(self, rj: RunningJob) -> None:
+        """SIGUSR2 asks the training process to checkpoint and exit paused. A process a moment old may
+        not have its handler yet (SIGUSR2's default action kills), so wait until its first events."""
+        while rj.claim.job_id in self.jobs and (
+                rj.process.proc is None or (time.monotonic() - rj.started < 3.0 and rj.process.proc.returncode is None)):
+            await asyncio.sleep(0.2)
+        if rj.process.proc is not None and rj.requested == "pause":
+            await rj.process.stop(signal.SIGUSR2, max(self.grace_s, 120))
 
     async def heartbeat_loop(self) -> None:
         while True:
@@ -411,6 +433,26 @@ class Agent:
                 log.exception("heartbeat failed")
             await asyncio.sleep(self.heartbeat_s)
 
+    async def send(self, batch: list[dict]) -> bool:
+        """POST one batch; True once the server answered it. A batch the server refuses as malformed
+        (422) or too large (413) is split in halves until the culprit is one event, which is dropped
+        with a log line: one bad event must never hold back every event after it."""
+        r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json={"events": batch})
+        if r.status_code == 200:
+            reply = r.json()
+            self.outbox.ack(reply.get("acked", {}))
+            await self.handle(reply.get("commands", []))
+            return True
+        if r.status_code in (413, 422):
+            if len(batch) == 1:
+                self.outbox.drop(batch[0], f"{r.status_code} {r.text}")
+                return True
+            half = len(batch) // 2
+            return await self.send(batch[:half]) and await self.send(batch[half:])
+        # 401/403 (a revoked token) or 404 (unknown agent): keep everything and try again later
+        log.error("events refused (%s): %s", r.status_code, r.text[:500])
+        return False
+
     async def flush_loop(self) -> None:
         """Send pending events in batches about every flush_s (at once for state changes/alerts)."""
         while True:
@@ -422,15 +464,10 @@ class Agent:
             try:
                 while self.outbox.size():
                     batch = self.outbox.batch()
-                    r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json={"events": batch})
-                    if r.status_code != 200:
-                        log.error("events refused (%s): %s", r.status_code, r.text[:500])
+                    if not await self.send(batch):
                         await asyncio.sleep(1)
                         break
-                    reply = r.json()
-                    self.outbox.ack(reply.get("acked", {}))
-                    await self.handle(reply.get("commands", []))
-                    if len(batch) < 5000:
+                    if len(batch) < 1000:  # a small batch: caught up; more in flush_s
                         break
                 for job_id in list(self.outbox.pending):
                     if job_id not in self.jobs:
