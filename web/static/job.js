@@ -79,7 +79,7 @@
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
       scales: { x: { time: false } },
       axes: [{ label: "step", labelSize: 18, size: 36, values: (u, v) => v.map((x) => TP.compact(x)) },
-        { label: spec.unit || "", labelSize: spec.unit ? 18 : 0, size: 56, values: spec.axis }],
+        { label: spec.unit || "", labelSize: spec.unit ? 18 : 0, size: 64, values: spec.axis }],
       cursor: { drag: { x: true, y: false, setScale: true }, sync: { key: `job${jobId}`, setSeries: false } },
       legend: { live: true },
       hooks: {
