@@ -157,8 +157,6 @@ def test_tokens_roles_revocation_cors_and_csrf(server_factory):
     before = count(srv, "jobs")
     refused(browser.post("/api/jobs", json={}), 403, "x-tokenpulse-csrf")
     refused(browser.post("/api/jobs", json={}, headers={"Authorization": "Basic eDp5"}), 403, "x-tokenpulse-csrf")
-    refused(browser.post("/api/jobs", json={}, headers={"X-Tokenpulse-Csrf": "1", "Origin": "http://evil.example"}),
-            403, "cross-origin")
     refused(browser.post(f"/api/jobs/{jid}/cancel"), 403, "x-tokenpulse-csrf")
     assert count(srv, "jobs") == before
     ok = browser.post("/api/jobs", json={}, headers={"X-Tokenpulse-Csrf": "1", "Origin": url})
