@@ -288,3 +288,17 @@ def test_busy_machine_bursts_below_the_factor_are_not_slow_and_load_is_named():
     assert v.kind == "slow" and "oversubscribed: load 7.7 on 2 cores" in v.message
     assert feed(s, c, 30, 0.6, 5000 / 6) is None  # a long slow stretch stays slow (baseline frozen)
     assert s.open_keys == {"fell"}
+
+
+def test_steps_on_alive_events_are_progress_between_metric_points():
+    d, c = started()
+    d.observe("phase", {"name": "training", "done": 0, "total": 1000, "unit": "steps"}, c())
+    for k in range(1, 200):  # log_every=50 and 2 s steps: metrics every 100 s, alive carries the step
+        c.tick(2)
+        d.observe("alive", {"phase": "training", "step": k}, c())
+        if k % 50 == 0:
+            d.observe("metrics", {"step": k, "values": {"loss": 1.0}}, c())
+        assert d.check(c()) is None
+    assert d.timeout() == 10  # learned from the steps, not from the 100 s between metric points
+    d.observe("alive", {"phase": "training", "step": 199}, c.tick(5))
+    assert d.check(c.tick(6)).kind == "stalled"

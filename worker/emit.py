@@ -24,6 +24,7 @@ class Emitter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.phase_name: Optional[str] = None
+        self.step_done: Optional[int] = None  # set by the training loop each step; rides on `alive`
         if alive_every > 0 and self._out is not None:
             # A separate thread says "alive" whatever the main thread is doing (a hung step included):
             # alive-but-not-progressing is exactly what tells a hang from a dead process.
@@ -68,7 +69,10 @@ class Emitter:
 
     def _alive_loop(self, every: float) -> None:
         while not self._stop.wait(every):
-            self.emit("alive", phase=self.phase_name)
+            if self.step_done is None:
+                self.emit("alive", phase=self.phase_name)
+            else:  # steps between metric points are progress too (log_every > 1, a slow first log)
+                self.emit("alive", phase=self.phase_name, step=self.step_done)
 
     def close(self) -> None:
         self._stop.set()

@@ -172,6 +172,7 @@ def run(model, optimizer, scheduler, batches: Iterator[tuple[int, dict]], state:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
+        tel.em.step_done = state.step  # the alive thread reports it: progress without a host sync
         state.micro += len(micro)
         pending.append((step, loss_acc, grad_norm.detach()))
         if state.step - start_step == WARMUP_STEPS:

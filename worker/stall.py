@@ -133,10 +133,12 @@ class StallDetector:
                 self.detail = detail
                 return self._progress(now, interval=True)
             return None
-        if kind == "metrics":
+        if kind == "metrics" or (kind == "alive" and data.get("step") is not None):
             step = int(data.get("step", 0))
             if self.step is None or step > self.step:
                 self.step = step
+                if self.unit == "steps":
+                    self.done = step
                 return self._progress(now, interval=True)
         return None
 
