@@ -228,3 +228,56 @@ def test_webhook_gets_each_alert_once_with_retries_after_500(server_factory):
         assert "code 3" in body["message"]
     finally:
         rx.close()
+
+
+def test_webhooks_send_each_change_once_retry_timeouts_and_never_block():
+    import asyncio
+
+    from server.webhooks import Webhooks
+    rx = Receiver(fail_first=0)
+    slow = {"n": 0}
+
+    class Slow(BaseHTTPRequestHandler):  # first answer too late (a timeout), then fine
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            slow["n"] += 1
+            if slow["n"] == 1:
+                time.sleep(1.5)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    slow_srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=slow_srv.serve_forever, daemon=True).start()
+
+    async def run():
+        wh = Webhooks([rx.url, f"http://127.0.0.1:{slow_srv.server_port}/"], timeout_s=0.5, retries=2,
+                      backoff_s=0.05)
+        wh.start()
+        a = {"id": 7, "job_id": 1, "kind": "slow", "severity": "warning", "state": "open", "message": "slow: x"}
+        t0 = time.perf_counter()
+        wh.send(a)
+        wh.send(dict(a))  # a repeat of the same content: not sent again
+        wh.send({**a, "message": "slow: x; y"})  # a change: sent
+        wh.send({**a, "state": "cleared", "message": "slow: x; y\nCleared: no longer slow"})
+        assert time.perf_counter() - t0 < 0.05  # send never waits on a receiver
+        for _ in range(100):
+            if len(rx.bodies) >= 3 and slow["n"] >= 4:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        await wh.stop()
+        return wh
+
+    try:
+        wh = asyncio.run(run())
+        msgs = [(b["state"], b["message"].split("\n")[0]) for _, b in rx.bodies]
+        assert msgs == [("open", "slow: x"), ("open", "slow: x; y"), ("cleared", "slow: x; y")]
+        assert rx.bodies[2][1]["text"].startswith("[tokenpulse] job 1: slow (cleared):")
+        assert slow["n"] == 4  # 3 changes, the first retried once after its timeout
+        assert wh.failed == 0
+    finally:
+        rx.close()
+        slow_srv.shutdown()

@@ -302,3 +302,13 @@ def test_steps_on_alive_events_are_progress_between_metric_points():
     assert d.timeout() == 10  # learned from the steps, not from the 100 s between metric points
     d.observe("alive", {"phase": "training", "step": 199}, c.tick(5))
     assert d.check(c.tick(6)).kind == "stalled"
+
+
+def test_a_completed_counter_gets_the_between_phases_budget():
+    d, c = started()
+    for k in range(0, 11):  # tokenizing at 0.2 s a batch, then done: next comes unreported work
+        d.observe("phase", {"name": "tokenizing", "done": k * 100, "total": 1000, "unit": "examples"}, c.tick(0.2))
+    assert d.finished() and d.timeout() == 40  # phase_s, not 5 x 0.2 s
+    assert d.check(c.tick(39)) is None
+    v = d.check(c.tick(2))
+    assert v.kind == "stalled" and "between phases" in v.message

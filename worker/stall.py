@@ -164,7 +164,9 @@ class StallDetector:
         """Seconds without progress after which the current phase counts as stalled."""
         c = self.config
         hist = self.intervals.get(self.phase)
-        if hist is not None and len(hist) >= c.min_intervals:
+        if self.finished():
+            limit = c.phase_s  # the counter is complete: the process is between phases
+        elif hist is not None and len(hist) >= c.min_intervals:
             recent = list(hist)[-20:]
             typical = max(statistics.median(recent), max(recent) / 2)
             limit = c.factor * typical
@@ -172,9 +174,14 @@ class StallDetector:
             limit = c.first_step_s if self.has_counter else c.phase_s
         return max(c.floor_s, min(c.ceiling_s, limit))
 
+    def finished(self) -> bool:
+        return self.has_counter and bool(self.total) and self.done is not None and self.done >= self.total
+
     def explain_timeout(self) -> str:
         c = self.config
         hist = self.intervals.get(self.phase)
+        if self.finished():
+            return f"budget between phases (after {self.where()}), within [{c.floor_s:g}, {c.ceiling_s:g}] s"
         if hist is not None and len(hist) >= c.min_intervals:
             recent = list(hist)[-20:]
             return (f"{c.factor:g} x this phase's typical progress interval of "
