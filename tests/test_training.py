@@ -358,3 +358,33 @@ def test_train_subprocess_sigterm_cancels(tmp_path):
     assert code == 0, err
     assert events[-1]["data"]["state"] == "cancelled"
     assert max(e["data"]["step"] for e in events if e["kind"] == "metrics") < 50
+
+
+def test_lora_trains_adapters_only_and_final_reloads_merged(tmp_path):
+    from tokenpulse.protocol import LoraSpec
+    from transformers import AutoModelForCausalLM
+    em = Recorder()
+    s = Session(quick_spec(lora=LoraSpec(rank=4), gradient_checkpointing=True), tmp_path, em, Controls())
+    assert s.run() == EXIT_OK
+    p = em.infos("trainable_params")[0]
+    assert 0 < p["trainable_params"] < p["params"] / 50
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert (tmp_path / "final" / "adapter" / "adapter_config.json").exists()
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+
+
+def test_load_in_4bit_refused_without_cuda(tmp_path):
+    from tokenpulse.protocol import LoraSpec
+    from worker.errors import SpecError
+    with pytest.raises(SpecError, match="CUDA") as e:
+        Session(quick_spec(lora=LoraSpec(load_in_4bit=True)), tmp_path, Recorder(), Controls()).run()
+    assert e.value.field == "lora"
+
+
+def test_streaming_accumulates_and_trains(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in demo_texts(300)])
+    em = Recorder()
+    assert Session(quick_spec(dataset=str(path), streaming=True), tmp_path / "o", em, Controls()).run() == EXIT_OK
+    acc = [d for k, d in em.events if k == "phase" and d["name"] == "accumulating"]
+    assert acc and "samples" in acc[-1]["detail"] and "tokens" in acc[-1]["detail"]
+    assert em.events[-1][1]["state"] == "completed"

@@ -71,6 +71,9 @@ def load_model(spec: JobSpec, tokenizer, device: torch.device, weights_from: Opt
     """
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
     is_lora_ckpt = weights_from is not None and (weights_from / "adapter_config.json").exists()
+    quant = _bnb_4bit(device) if spec.lora and spec.lora.load_in_4bit else None  # refuse early on CPU
+    if quant is not None and spec.model == BUILTIN_MODEL:
+        raise SpecError("lora.load_in_4bit needs a pretrained model directory, not the builtin model", "lora")
     try:
         if spec.model == BUILTIN_MODEL and (weights_from is None or is_lora_ckpt):
             torch.manual_seed(spec.seed)  # the builtin model's init is part of the run's reproducibility
@@ -79,9 +82,7 @@ def load_model(spec: JobSpec, tokenizer, device: torch.device, weights_from: Opt
                                                     bos_token_id=tokenizer.bos_token_id))
         else:
             src = weights_from if weights_from is not None and not is_lora_ckpt else model_dir(spec)
-            kw = {}
-            if spec.lora and spec.lora.load_in_4bit:
-                kw["quantization_config"] = _bnb_4bit(device)
+            kw = {"quantization_config": quant} if quant is not None else {}
             model = AutoModelForCausalLM.from_pretrained(str(src), trust_remote_code=False,
                                                          dtype=torch.float32, **kw)
     except SpecError:

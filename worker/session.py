@@ -314,7 +314,12 @@ class Session:
         tmp = self.out / ".tmp-final"
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
+        if hasattr(model, "merge_and_unload") and not (spec.lora and spec.lora.load_in_4bit):
+            # LoRA: final/ is the merged model (loads with from_pretrained alone); the adapter beside it.
+            model.save_pretrained(tmp / "adapter")
+            model.merge_and_unload().save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp)
         self.tokenizer.save_pretrained(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
