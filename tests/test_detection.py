@@ -281,3 +281,22 @@ def test_webhooks_send_each_change_once_retry_timeouts_and_never_block():
     finally:
         rx.close()
         slow_srv.shutdown()
+
+
+def test_reaper_gives_every_agent_a_full_lease_after_a_server_start(tmp_path):
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from server.db import make_engine, upgrade_to_head
+    from server.models import Agent
+    from server.reaper import reap
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    upgrade_to_head(url)
+    now = 10_000.0
+    with Session(make_engine(url)) as s:
+        s.add(Agent(name="old", host="h", device="cpu", capacity=1, state="online", created_at=0, seen_at=now - 100))
+        s.flush()
+        assert reap(s, 30, started_at=now - 5, now=now) == []  # the server just started: wait
+        assert s.scalars(select(Agent)).one().state == "online"
+        frames = reap(s, 30, started_at=now - 31, now=now)  # a full lease passed: lost
+        assert frames and frames[0][1]["agent"]["state"] == "lost"
