@@ -210,6 +210,19 @@ class Bench:
         self.rows.append({"case": f"healthy run, {n} steps ({time.time() - t0:.0f} s)", "false": len(bad),
                           "ok": not bad and j["state"] == "completed", "note": "; ".join(a["message"][:80] for a in bad)})
         print(f"  healthy: {len(bad)} false alerts, {j['state']}", flush=True)
+        # the demo job as users submit it (autotuned batch, packing, auto precision), tight thresholds:
+        # also exercises the preflight-projection rule against the autotune measurement
+        t0 = time.time()
+        r = self.c.post("/api/jobs", json={"name": "demo", "max_steps": 150 if self.quick else 400,
+                                            "stall": {"floor_s": 3}})
+        r.raise_for_status()
+        jid = r.json()["id"]
+        j = self.wait_state(jid, timeout=900)
+        bad = [a for a in self.alerts(jid) if a["kind"] in ("stalled", "slow")]
+        self.rows.append({"case": f"demo job as submitted, {j.get('step')} steps ({time.time() - t0:.0f} s)",
+                          "false": len(bad), "ok": not bad and j["state"] == "completed",
+                          "note": "; ".join(a["message"][:80] for a in bad)})
+        print(f"  demo: {len(bad)} false alerts, {j['state']}", flush=True)
         secs = 30 if self.quick else 90
         jid = self.submit(max_steps=5, fault={"slow_data_s": secs})
         j = self.wait_state(jid, timeout=900)
