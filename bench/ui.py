@@ -99,6 +99,7 @@ class Bench:
         job = self.http.post("/api/jobs", json={"name": "history-1M", "max_steps": 2_000_000, "priority": 100}).json()["id"]
         aid = self.agent.post("/api/agents", json={"name": "bench-agent", "host": "bench", "device": "cpu (bench)"}).json()["id"]
         assert self.agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == job
+        self.heartbeat(aid, job)
         t0 = time.time()
         rnd = random.Random(0)
         start = time.time() - n * 0.05
@@ -117,6 +118,20 @@ class Bench:
         self.aid = aid
         log(f"seeded {n:,} loss points (+{n // 100 * 5:,} others) over the agent protocol in {time.time() - t0:.1f} s")
         return job, aid
+
+    def heartbeat(self, aid: int, job: int) -> None:
+        """Like a real agent: a heartbeat every 2 s, or the server marks it lost and requeues the job."""
+        import threading
+        hb = httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.agent_token}"})
+
+        def beat():
+            while self.proc.poll() is None:
+                try:
+                    hb.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {str(job): time.time()}})
+                except httpx.HTTPError:
+                    pass
+                time.sleep(2)
+        threading.Thread(target=beat, daemon=True).start()
 
     def seed_jobs(self, count: int) -> None:
         db = sqlite3.connect(self.data / "tokenpulse.db", timeout=30)
@@ -244,6 +259,9 @@ class Bench:
             if hit is not None:
                 lat.append(hit - t0)
         errors = [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
+        missing = [k for k in sent if not any(text.startswith(k + " ") or text == k for text, _ in seen)]
+        if missing:
+            log(f"frame -> DOM: never shown: {missing[:10]}; DOM texts seen: {[t for t, _ in seen][:20]}")
         return {"n": n, "shown": len(lat), "p50": statistics.median(lat), "p95": pct(lat, 95), "max": max(lat),
                 "console_errors": errors}
 

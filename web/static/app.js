@@ -66,6 +66,7 @@ const TP = (() => {
     openAlerts.clear();
     for (const a of list) { openAlerts.set(a.id, a); if (!initial && !known.has(a.id)) notify(a); }
     renderBadge();
+    alertListeners.forEach((fn) => fn(null));
   }
 
   function handleAlert(a, live) {

@@ -118,6 +118,7 @@
     } else if (f.type === "alert") render();
   }, load);
 
+  TP.onAlert(() => { if (loaded) render(); }); // badges follow the open alerts
   let debounce = null;
   search.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(() => { offset = 0; load(); }, 200); });
   stateSel.addEventListener("change", () => { offset = 0; load(); });
