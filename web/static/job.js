@@ -84,7 +84,7 @@
       legend: { live: true },
       hooks: {
         setScale: [(u, key) => {
-          if (key !== "x" || syncing) return;
+          if (key !== "x" || syncing || resetting) return;
           const { min, max } = u.scales.x;
           syncing = true;
           for (const c of Object.values(charts)) if (c !== u) c.setScale("x", { min, max });
@@ -94,11 +94,18 @@
       },
     };
     const u = new uPlot(opts, data, box);
-    u.over.addEventListener("dblclick", () => resetZoom());
     u.over.setAttribute("aria-label", `${box.previousElementSibling ? box.previousElementSibling.textContent : id} chart`);
     return u;
   }
 
+  // A double-click zooms out: uPlot resets every synced chart to its own data range; we then redraw
+  // them all from the overview. Caught in the capture phase, before uPlot's own handlers.
+  let resetting = false;
+  document.addEventListener("dblclick", (e) => {
+    if (!e.target.closest || !e.target.closest(".charts .u-over")) return;
+    resetting = true;
+    setTimeout(() => { resetting = false; resetZoom(); }, 0);
+  }, true);
   let zoomed = null; // {min, max} while zoomed
   let zoomTimer = null;
   function onZoom(min, max) {
@@ -146,9 +153,13 @@
       const data = chartData(spec);
       const box = $(id);
       box.dataset.points = data[0].length;
-      if (!charts[id]) { if (!spec.keys.some((k) => series[k])) { emptyNote(box); continue; } box.replaceChildren(); charts[id] = makeChart(id, spec, data); continue; }
-      if (zoomed && keepScale) { charts[id].setData(data, false); syncing = true; charts[id].setScale("x", zoomed); syncing = false; }
-      else charts[id].setData(data, true);
+      if (!charts[id]) { if (!spec.keys.some((k) => series[k])) { emptyNote(box); continue; } box.replaceChildren(); syncing = true; try { charts[id] = makeChart(id, spec, data); } finally { syncing = false; } if (zoomed) charts[id].setScale("x", zoomed); continue; }
+      // Data updates never count as a user's zoom: only a drag (or a double-click) does.
+      syncing = true;
+      try {
+        if (zoomed && keepScale) { charts[id].setData(data, false); charts[id].setScale("x", zoomed); }
+        else charts[id].setData(data, true);
+      } finally { syncing = false; }
     }
     if (!firstChartMarked && charts["chart-loss"] && series.loss && series.loss.step.length) {
       firstChartMarked = true;
