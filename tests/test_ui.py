@@ -220,3 +220,15 @@ def test_reconnect_fills_gap(server_factory, browser):
     errs = [e for e in console_errors(d)  # while the server was down: expected, nothing else
             if not ("WebSocket" in e or "Failed to load resource" in e or "ERR_CONNECTION_REFUSED" in e)]
     assert not errs, errs
+
+
+def test_submit_form_covers_every_jobspec_field():
+    """The submit form has an input (with help text) for every JobSpec setting; only test-only fault
+    injection is left to the extra-JSON box."""
+    from tokenpulse.protocol import JobSpec, LoraSpec, StallSpec
+    from web.pages import form_fields
+    fields = {f["name"]: f for g in form_fields() for f in g["fields"]}
+    want = {n for n in JobSpec.model_fields if n not in ("lora", "stall", "fault")}
+    want |= {f"lora.{n}" for n in LoraSpec.model_fields} | {f"stall.{n}" for n in StallSpec.model_fields}
+    assert want <= set(fields), want - set(fields)
+    assert all(f["help"] for f in fields.values())

@@ -112,12 +112,18 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("priority", "Priority", "int", "−100 to 100; higher runs first."),
         ("max_retries", "Max retries", "int", "Automatic retries after OOM (with a halved micro-batch), a lost worker or a crash."),
     ]),
-    ("stall", "Stall detection (seconds; empty = server default)", [
+    ("stall", "Stall and slow-job detection (empty = server default)", [
         ("stall.factor", "Factor", "float", "Stalled after this many times the typical step interval."),
         ("stall.floor_s", "Floor (s)", "float", "Never stalled before this many seconds without progress."),
         ("stall.ceiling_s", "Ceiling (s)", "float", "Always stalled after this many seconds without progress."),
         ("stall.first_step_s", "First step allowance (s)", "float", "How long the first step may take."),
         ("stall.phase_s", "Phase budget (s)", "float", "Budget for a phase with no progress counter."),
+        ("stall.slow_factor", "Slow: below own rate (×)", "float", "Slow when throughput falls this many times below the job's own earlier rate."),
+        ("stall.slow_projection_factor", "Slow: below projection (×)", "float", "… or this many times below the preflight projection."),
+        ("stall.slow_growth_factor", "Slow: step time growth (×)", "float", "Slow when step time grows steadily by this factor."),
+        ("stall.slow_padding_frac", "Slow: padding share", "float", "Slow when more than this fraction (0–1) of batch tokens is padding."),
+        ("stall.slow_step_s", "Slow: step time (s)", "float", "An optimizer step slower than this counts as crawling."),
+        ("stall.slow_periodic_frac", "Slow: periodic pauses share", "float", "Periodic pauses costing this share (0–1) of the time."),
     ]),
 ]
 
@@ -142,7 +148,50 @@ def form_fields() -> list[dict]:
                         "options": kind.split(":")[1].split(",") if ":" in kind else [],
                         "help": help_text, "default": default, "id": "f-" + name.replace(".", "-")})
         groups.append({"id": gid, "title": title, "fields": out})
+    # Settings added to JobSpec after this form was written still get an input, labelled from the
+    # field name and helped by its description, so the form never silently lags the API.
+    listed = {f["name"] for g in groups for f in g["fields"]}
+    by_id = {g["id"]: g for g in groups}
+    for prefix, model in models.items():
+        for leaf, f in model.model_fields.items():
+            name = f"{prefix}.{leaf}" if prefix else leaf
+            if name in listed or name in ("lora", "stall", "fault"):
+                continue
+            kind = field_kind(f.annotation)
+            default = f.get_default(call_default_factory=True) if not f.is_required() else None
+            target = by_id.get(prefix or "ops")
+            target["fields"].append({
+                "name": name, "label": label_for(leaf),
+                "kind": kind[0], "options": kind[1], "help": (f.description or "").capitalize() + ".",
+                "default": ", ".join(default) if isinstance(default, list) else default,
+                "id": "f-" + name.replace(".", "-")})
     return groups
+
+
+def label_for(leaf: str) -> str:
+    if leaf.endswith("_s"):
+        return leaf[:-2].replace("_", " ").capitalize() + " (s)"
+    return leaf.replace("_", " ").capitalize()
+
+
+def field_kind(annotation) -> tuple[str, list]:
+    import typing
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    lits = [x for a in args if typing.get_origin(a) is typing.Literal for x in typing.get_args(a)]
+    if int in args and lits == ["auto"]:
+        return "auto-int", []
+    if lits and len(args) == 1:
+        return "select", [str(x) for x in lits]
+    base = args[0]
+    if base is bool:
+        return "bool", []
+    if base is int:
+        return "int", []
+    if base is float:
+        return "float", []
+    if typing.get_origin(base) is list:
+        return "list", []
+    return "text", []
 
 
 @router.get("/submit", response_class=HTMLResponse)
