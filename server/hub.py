@@ -5,8 +5,8 @@ shared by every subscriber. A client that cannot keep up never slows ingest or t
 its own queue and sender task. When a queue reaches its bound, it is compacted: droppable frames
 (metrics/log events, heartbeats, job summaries) are coalesced per job - the newest summary or
 heartbeat supersedes older ones, queued events frames of one job are merged into one (the newest
-MAX_MERGED_EVENTS events; older ones are counted as dropped and the frame says "missed": n, so a page
-can refill from REST). Alerts and state changes are never dropped or merged. A client whose queue
+MAX_MERGED_EVENTS events or MAX_MERGED_BYTES; older ones are counted as dropped and the frame says
+"missed": n, so a page can refill from REST). Alerts and state changes are never dropped or merged. A client whose queue
 still reaches 4x the bound (undroppable frames only) is disconnected; the page reloads from REST.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Iterable, Optional, Union
 import orjson
 
 MAX_MERGED_EVENTS = 5000
+MAX_MERGED_BYTES = 1 << 20  # a merged frame stays under ~1 MB of JSON
 
 
 def dumps(payload: dict) -> str:
@@ -44,24 +45,31 @@ class Frame:
     def __init__(self, payload: dict, droppable: bool):
         self.text = dumps(payload)
         self.droppable = droppable
-        self.key = coalesce_key(payload) if droppable else None
+        self.key = coalesce_key(payload)
         self.payload = payload  # kept for merging events frames of a lagging client
 
 
 def merge(frames: list[Frame]) -> tuple[Frame, int]:
-    """Several queued frames with one key -> one frame; returns it and how many events were lost."""
+    """Several queued frames with one key -> one frame; returns it and how many events were lost
+    (the oldest beyond MAX_MERGED_EVENTS or MAX_MERGED_BYTES, counted in the frame's "missed")."""
     last = frames[-1]
     if len(frames) == 1 or last.key[0] != "events":
         return last, 0  # summaries and heartbeats: the newest says it all
-    events, missed = [], 0
-    for f in frames:
-        events.extend(f.payload["events"])
-        missed += f.payload.get("missed", 0)
-    cut = max(0, len(events) - MAX_MERGED_EVENTS)
-    payload = {**last.payload, "events": events[cut:]}
-    if missed + cut:
-        payload["missed"] = missed + cut
-    return Frame(payload, True), cut
+    kept: list[list] = []
+    n = size = lost = 0
+    for f in reversed(frames):  # newest first, until the caps
+        evs = f.payload["events"]
+        lost += f.payload.get("missed", 0)
+        room = min(MAX_MERGED_EVENTS - n, len(evs) * max(0, MAX_MERGED_BYTES - size) // max(1, len(f.text)))
+        take = evs[len(evs) - room:] if room < len(evs) else evs
+        kept.append(take)
+        n, size = n + len(take), size + len(f.text) * len(take) // max(1, len(evs))
+        lost += len(evs) - len(take)
+    payload = {**last.payload, "events": [e for evs in reversed(kept) for e in evs]}
+    if lost:
+        payload["missed"] = lost
+    new_lost = lost - sum(f.payload.get("missed", 0) for f in frames)
+    return Frame(payload, True), new_lost
 
 
 class Subscriber:
@@ -89,21 +97,33 @@ class Subscriber:
 
     def compact(self) -> None:
         """Coalesce droppable frames per key (placed where the newest of them was); keep the order
-        of everything else. O(queue), and only when the queue is full: amortized O(1) a push."""
+        of everything else. An undroppable frame of the same key (events with a state change or an
+        alert) is a barrier: nothing merges across it, so a job's events stay in order. O(queue),
+        and only when the queue is full: amortized O(1) a push."""
         self.coalesced += 1
         groups: dict[tuple, list[Frame]] = {}
-        for f in self.frames:
-            if f.droppable:
-                if f.key is None:
-                    self.dropped += 1
-                else:
-                    groups.setdefault(f.key, []).append(f)
-        out: deque[Frame] = deque()
+        barrier: dict[tuple, int] = {}
+        slots: list = []  # frames kept as they are, or the group key whose merge goes there
         for f in self.frames:
             if not f.droppable:
-                out.append(f)
-            elif f.key is not None and groups[f.key][-1] is f:
-                merged, lost = merge(groups[f.key])
+                if f.key is not None:
+                    barrier[f.key] = barrier.get(f.key, 0) + 1
+                slots.append(f)
+            elif f.key is None:
+                self.dropped += 1
+            else:
+                g = (f.key, barrier.get(f.key, 0))
+                groups.setdefault(g, []).append(f)
+                slots.append(g)
+        out: deque[Frame] = deque()
+        seen = {g: len(fs) for g, fs in groups.items()}
+        for slot in slots:
+            if isinstance(slot, Frame):
+                out.append(slot)
+                continue
+            seen[slot] -= 1
+            if seen[slot] == 0:  # the newest of its group: the merged frame goes here
+                merged, lost = merge(groups[slot])
                 self.dropped += lost
                 out.append(merged)
         self.frames = out
