@@ -52,7 +52,8 @@ const TP = (() => {
         if (f.type === "alert") { handleAlert(f.alert, true); alertListeners.forEach((fn) => fn(f.alert)); }
         onFrame(f);
       };
-      ws.onclose = () => {
+      ws.onclose = (ev) => {
+        if (ev.code === 4401) { location.href = "/login?next=" + encodeURIComponent(location.pathname + location.search); return; }
         setDot(false, "reconnecting… (the page refills from the server when it is back)");
         setTimeout(connect, delay); delay = Math.min(delay * 2, 5000);
       };

@@ -9,6 +9,7 @@
   let downsampledInfo = {}; // name -> total points on the server
   const charts = {};
   const infoEvents = [];
+  let agents = new Map();
   const checkpoints = [];
 
   const fmtTps = (u, v) => v.map((x) => TP.compact(x));
@@ -19,6 +20,7 @@
     "chart-tps": { keys: ["padded_tokens_per_s", "tokens_per_s"], labels: ["padded", "real"], colors: ["#f97316", "#2563eb"], dash: [[5, 4], null], unit: "tok/s", axis: fmtTps, value: (v) => TP.compact(v, "tok/s") },
     "chart-step": { keys: ["step_time_s"], labels: ["step time"], unit: "s", value: (v) => (v === null || v === undefined ? "–" : `${TP.sig(v, 3)} s`) },
     "chart-lr": { keys: ["lr"], labels: ["lr"], axis: fmtLr, value: (v) => (v === null || v === undefined ? "–" : Number(v).toExponential(3)) },
+    "chart-grad": { keys: ["grad_norm"], labels: ["grad norm"], value: (v) => TP.sig(v) },
     "chart-mem": { keys: ["rss_mb", "cuda_peak_mb"], labels: ["process RSS", "CUDA peak"], unit: "MiB", axis: fmtMem, value: (v) => TP.bytesMB(v) },
   };
   const COLORS = ["#2563eb", "#f97316", "#16a34a", "#9333ea"];
@@ -215,7 +217,8 @@
     r.hidden = !why;
     r.textContent = why ? `${job.failure ? `[${job.failure}] ` : ""}${why}${job.exit_code !== null && job.exit_code !== undefined ? ` (exit code ${job.exit_code})` : ""}` : "";
     r.className = `reason ${job.state}`;
-    $("worker").textContent = job.agent_id ? `agent ${job.agent_id}` : "–";
+    const ag = agents.get(job.agent_id);
+    $("worker").replaceChildren(job.agent_id ? TP.el("a", { href: "/workers", text: ag ? `${ag.name} (${ag.host})` : `agent ${job.agent_id}`, title: ag ? ag.device : "" }) : "–");
     showHeartbeat();
     showOutput();
   }
@@ -244,16 +247,24 @@
   }
 
   function showPhase(p) {
-    $("phase-text").textContent = TP.phaseText(p);
+    $("phase-text").textContent = !p && job && job.state === "queued" ? "waiting for a worker" : TP.phaseText(p);
     const bar = $("phase-progress");
     if (p && p.total) { bar.hidden = false; bar.value = Math.min(1, (p.done || 0) / p.total); bar.title = `${Math.round(100 * bar.value)} %`; } else bar.hidden = true;
   }
 
   // ---- alerts -----------------------------------------------------------------------------------
   function showAlert(a) {
-    const box = $("alerts");
-    let div = box.querySelector(`[data-alert="${a.id}"]`);
-    if (!div) { div = TP.el("div", { "data-alert": a.id, role: a.state === "open" ? "alert" : null }); box.prepend(div); }
+    // Open and acknowledged alerts stay in view; cleared ones fold into one line below them.
+    const box = a.state === "cleared" ? $("alerts-old-list") : $("alerts-live");
+    let div = $("alerts").querySelector(`[data-alert="${a.id}"]`);
+    if (!div) div = TP.el("div", { "data-alert": a.id, role: a.state === "open" ? "alert" : null });
+    if (div.parentNode !== box) {
+      const newer = [...box.children].find((x) => Number(x.dataset.alert) < a.id);
+      box.insertBefore(div, newer || null);
+    }
+    const n = $("alerts-old-list").children.length;
+    $("alerts-old").hidden = n === 0;
+    $("alerts-old-summary").textContent = `${n} cleared alert${n === 1 ? "" : "s"}`;
     div.className = `alert ${a.severity} ${a.state}`;
     const ack = a.state === "open" ? TP.el("button", { type: "button", class: "small ghost", text: "Acknowledge", onclick: async (e) => {
       e.target.disabled = true;
@@ -322,7 +333,7 @@
   }
   function showAttempts(list) {
     $("attempts").replaceChildren(...list.map((a) => TP.el("tr", {},
-      TP.el("td", { text: `#${a.attempt}` }), TP.el("td", { text: a.agent_id ? `agent ${a.agent_id}` : "–" }),
+      TP.el("td", { text: `#${a.attempt}` }), TP.el("td", { text: a.agent_id ? (agents.get(a.agent_id) || { name: `agent ${a.agent_id}` }).name : "–" }),
       TP.el("td", {}, TP.rel(a.started_at)), TP.el("td", {}, a.ended_at ? TP.rel(a.ended_at) : "–"),
       TP.el("td", { class: "wrap", text: `${a.outcome || (a.ended_at ? "ended" : "running")}${a.reason ? " — " + a.reason : ""}` }))));
     if (!list.length) $("attempts").append(TP.el("tr", {}, TP.el("td", { colspan: 5, class: "muted", text: "Not started yet." })));
@@ -344,10 +355,11 @@
     const first = lastStep < 0 && !job;
     const mq = `/api/jobs/${jobId}/metrics?max_points=${MAX_POINTS}${lastStep >= 0 ? `&after_step=${lastStep}` : ""}`;
     const logq = lastLogSeq >= 0 ? `/api/jobs/${jobId}/events?kinds=log&after_seq=${lastLogSeq}&limit=2000` : `/api/jobs/${jobId}/events?kinds=log&tail=true&limit=500`;
-    const [j, m, logs, other, alerts] = await Promise.all([
+    const [j, m, logs, other, alerts, ags] = await Promise.all([
       TP.api(`/api/jobs/${jobId}`), TP.api(mq), TP.api(logq),
       TP.api(`/api/jobs/${jobId}/events?kinds=info&kinds=checkpoint&limit=1000`),
-      TP.api(`/api/alerts?job_id=${jobId}&limit=50`)]);
+      TP.api(`/api/alerts?job_id=${jobId}&limit=50`), TP.api("/api/agents")]);
+    agents = new Map(ags.map((a) => [a.id, a]));
     for (const [k, s] of Object.entries(m.series)) {
       mergePoints(k, s.step, s.value);
       if (s.downsampled && first) downsampledInfo[k] = s.total_points;
