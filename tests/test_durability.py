@@ -140,6 +140,8 @@ def test_kill9_training_process_resumes_from_newest_complete_checkpoint(server_f
     resumed = second["resumed_from"]
     assert resumed and 4 <= step_of(resumed) <= max(before), (resumed, max(before))
     assert not torn.exists() and not (ckdir / ".tmp-step-0000098-1").exists()
+    kept = sorted(p.name for p in ckdir.iterdir())
+    assert len(kept) == 2 and all(n.startswith("step-") for n in kept), kept  # keep_checkpoints=2
     assert list(after) == list(range(1, 15))
     # Steps redone after the checkpoint give the very same losses: the resume is exact.
     assert_close(before, after, [s for s in before if s > step_of(resumed)])
