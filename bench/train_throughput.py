@@ -27,6 +27,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from worker.runtime import configure  # noqa: E402
+
+# Every case gets the worker's CPU runtime defaults (OMP_WAIT_POLICY=PASSIVE), so the ratios measure
+# the training code, not the environment; children inherit it.
+RUNTIME = configure()
 FORTUNES = Path("/work/shared/data/fortunes.jsonl")
 MAXLEN = 1024
 EX_PER_STEP = 32  # effective batch: 32 examples (or the same real tokens) per optimizer step
@@ -321,7 +326,7 @@ def main() -> None:
         results[c] = json.loads(line[-1][7:])
         print(f"case {c}: {results[c]['real_tok_s']:.0f} real tok/s ({time.perf_counter() - t:.0f} s)", flush=True)
     print(f"\n{n} training examples, {EX_PER_STEP} examples (or as many real tokens) per optimizer step, "
-          f"lr {LR}, seed {SEED}, 2 threads, load average {os.getloadavg()[0]:.1f}")
+          f"lr {LR}, seed {SEED}, 2 threads, {RUNTIME}, load average {os.getloadavg()[0]:.1f}")
     print(table(results))
 
 

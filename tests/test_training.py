@@ -12,9 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
+from worker.runtime import configure
+
+configure()  # OMP_WAIT_POLICY=PASSIVE before torch loads, as the worker does (shared, busy CI boxes)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tokenpulse.protocol import JobSpec
 from worker import checkpoint as ckpt

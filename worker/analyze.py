@@ -6,6 +6,10 @@ event fd when TOKENPULSE_EVENT_FD is set), so stdout stays machine-readable.
 """
 from __future__ import annotations
 
+from .runtime import configure as _configure_runtime
+
+_configure_runtime()  # before anything imports torch
+
 import argparse
 import json
 import os

@@ -41,7 +41,9 @@ class Session:
     def _model(self):
         spec, em = self.spec, self.em
         self.device, why = pick_device(spec)
-        em.info(device=str(self.device), reason=why)
+        import os
+        em.info(device=str(self.device), reason=why, torch_threads=torch.get_num_threads(),
+                omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"))
         em.phase("loading model", detail=spec.model)
         self.tokenizer = load_tokenizer(spec)
         self.state_in = None

@@ -5,6 +5,10 @@ Exit codes: 0 completed / cancelled / paused, 1 crash, 2 bad spec or input, 3 in
 """
 from __future__ import annotations
 
+from .runtime import configure as _configure_runtime
+
+_configure_runtime()  # before anything imports torch
+
 import argparse
 import hashlib
 import math
