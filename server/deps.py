@@ -87,14 +87,14 @@ def _caller(request: Request) -> Caller:
     return caller
 
 
-def require_user(request: Request) -> Caller:
+async def require_user(request: Request) -> Caller:  # async: no threadpool hop (the token check is a cached dict hit)
     caller = _caller(request)
     if caller.role != "user":
         raise HTTPException(403, "this token is an agent token: it can only claim jobs and report events")
     return caller
 
 
-def require_agent(request: Request) -> Caller:
+async def require_agent(request: Request) -> Caller:  # async: no threadpool hop (the token check is a cached dict hit)
     caller = _caller(request)
     if caller.role != "agent":
         raise HTTPException(403, "this endpoint is for agents; use an agent token")

@@ -21,12 +21,12 @@ from typing import Any, Optional
 import orjson
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from server import store
 from server.hub import Frame
-from server.models import Agent, Alert, Event as EventRow, Job, MetricKey
+from server.models import Alert, Job, MetricKey
 from tokenpulse.protocol import ACTIVE_STATES, Command, Event, JobState
 
 ROLLUP_SHIFT = 8  # a rollup row covers 2**8 = 256 steps of one (job, key)
@@ -132,6 +132,7 @@ METRIC_KEYS = MetricKeys()
 INSERT_METRIC = "INSERT OR REPLACE INTO metrics (job_id, key_id, step, t, value) VALUES "
 CHUNK = 500  # rows per INSERT statement (2,500 parameters; SQLite allows 32,766)
 INSERT_CHUNK = INSERT_METRIC + ", ".join(["(?, ?, ?, ?, ?)"] * CHUNK)
+INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
 ROLLUP_COLS = ("n, first_step, first_t, first_value, last_step, last_t, last_value, "
                "min_step, min_t, min_value, max_step, max_t, max_value")
 INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, bucket, {ROLLUP_COLS}) "
@@ -203,8 +204,7 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
                 last["step"] = step
                 job.step = step
             else:
-                event_rows.append({"job_id": job_id, "seq": e.seq, "t": e.t, "kind": e.kind,
-                                   "data": json.dumps(d)})
+                event_rows.append((job_id, e.seq, e.t, e.kind, json.dumps(d)))
                 apply_event(s, job, e, out)
                 critical = critical or e.kind in ("state", "alert")
         if last is not None:
@@ -230,7 +230,7 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
             cur.executemany(INSERT_METRIC + "(?, ?, ?, ?, ?)", metric_rows[full:])
         store_rollups(cur, rollups, dirty)
     if event_rows:
-        s.execute(insert(EventRow).prefix_with("OR IGNORE"), event_rows)
+        s.connection().connection.cursor().executemany(INSERT_EVENT, event_rows)
     return out
 
 
@@ -324,31 +324,33 @@ def alert_dict(a: Alert) -> dict:
 
 def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Command]:
     """Commands for an agent: requested actions on its jobs, and 'cancel' for jobs it runs that are
-    no longer its own (reassigned after a lost lease, or deleted)."""
-    cmds = []
-    for job in s.scalars(select(Job).where(Job.agent_id == agent_id, Job.requested_action.is_not(None))):
-        cmds.append(Command(job_id=job.id, action=job.requested_action))
-        if job.requested_action == "stack":
-            job.requested_action = None  # one-shot
+    no longer its own (reassigned after a lost lease, or deleted). Raw SQL on the indexed
+    jobs.agent_id: it runs on every heartbeat and event batch (ORM here cost ~0.3 ms a call)."""
+    cur = s.connection().connection.cursor()
+    cmds = [Command(job_id=jid, action=action) for jid, action in cur.execute(
+        "SELECT id, requested_action FROM jobs WHERE agent_id = ? AND requested_action IS NOT NULL", (agent_id,))]
+    stacks = [(c.job_id,) for c in cmds if c.action == "stack"]
+    if stacks:  # one-shot
+        cur.executemany("UPDATE jobs SET requested_action = NULL WHERE id = ? AND requested_action = 'stack'", stacks)
     mine = {c.job_id for c in cmds}
-    for jid in job_ids:
-        if jid in mine:
-            continue
-        job = s.get(Job, jid)
-        if job is None or job.agent_id != agent_id:
-            cmds.append(Command(job_id=jid, action="cancel"))
+    others = [jid for jid in job_ids if jid not in mine]
+    if others:
+        owner = dict(cur.execute(f"SELECT id, agent_id FROM jobs WHERE id IN ({', '.join('?' * len(others))})",
+                                 others).fetchall())
+        cmds.extend(Command(job_id=jid, action="cancel") for jid in others if owner.get(jid) != agent_id)
     return cmds
 
 
 def heartbeat(s: Session, agent_id: int, jobs: dict[int, float]) -> tuple[list[Command], list[tuple]]:
-    """The agent is alive; so are the jobs whose training process said so at the given times."""
+    """The agent is alive; so are the jobs whose training process said so at the given times.
+    Raw SQL: 100 agents beating every 2 s must cost next to nothing."""
     now = time.time()
     frames = []
-    s.execute(update(Agent).where(Agent.id == agent_id).values(seen_at=now, state="online"))
+    cur = s.connection().connection.cursor()
+    cur.execute("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", (now, agent_id))
     for jid, alive_t in jobs.items():
-        job = s.get(Job, jid)
-        if job is not None and job.agent_id == agent_id:
-            job.alive_at = alive_t
+        cur.execute("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", (alive_t, jid, agent_id))
+        if cur.rowcount:
             frames.append((f"job:{jid}", {"type": "heartbeat", "job_id": jid, "t": now, "alive_at": alive_t}, True))
             frames.append(("jobs", {"type": "heartbeat", "job_id": jid, "t": now, "alive_at": alive_t}, True))
     return pending_commands(s, agent_id, list(jobs)), frames
