@@ -91,8 +91,10 @@ def load_model(spec: JobSpec, tokenizer, device: torch.device, weights_from: Opt
         raise SpecError(f"cannot load model {spec.model}: {type(e).__name__}: {e}", "model") from e
     model.config.use_cache = False  # a KV cache in training also disables packed-sequence masking
     if spec.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # the transformers >= 5 name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     if not (spec.lora and spec.lora.load_in_4bit):
         model.to(device)
