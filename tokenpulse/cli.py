@@ -230,6 +230,29 @@ def make_action(action: str):
     return run
 
 
+def cmd_tokens(args) -> int:
+    """Tokens for people (user) and agents (agent): list, create (shown once), revoke."""
+    c, console = client(args), _console()
+    try:
+        if args.tokens_cmd == "create":
+            t = c.request("POST", "/api/tokens", json={"name": args.name, "role": args.role})
+            console.print(f"{t['role']} token {t['id']} ({t['name']}): [bold]{t['token']}[/]")
+            console.print("shown once: only its hash is stored")
+        elif args.tokens_cmd == "revoke":
+            t = c.request("POST", f"/api/tokens/{args.id}/revoke")
+            console.print(f"token {t['id']} ({t['name']}) revoked")
+        else:
+            from rich.table import Table
+            table = Table("id", "name", "role", "created", "revoked")
+            for t in c.request("GET", "/api/tokens"):
+                table.add_row(str(t["id"]), t["name"], t["role"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
+                              time.strftime("%Y-%m-%d %H:%M", time.localtime(t["revoked_at"])) if t["revoked_at"] else "")
+            console.print(table)
+    except ApiError as e:
+        return report_error(e)
+    return 0
+
+
 def cmd_clone(args) -> int:
     changes = {}
     import yaml
@@ -337,6 +360,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("job", type=int)
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_clone)
+
+    p = sub.add_parser("tokens", help="list, create or revoke access tokens (user or agent)")
+    tsub = p.add_subparsers(dest="tokens_cmd")
+    tsub.add_parser("list", help="all tokens (never the secrets)")
+    t = tsub.add_parser("create", help="a new token, shown once")
+    t.add_argument("name")
+    t.add_argument("--role", choices=("user", "agent"), default="agent",
+                   help="agent: can only claim jobs and report events; user: everything else")
+    t = tsub.add_parser("revoke", help="refuse a token from now on")
+    t.add_argument("id", type=int)
+    p.set_defaults(fn=cmd_tokens)
 
     p = sub.add_parser("analyze", help="token length analysis and recommended max_seq_length")
     p.add_argument("spec", nargs="?", help="job spec file (model, dataset, fields)")
