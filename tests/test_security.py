@@ -161,3 +161,39 @@ def test_tokens_roles_revocation_cors_and_csrf(server_factory):
     assert count(srv, "jobs") == before
     ok = browser.post("/api/jobs", json={}, headers={"X-Tokenpulse-Csrf": "1", "Origin": url})
     assert ok.status_code == 201, ok.text
+
+
+class _Evil:
+    def __reduce__(self):  # what a crafted "checkpoint" runs when unpickled
+        import os
+        return os.system, (f"touch {_Evil.marker}",)
+
+
+def test_agent_refuses_checkpoints_outside_its_resume_roots(server_factory, tmp_path):
+    """A checkpoint path comes from whichever agent reported it, and loading one runs a pickle: an
+    agent token must not be able to point another agent at a crafted file."""
+    import pickle
+    evil = tmp_path / "evil" / "step-0000001"
+    (evil / "model").mkdir(parents=True)
+    (evil / "meta.json").write_text(json.dumps({"step": 1, "complete": True}))
+    _Evil.marker = tmp_path / "pwned"
+    (evil / "trainer_state.pt").write_bytes(pickle.dumps(_Evil()))
+    srv = server_factory()
+    bot = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {srv.agent_token}"})
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={"max_steps": 2, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64,
+                                        "precision": "fp32", "device": "cpu"}).json()["id"]
+        aid = bot.post("/api/agents", json={"name": "rogue", "host": "h"}).json()["id"]
+        claim = bot.post(f"/api/agents/{aid}/claim").json()
+        seq, now = claim["seq_start"], time.time()
+        bot.post(f"/api/agents/{aid}/events", json={"events": [
+            {"kind": "checkpoint", "job_id": jid, "seq": seq, "t": now, "data": {"step": 1, "path": str(evil)}},
+            {"kind": "state", "job_id": jid, "seq": seq + 1, "t": now,
+             "data": {"state": "failed", "failure": "crash", "reason": "boom", "retry": True}}]}).raise_for_status()
+        assert c.get(f"/api/jobs/{jid}").json()["checkpoint"] == str(evil)
+        srv.start_agent("a1")
+        j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
+        logs = c.get(f"/api/jobs/{jid}/events", params={"kinds": ["log"]}).json()["events"]
+    assert j["state"] == "completed", j
+    assert not _Evil.marker.exists()  # the crafted pickle was never loaded
+    assert any("outside this agent's resume roots" in e["data"]["line"] for e in logs)

@@ -99,7 +99,8 @@ def cmd_agent(args) -> int:
     if not token:
         raise SystemExit("an agent needs --token, --token-file or TOKENPULSE_AGENT_TOKEN (an agent token)")
     agent = Agent(args.server, token, Path(args.work_dir), name=args.name, capacity=args.capacity,
-                  heartbeat_s=args.heartbeat, grace_s=args.grace)
+                  heartbeat_s=args.heartbeat, grace_s=args.grace,
+                  resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -325,6 +326,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--max-jobs", type=int)
     p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    p.add_argument("--resume-root", action="append", metavar="DIR",
+                   help="load checkpoints to resume from only under DIR (repeatable; default: the work "
+                        "dir's parent). Put a shared checkpoint filesystem here to resume across machines")
     p.set_defaults(fn=cmd_agent)
 
     p = sub.add_parser("submit", help="submit a job spec (YAML or JSON file, - for stdin)")

@@ -55,13 +55,19 @@ def checkpoint_step(path: Path) -> Optional[int]:
     return int(meta.get("step", -1))
 
 
-def pick_resume(recorded: Optional[str]) -> tuple[Optional[Path], str]:
+def pick_resume(recorded: Optional[str], roots: Optional[list[Path]] = None) -> tuple[Optional[Path], str]:
     """Where an attempt starts: the checkpoint the server recorded when it is complete here; else the
     newest complete one beside it that is not newer (a newer one's metrics may never have reached
-    the server: resuming past them would leave a gap); else step 0. Never a half-written one."""
+    the server: resuming past them would leave a gap); else step 0. Never a half-written one, and
+    never one outside `roots` (the directories this agent trusts to load checkpoints from)."""
     if not recorded:
         return None, "starting from step 0"
     path = Path(recorded)
+    if roots is not None:
+        real = path.resolve()
+        if not any(real == r or r in real.parents for r in roots):
+            return None, (f"checkpoint {recorded} is outside this agent's resume roots "
+                          f"({', '.join(map(str, roots))}; add one with --resume-root): starting from step 0")
     step = checkpoint_step(path)
     if step is not None:
         return path, f"resuming from {path} (step {step})"
@@ -115,8 +121,13 @@ class RunningJob:
 class Agent:
     def __init__(self, server: str, token: str, work_dir: Path, name: Optional[str] = None,
                  capacity: int = 1, heartbeat_s: float = 2.0, flush_s: float = 0.25,
-                 poll_s: float = 1.0, grace_s: float = 10.0, stall: Optional[StallConfig] = None):
+                 poll_s: float = 1.0, grace_s: float = 10.0, stall: Optional[StallConfig] = None,
+                 resume_roots: Optional[list[Path]] = None):
         self.server = server.rstrip("/")
+        # Checkpoints this agent will load (torch.load runs pickles): under these directories only,
+        # so a path reported by another (possibly compromised) agent token cannot point it anywhere.
+        # Default: beside its own work dir (agents of one `tokenpulse up` share that parent).
+        self.resume_roots = [Path(p).resolve() for p in (resume_roots or [Path(work_dir).resolve().parent])]
         self.http = httpx.AsyncClient(base_url=self.server, timeout=30,
                                       headers={"Authorization": f"Bearer {token}"})
         self.work_dir = work_dir
@@ -216,7 +227,7 @@ class Agent:
         spec_path = job_dir / "spec.json"
         spec_path.write_text(claim.spec.model_dump_json(indent=2))
         self.outbox.open_job(claim.job_id, claim.seq_start)
-        resume, resume_note = pick_resume(claim.resume_from)
+        resume, resume_note = pick_resume(claim.resume_from, self.resume_roots)
         prune_own_checkpoints(job_dir / "out", resume)
         stall = self.stall_config.merged(claim.spec.stall.model_dump())
         proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None)
