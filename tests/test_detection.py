@@ -153,7 +153,9 @@ def test_kill9_agent_is_lost_and_its_job_requeued_in_time(server_factory):
 def test_throughput_falling_5x_raises_slow_then_clears(agent_server):
     s = agent_server
     with s.client() as c:
-        jid = submit(c, max_steps=45, fault={"slow_after_step": 22, "slow_factor": 5})
+        # per-job slow_factor 3 (default 4): a busy machine must not shrink the 5x under the bar
+        jid = submit(c, max_steps=45, fault={"slow_after_step": 22, "slow_factor": 5},
+                     stall={**FAST["stall"], "slow_factor": 3})
         a = wait_for(lambda: alerts(c, jid, "slow"), 120, "a slow alert", every=0.5)[0]
         assert "throughput fell" in a["message"], a["message"]
         assert a["severity"] == "warning"
