@@ -391,7 +391,10 @@ class Agent:
                          err.decode(errors="replace").strip()[:300])
             except (OSError, asyncio.TimeoutError):
                 pass
-        # faulthandler writes every thread's stack to stderr; read_output collects the lines.
+        # faulthandler writes every thread's stack to stderr; read_output collects the lines. Before
+        # the process's first event its SIGUSR1 handler may not exist yet (the default action kills).
+        if rj.detector.events == 0:
+            return "no stack: py-spy is unavailable and the training process has not started reporting yet"
         rj.stack_lines = []
         rj.process.signal(signal.SIGUSR1)
         end, seen, quiet_since = time.monotonic() + 3.0, 0, time.monotonic()

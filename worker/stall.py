@@ -97,6 +97,7 @@ class StallDetector:
     intervals: dict = field(default_factory=dict)  # phase -> deque of seconds between progress
     stalled: bool = False
     stalled_at: Optional[float] = None
+    events: int = 0  # lines seen from the process (its signal handlers exist once it speaks)
 
     def start(self, now: float) -> None:
         self.last_progress = self.last_event = now
@@ -107,6 +108,7 @@ class StallDetector:
         """Feed every event from the training process. Returns a 'recovered' verdict when a
         stalled job moves again."""
         self.last_event = now
+        self.events += 1
         if kind == "phase":
             name, done, detail = data.get("name"), data.get("done"), data.get("detail")
             unit, total = data.get("unit"), data.get("total")
