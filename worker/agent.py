@@ -114,6 +114,7 @@ class RunningJob:
     child_state: Optional[dict] = None
     requested: Optional[str] = None  # cancel or pause, once asked
     started: float = field(default_factory=time.monotonic)  # when the attempt began (agent clock)
+    born: float = field(default_factory=time.time)  # alive_at moves past this at the child's first event
     stack_lines: Optional[list] = None  # collecting a faulthandler dump
     tasks: list = field(default_factory=list)
 
@@ -429,9 +430,10 @@ class Agent:
 
     async def pause(self, rj: RunningJob) -> None:
         """SIGUSR2 asks the training process to checkpoint and exit paused. A process a moment old may
-        not have its handler yet (SIGUSR2's default action kills), so wait until its first events."""
-        while rj.claim.job_id in self.jobs and (
-                rj.process.proc is None or (time.monotonic() - rj.started < 3.0 and rj.process.proc.returncode is None)):
+        not have its handler yet (SIGUSR2's default action kills), so wait for its first event (its
+        handlers are installed right after its event pipe opens), however loaded the machine is."""
+        while rj.claim.job_id in self.jobs and (rj.process.proc is None or (
+                rj.alive_at <= rj.born and time.monotonic() - rj.started < 120 and rj.process.proc.returncode is None)):
             await asyncio.sleep(0.2)
         if rj.process.proc is not None and rj.requested == "pause":
             await rj.process.stop(signal.SIGUSR2, max(self.grace_s, 120))
