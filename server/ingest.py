@@ -139,9 +139,47 @@ INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, bucket
                  f"VALUES ({', '.join('?' * 16)})")
 
 
+CHUNK_POINTS = 2000  # a big batch is stored in chunks of about this many points
+
+
 def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
     """Store a batch (Ev or protocol.Event objects). With a hub, live frames are built (serialized)
-    here on the writer thread, and only for topics someone watches."""
+    here on the writer thread, and only for topics someone watches.
+
+    A big batch goes in chunks of ~CHUNK_POINTS points, each committed (watermark included) before
+    the writer runs the small writes queued meanwhile (db.Database._yield): a heartbeat, a state
+    change or a live metric then waits ~10 ms, not a whole 20,000-point batch. Exactly once still:
+    if a later chunk fails, the agent sends the batch again and the committed chunks are replays."""
+    yield_ = s.info.get("yield")
+    if yield_ is not None and len(events) > CHUNK_POINTS // 16:
+        # each job's events in seq order across chunks (the watermark of a chunk must not skip
+        # a lower seq of the next one); a real agent sends them so already
+        events = sorted(events, key=lambda e: (e.job_id, e.seq))
+    chunks, chunk, size = [], [], 0
+    for e in events:
+        chunk.append(e)
+        size += len(e.data["values"]) if e.kind == "metrics" else 1
+        if size >= CHUNK_POINTS:
+            chunks.append(chunk)
+            chunk, size = [], 0
+    if chunk:
+        chunks.append(chunk)
+    if yield_ is None or len(chunks) < 2:
+        return ingest_chunk(s, agent_id, events, hub)
+    out = Outcome()
+    for i, chunk in enumerate(chunks):
+        if i:
+            yield_()
+        part = ingest_chunk(s, agent_id, chunk, hub)
+        for job_id, seq in part.acked.items():
+            out.acked[job_id] = max(seq, out.acked.get(job_id, seq))
+        out.commands.extend(c for c in part.commands if c not in out.commands)
+        out.frames.extend(part.frames)
+        out.alerts.extend(part.alerts)
+    return out
+
+
+def ingest_chunk(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
     out = Outcome()
     watched = hub.watched if hub is not None else (lambda topic: True)
     by_job: dict[int, list] = defaultdict(list)

@@ -8,6 +8,7 @@ max; server/ingest.py), and a chart bucket is a whole number of rollups, so 1,00
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Optional, Sequence
 
 ROLLUP_SHIFT = 8  # = server.ingest.ROLLUP_SHIFT
@@ -83,7 +84,8 @@ def rollup_points(rolls: list[tuple]) -> list[tuple]:
 
 
 def columns(rows: Sequence[tuple]) -> dict:
-    return {"step": [r[0] for r in rows], "t": [r[1] for r in rows], "value": [r[2] for r in rows]}
+    return {"step": list(map(itemgetter(0), rows)), "t": list(map(itemgetter(1), rows)),
+            "value": list(map(itemgetter(2), rows))}
 
 
 def downsample(rows: Sequence[tuple], max_points: int, mode: str = "minmax") -> dict:
