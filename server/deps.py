@@ -28,6 +28,7 @@ class App:
     # token hash -> (caller, cached until): a token check per request must not cost a query.
     token_cache: dict[str, tuple[Optional[Caller], float]] = field(default_factory=dict)
     webhooks: object = None
+    started_at: float = field(default_factory=time.time)  # leases count from here after a restart
 
     def caller(self, token: str) -> Optional[Caller]:
         h = auth.hash_token(token)

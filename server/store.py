@@ -103,6 +103,25 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
     return job
 
 
+def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, since: float) -> list[Job]:
+    """A heartbeat lists the jobs the agent runs. A job the server holds as the agent's but that the
+    agent has not reported for a whole lease (a claim whose answer was lost in flight, an agent
+    restarted under the same id) is as lost as a silent agent's: the retry policy takes it. Never
+    within a lease of the server's own start (agents are still replaying what they journaled)."""
+    now = time.time()
+    if now - since < lease_s:
+        return []
+    out = []
+    for job in s.scalars(select(Job).where(Job.agent_id == agent_id,
+                                           Job.state.in_([x.value for x in ACTIVE_STATES]))):
+        if job.id in reported or now - (job.alive_at or 0) < lease_s:
+            continue
+        end_attempt(s, job, JobState.failed, f"agent {agent_id} is alive but does not run this job "
+                    f"(not in its heartbeats for {now - (job.alive_at or 0):.0f} s; a lost claim answer?)", "lost")
+        out.append(job)
+    return out
+
+
 def retries_used(s: Session, job: Job) -> int:
     """Attempts of this job that failed and were retried (pauses and resumes do not count)."""
     return s.scalar(select(func.count()).select_from(Attempt).where(

@@ -294,6 +294,24 @@ def test_failure_policy_priorities_and_agent_limit(server_factory):
         assert r.status_code == 409 and "only a paused job" in r.text
 
 
+def test_claim_whose_answer_was_lost_is_requeued_after_a_lease(server_factory):
+    """The server committed a claim but the agent never got the answer (a connection cut mid-reply):
+    the agent, alive and heartbeating, never reports the job; after a lease the policy requeues it."""
+    srv = server_factory(agent_lost_after_s=2, reaper_every_s=0.5)
+    time.sleep(2)  # past the lease-long grace every server start gives its agents
+    bot = ScriptedAgent(srv, capacity=2)
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**SPEC, "name": "orphan"}).json()["id"]
+        assert bot.claim()["job_id"] == jid  # ... and the answer is "lost": the bot does not run it
+        deadline = time.time() + 20
+        while job(c, jid)["state"] != "queued" and time.time() < deadline:
+            bot.c.post(f"/api/agents/{bot.id}/heartbeat", json={"jobs": {}}).raise_for_status()
+            time.sleep(0.5)
+        j = job(c, jid)
+    assert j["state"] == "queued" and j["attempts"][0]["failure"] == "lost", j
+    assert "does not run this job" in j["attempts"][0]["reason"]
+
+
 def test_nan_loss_stops_with_alert_naming_the_step(server_factory):
     srv = server_factory()
     srv.start_agent("a1")

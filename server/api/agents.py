@@ -67,7 +67,12 @@ def known_agent(s, agent_id: int, caller=None) -> Agent:
 async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) -> AgentReply:
     def beat(s):
         known_agent(s, agent_id, caller)
-        return ingest.heartbeat(s, agent_id, hb.jobs)
+        commands, frames = ingest.heartbeat(s, agent_id, hb.jobs)
+        for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s, tp.started_at):
+            summary = store.job_summary(job)
+            frames += [("jobs", {"type": "job", "job": summary}, False),
+                       (f"job:{job.id}", {"type": "job", "job": summary}, False)]
+        return commands, frames
     commands, frames = await tp.db.write(beat)
     publish(tp, frames)
     return AgentReply(commands=commands)
