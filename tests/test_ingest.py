@@ -35,7 +35,7 @@ def counts(server, jid: int) -> dict:
 
 
 def test_concurrent_ingest_counts_exact_and_replays_not_doubled(server):
-    steps, batch = 3000, 250
+    steps, batch = 3000, 500  # 2,500 points a batch: stored in two committed chunks
     jobs = [start_job(server, f"a{i}") for i in range(4)]
     errors: list = []
 
