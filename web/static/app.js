@@ -123,6 +123,13 @@ const TP = (() => {
     const v = x / d;
     return `${v.toLocaleString("en-US", { maximumFractionDigits: d === 1 ? (a < 10 ? 2 : a < 100 ? 1 : 0) : 1 })}${unit ? s + unit : s.trim()}`.trim();
   }
+  function axis(x) { // tick labels: 500, 1.5k, 10k, 2.5M
+    if (x === null || x === undefined) return "";
+    const a = Math.abs(x);
+    if (a >= 1e6) return `${Number((x / 1e6).toPrecision(3))}M`;
+    if (a >= 1e3) return `${Number((x / 1e3).toPrecision(3))}k`;
+    return String(Number(x.toPrecision(3)));
+  }
   function bytesMB(mb) { return mb === null || mb === undefined ? "–" : mb >= 1024 ? `${num(mb / 1024, 2)} GiB` : `${num(mb, 0)} MiB`; }
   function dur(s) {
     if (s === null || s === undefined || !isFinite(s)) return "–";
@@ -132,10 +139,14 @@ const TP = (() => {
     if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
     return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
   }
-  function ago(t) {
+  function ago(t) { // coarse: "12 s ago", "7 min ago", "3 h 5 min ago", "2 d ago" (exact time on hover)
     if (!t) return "never";
-    const d = Date.now() / 1000 - t;
-    return d < 1 ? "just now" : `${dur(d)} ago`;
+    const d = Math.max(0, Date.now() / 1000 - t);
+    if (d < 1) return "just now";
+    if (d < 60) return `${Math.floor(d)} s ago`;
+    if (d < 3600) return `${Math.floor(d / 60)} min ago`;
+    if (d < 86400) return `${Math.floor(d / 3600)} h ${Math.floor((d % 3600) / 60)} min ago`;
+    return `${Math.floor(d / 86400)} d ago`;
   }
   function abs(t) { return t ? new Date(t * 1000).toLocaleString("en-GB", { dateStyle: "medium", timeStyle: "medium" }) : ""; }
   function phaseText(p) {
@@ -181,5 +192,5 @@ const TP = (() => {
   const FINAL = ["completed", "failed", "cancelled"];
   document.addEventListener("DOMContentLoaded", askNotifications);
   if (document.readyState !== "loading") askNotifications();
-  return { api, live, onAlert, openAlerts, num, sig, compact, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
+  return { api, live, onAlert, openAlerts, num, sig, compact, axis, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
 })();

@@ -33,7 +33,7 @@
         TP.el("input", { type: "checkbox", value: j.id, checked: chosen.has(j.id),
           onchange: (e) => { e.target.checked ? chosen.add(j.id) : chosen.delete(j.id); syncUrl(); renderPicker(); draw(); } }),
         TP.el("span", { class: "swatch", style: i >= 0 ? `background:${COLORS[i % COLORS.length]}` : "" }),
-        TP.el("span", { text: `${j.name} ` }), TP.el("span", { class: "muted", text: `#${j.id}` }),
+        TP.el("span", { class: "pick-name", title: `${j.name} #${j.id}` }, j.name, TP.el("span", { class: "muted", text: ` #${j.id}` })),
         TP.el("span", { class: `badge ${j.state}`, text: j.state }));
     }));
   }
@@ -79,7 +79,7 @@
       box.replaceChildren();
       if (!ids.length) { charts[id] = null; continue; }
       charts[id] = new uPlot({ width: Math.max(280, box.clientWidth || 600), height: 260, scales: { x: { time: false } }, series: ser,
-        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18 }, { size: 56, label: key === "loss" ? "loss" : "tok/s", labelSize: 18, values: key === "loss" ? undefined : (u, v) => v.map((x) => TP.compact(x)) }],
+        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18 }, { size: 56, label: key === "loss" ? "loss" : "tok/s", labelSize: 18, values: key === "loss" ? undefined : (u, v) => v.map(TP.axis) }],
         cursor: { sync: { key: "cmp" }, drag: { x: true, y: false } } }, cols, box);
     }
     diffTable(got.map((g) => g.detail));

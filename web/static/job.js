@@ -9,11 +9,11 @@
   let downsampledInfo = {}; // name -> total points on the server
   const charts = {};
   const infoEvents = [];
-  let agents = new Map();
+  let agents = new Map(), lastAgent = null;
   const checkpoints = [];
 
-  const fmtTps = (u, v) => v.map((x) => TP.compact(x));
-  const fmtMem = (u, v) => v.map((x) => TP.compact(x));
+  const fmtTps = (u, v) => v.map(TP.axis);
+  const fmtMem = (u, v) => v.map(TP.axis);
   const fmtLr = (u, v) => v.map((x) => (x === 0 ? "0" : Number(x).toExponential(2)));
   const CHARTS = {
     "chart-loss": { keys: ["loss"], labels: ["loss"], smooth: true, value: (v) => TP.sig(v) },
@@ -80,7 +80,7 @@
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
       scales: { x: { time: false } },
-      axes: [{ label: "step", labelSize: 18, size: 36, values: (u, v) => v.map((x) => TP.compact(x)) },
+      axes: [{ label: "step", labelSize: 18, size: 36, values: (u, v) => v.map(TP.axis) },
         { label: spec.unit || "", labelSize: spec.unit ? 18 : 0, size: 64, values: spec.axis }],
       cursor: { drag: { x: true, y: false, setScale: true }, sync: { key: `job${jobId}`, setSeries: false } },
       legend: { live: true },
@@ -217,8 +217,9 @@
     r.hidden = !why;
     r.textContent = why ? `${job.failure ? `[${job.failure}] ` : ""}${why}${job.exit_code !== null && job.exit_code !== undefined ? ` (exit code ${job.exit_code})` : ""}` : "";
     r.className = `reason ${job.state}`;
-    const ag = agents.get(job.agent_id);
-    $("worker").replaceChildren(job.agent_id ? TP.el("a", { href: "/workers", text: ag ? `${ag.name} (${ag.host})` : `agent ${job.agent_id}`, title: ag ? ag.device : "" }) : "–");
+    const aid = job.agent_id || lastAgent;
+    const ag = agents.get(aid);
+    $("worker").replaceChildren(aid ? TP.el("a", { href: "/workers", text: ag ? `${ag.name} (${ag.host})` : `agent ${aid}`, title: ag ? ag.device : "" }) : "–");
     showHeartbeat();
     showOutput();
   }
@@ -360,6 +361,7 @@
       TP.api(`/api/jobs/${jobId}/events?kinds=info&kinds=checkpoint&limit=1000`),
       TP.api(`/api/alerts?job_id=${jobId}&limit=50`), TP.api("/api/agents")]);
     agents = new Map(ags.map((a) => [a.id, a]));
+    if (j.attempts.length) lastAgent = j.attempts[j.attempts.length - 1].agent_id;
     for (const [k, s] of Object.entries(m.series)) {
       mergePoints(k, s.step, s.value);
       if (s.downsampled && first) downsampledInfo[k] = s.total_points;

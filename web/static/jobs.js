@@ -56,7 +56,7 @@
         onchange: (e) => { e.target.checked ? selected.add(j.id) : selected.delete(j.id); compareLink(); } })),
       TP.el("td", { class: "name", "data-label": "Job" }, TP.el("a", { href: `/jobs/${j.id}`, text: j.name || `job-${j.id}` }), TP.el("span", { class: "muted id", text: ` #${j.id}` })),
       TP.el("td", { "data-label": "State" }, TP.el("span", { class: `badge ${j.state}`, text: j.state, title: j.reason || "" })),
-      TP.el("td", { class: "phase", "data-label": "Phase" }, TP.el("span", { class: "phase-text", text: active || j.state === "paused" ? TP.phaseText(p) : (j.state === "queued" ? "waiting for a worker" : (p ? p.name : "–")) }),
+      TP.el("td", { class: "phase", "data-label": "Phase" }, TP.el("span", { class: "phase-text", text: phaseCell(j, active), title: j.reason || "" }),
         frac !== null && (active || j.state === "paused") ? TP.el("progress", { max: 1, value: frac, "aria-label": `${Math.round(frac * 100)} %` }) : ""),
       TP.el("td", { class: "r", "data-label": "Step", text: step !== null ? `${TP.num(step)}${j.total_steps ? " / " + TP.num(j.total_steps) : ""}` : (j.total_steps ? `– / ${TP.num(j.total_steps)}` : "–") }),
       TP.el("td", { class: "r", "data-label": "Loss", text: TP.sig(last.loss) }),
@@ -67,6 +67,15 @@
       TP.el("td", { "data-label": "Worker", text: j.agent_id ? (ag ? ag.name : `agent ${j.agent_id}`) : "–" }),
       TP.el("td", { "data-label": "Submitted" }, TP.rel(j.created_at)),
       TP.el("td", { "data-label": "Started" }, TP.rel(j.started_at)));
+  }
+
+  function phaseCell(j, active) {
+    if (active || j.state === "paused") return TP.phaseText(j.phase) + (j.state === "paused" ? " (paused)" : "");
+    if (j.state === "queued") return j.attempt ? `waiting for a worker (retry ${j.attempt})` : "waiting for a worker";
+    if (j.state === "completed") return j.started_at && j.finished_at ? `finished in ${TP.dur(j.finished_at - j.started_at)}` : "finished";
+    if (j.state === "failed") return `failed${j.failure ? ": " + j.failure : ""}`;
+    if (j.state === "cancelled") return j.step ? `cancelled at step ${TP.num(j.step)}` : "cancelled before it started";
+    return "–";
   }
 
   function compareLink() {
