@@ -312,3 +312,12 @@ def test_a_completed_counter_gets_the_between_phases_budget():
     assert d.check(c.tick(39)) is None
     v = d.check(c.tick(2))
     assert v.kind == "stalled" and "between phases" in v.message
+
+
+def test_memory_stays_bounded_over_a_long_job():
+    s, c = SlowDetector(CFG), Clock()
+    for k in range(3, 20_000):
+        if k % 100 == 0:
+            s.observe("phase", {"name": "saving"}, c())
+        s.observe("metrics", {"step": k, "values": {"step_time_s": 0.1, "tokens_per_s": 1000}}, c.tick(0.1))
+    assert len(s.arrivals) <= 2000 and len(s.samples) <= 2000 and len(s.pauses_at) <= 25

@@ -97,6 +97,10 @@ class SlowDetector:
                 return
             self.arrivals.append((now, step))
             self.last_step = step
+            if len(self.arrivals) > 2000:  # bounded however long the job runs
+                del self.arrivals[:1000]
+                first = self.arrivals[0][1]
+                self.pauses_at = {k: v for k, v in self.pauses_at.items() if k >= first - 2}
             st = v.get("step_time_s")
             if st is None or not st > 0:
                 return  # warm-up steps carry no speed figures
