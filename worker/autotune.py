@@ -5,6 +5,7 @@ effective batch is fixed); gradients are thrown away, so the model is unchanged.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Callable, Optional
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from .loop import forward_loss, to_device
-from .packing import Layout, collate, epoch_batches
+from .packing import Layout, collate, epoch_batches, epoch_steps
 from .tokenization import Tokenized
 
 
@@ -21,11 +22,17 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(e).lower()
 
 
+def _sample_micro_batches(data: Tokenized, layout: Layout, seed: int, n: int) -> list:
+    if layout.mode == "pack" and layout.step_tokens:
+        return [m for step in epoch_steps(data, layout, seed, 0)[:n] for m in step][:n]
+    return epoch_batches(data, layout, seed, 0)[:n]
+
+
 def measure(model, data: Tokenized, layout: Layout, pad_id: int, precision: str, device: torch.device,
             seed: int, steps: int = 2) -> Optional[float]:
     """Real tokens/s of forward+backward for this layout (None: does not fit in memory)."""
-    batches = epoch_batches(data, layout, seed, 0)[: steps + 1]
-    if not batches:
+    batches = _sample_micro_batches(data, layout, seed, steps + 1)
+    if len(batches) < 2:
         return None
     model.train()
     try:
@@ -54,47 +61,42 @@ def measure(model, data: Tokenized, layout: Layout, pad_id: int, precision: str,
         return None
 
 
-def candidates(base: Layout, step_tokens: int, device: torch.device, p90: int = 0) -> list[Layout]:
-    """Shapes worth timing. Packed rows: several row lengths (attention cost grows with the row) x a
-    few micro-batch sizes, never more tokens per micro-batch than one optimizer step holds."""
-    sizes = [2048, 4096, 8192] if device.type == "cpu" else [8192, 16384, 32768, 65536]
-    cap = max(step_tokens, base.max_len)
-    out = []
+def candidates(base: Layout, step_tokens: int, p90: int, max_micro_tokens: Optional[int] = None) -> list[Layout]:
+    """Shapes worth timing.
+
+    Packed rows: a few row lengths, since attention costs grow with the row (rows shorter than max_len
+    are fine: the few longer examples get rows of their own), as long as 90% of examples fit a row.
+    Each holds a whole optimizer step in one micro-batch when memory allows (halved on OOM).
+    Dynamic padding: a few rows-per-micro-batch counts up to the examples one step holds.
+    """
     if base.mode == "pack":
-        # Rows shorter than max_len are allowed (longer examples get rows of their own) as long as
-        # at least 90% of examples fit them; longer rows only cost more attention per token.
         lens = sorted({base.max_len} | {r for r in (128, 256, 512, 1024, 2048)
                                          if p90 <= r <= 4 * base.max_len and r != base.max_len})
-        for row_len in lens:
-            rows_opts = sorted({max(1, min(t, cap) // row_len) for t in sizes})
-            for rows in rows_opts:
-                out.append(replace(base, row_len=row_len, rows=rows))
-    else:
-        for rows in (4, 8, 16, 32, 64):
-            out.append(replace(base, rows=rows))
-    # de-duplicate (small caps collapse several choices into one)
-    seen, uniq = set(), []
-    for l in out:
-        k = (l.row_len, l.rows)
-        if k not in seen:
-            seen.add(k)
-            uniq.append(l)
-    return uniq
+        # packing a step's examples into rows wastes a little: leave room for it
+        cap = max_micro_tokens or 1 << 62
+        return [replace(base, row_len=r, rows=max(1, min(math.ceil(1.2 * step_tokens / r) + 1, cap // r)))
+                for r in lens]
+    return [replace(base, rows=r) for r in (4, 8, 16, 32, 64)]
 
 
 def autotune(model, data: Tokenized, base: Layout, step_tokens: int, pad_id: int, precision: str,
              device: torch.device, seed: int, progress: Callable[[int, int], None]) -> tuple[Layout, list[dict]]:
     """The fastest fitting layout and the table of what was measured."""
-    p90 = int(np.percentile(np.minimum(data.lengths, base.max_len), 90)) if data.n else 0
-    cands = candidates(base, step_tokens, device, p90)
+    lengths = np.minimum(data.lengths, base.max_len)
+    p90 = int(np.percentile(lengths, 90)) if data.n else 0
+    # CPU: bounded micro-batches (host RAM has no OOM exception to recover from); GPU: try, halve on OOM
+    cands = candidates(base, step_tokens, p90, 16384 if device.type == "cpu" else None)
     if base.mode != "pack":
-        # dynamic padding: more rows than the effective batch holds in examples is pointless
-        mean_len = max(1.0, float(data.lengths.clip(max=base.max_len).mean()))
+        # more rows than one step's examples is pointless
+        mean_len = max(1.0, float(lengths.mean())) if data.n else 1.0
         cands = [c for c in cands if c.rows <= max(4, step_tokens / mean_len)] or cands[:1]
     table, best, best_tps = [], None, 0.0
     for k, lay in enumerate(cands):
         progress(k, len(cands))
         tps = measure(model, data, lay, pad_id, precision, device, seed)
+        while tps is None and lay.rows > 1:  # did not fit: try half the rows per micro-batch
+            lay = replace(lay, rows=lay.rows // 2)
+            tps = measure(model, data, lay, pad_id, precision, device, seed)
         table.append({"row_len": lay.row_len, "rows": lay.rows, "tokens_per_s": round(tps or 0, 1),
                       "fits": tps is not None})
         if tps is not None and tps > best_tps:

@@ -59,7 +59,7 @@ def make_optimizer(model, lr: float, weight_decay: float, device: torch.device):
 @dataclass
 class LoopState:
     step: int = 0  # optimizer steps done
-    micro: int = 0  # micro-batches consumed (the data position)
+    data_pos: int = 0  # plan steps consumed since the start (the data position)
     epoch: int = 0
 
 
@@ -82,11 +82,11 @@ class Telemetry:
     enabled: bool = True
 
 
-def run(model, optimizer, scheduler, batches: Iterator[tuple[int, dict]], state: LoopState,
-        total_steps: int, grad_accum: int, precision: str, device: torch.device, tel: Telemetry,
+def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], state: LoopState,
+        total_steps: int, precision: str, device: torch.device, tel: Telemetry,
         controls: Controls, faults: Faults, on_step: Optional[Callable[[LoopState], None]] = None,
         scaler=None, max_grad_norm: float = 1.0) -> LoopResult:
-    """Train from state.step to total_steps. `batches` yields (epoch, collated micro-batch)."""
+    """Train from state.step to total_steps. `steps` yields (epoch, the step's collated micro-batches)."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     proc = psutil.Process()
@@ -141,14 +141,10 @@ def run(model, optimizer, scheduler, batches: Iterator[tuple[int, dict]], state:
         step = state.step  # 0-based index of the step about to run
         faults.before_step(step)
         t0 = time.perf_counter()
-        micro = []
-        for _ in range(grad_accum):
-            try:
-                epoch, b = next(batches)
-            except StopIteration:
-                break
-            micro.append(b)
-            state.epoch = epoch
+        try:
+            state.epoch, micro = next(steps)
+        except StopIteration:
+            micro = []
         if not micro:
             r = flush(step)
             return r or LoopResult("exhausted", step, all_losses)
@@ -173,7 +169,7 @@ def run(model, optimizer, scheduler, batches: Iterator[tuple[int, dict]], state:
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         tel.em.step_done = state.step  # the alive thread reports it: progress without a host sync
-        state.micro += len(micro)
+        state.data_pos += 1
         pending.append((step, loss_acc, grad_norm.detach()))
         if state.step - start_step == WARMUP_STEPS:
             if device.type == "cuda":

@@ -6,7 +6,6 @@ loss never crosses an example boundary and padding never counts, whatever the la
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -21,9 +20,10 @@ class Layout:
     mode: str  # "pack" | "dynamic" | "max_length"
     max_len: int  # examples are truncated to this many tokens
     row_len: int  # pack: tokens per packed row; max_length: = max_len; dynamic: longest allowed
-    rows: int  # rows per micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step
+    rows: int  # rows per micro-batch (pack with step_tokens: at most this many)
+    grad_accum: int = 1  # micro-batches per optimizer step (fixed-shape steps)
     group_by_length: bool = False
+    step_tokens: int = 0  # pack: each optimizer step takes examples up to this many real tokens (0: fixed)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,20 +84,51 @@ def epoch_batches(data: Tokenized, layout: Layout, seed: int, epoch: int) -> lis
     return [[[int(i)] for i in b] for b in batches]
 
 
+def _pack_group(lengths: np.ndarray, idx: np.ndarray, layout: Layout, rng) -> list[list[list[int]]]:
+    """Micro-batches for one group of examples: short rows of row_len, rows of their own for the few
+    examples longer than row_len (long_len), micro-batches of about the same token count."""
+    long_len = long_row_len(layout)
+    short = idx[lengths[idx] <= layout.row_len]
+    long = idx[lengths[idx] > layout.row_len]
+    out = []
+    for part, width, per in ((short, layout.row_len, layout.rows),
+                             (long, long_len, max(1, layout.rows * layout.row_len // long_len))):
+        if part.size:
+            rows = pack_rows(lengths, part, width)
+            out += [rows[k:k + per] for k in range(0, len(rows), per)]
+    return out
+
+
+def epoch_steps(data: Tokenized, layout: Layout, seed: int, epoch: int) -> list[list[list[list[int]]]]:
+    """The epoch's optimizer steps: each a list of micro-batches (lists of rows of example indices).
+
+    Packing with step_tokens: a step takes the next examples of the shuffled order up to step_tokens
+    real tokens (so the effective batch is the same whatever the row shape), packed into as few
+    micro-batches as the measured micro-batch size allows. Otherwise: grad_accum micro-batches.
+    """
+    if layout.mode == "pack" and layout.step_tokens:
+        rng = np.random.default_rng([seed, epoch])
+        lengths = np.minimum(data.lengths, layout.max_len)
+        order = rng.permutation(data.n)
+        order = order[lengths[order] >= 2]
+        ends = np.cumsum(lengths[order])
+        # step boundaries where the running total crosses multiples of step_tokens
+        cuts = np.searchsorted(ends, np.arange(layout.step_tokens, int(ends[-1]) + layout.step_tokens,
+                                               layout.step_tokens), side="left") + 1 if len(order) else []
+        steps, start = [], 0
+        for c in cuts:
+            c = min(int(c), len(order))
+            if c > start:
+                steps.append(_pack_group(lengths, order[start:c], layout, rng))
+                start = c
+        return steps
+    mb = epoch_batches(data, layout, seed, epoch)
+    A = max(1, layout.grad_accum)
+    return [mb[k:k + A] for k in range(0, len(mb), A)]
+
+
 def long_row_len(layout: Layout) -> int:
     return max(layout.row_len, -(-layout.max_len // 8) * 8)
-
-
-def micro_stream(data: Tokenized, layout: Layout, seed: int, start_epoch: int = 0) -> Iterator[tuple[int, list]]:
-    """(epoch, micro-batch) forever, epoch after epoch (the loop decides when to stop)."""
-    epoch = start_epoch
-    while True:
-        batches = epoch_batches(data, layout, seed, epoch)
-        if not batches:
-            return
-        for b in batches:
-            yield epoch, b
-        epoch += 1
 
 
 def collate(data: Tokenized, rows: list[list[int]], layout: Layout, pad_id: int) -> dict:
@@ -136,11 +167,3 @@ def collate(data: Tokenized, rows: list[list[int]], layout: Layout, pad_id: int)
     if layout.mode == "pack":  # only packed rows need them (and some models take no position_ids)
         out["position_ids"] = torch.from_numpy(pos)
     return out
-
-
-def expected_fill(data: Tokenized, layout: Layout, seed: int) -> float:
-    """Real tokens per micro-batch on average (from epoch 0's plan)."""
-    batches = epoch_batches(data, layout, seed, 0)
-    lengths = np.minimum(data.lengths, layout.max_len)
-    real = sum(int(lengths[i]) for b in batches for row in b for i in row)
-    return real / max(1, len(batches))

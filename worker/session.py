@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -19,7 +20,7 @@ from .alerts import send_alert
 from .errors import EXIT_NAN, EXIT_OK, SpecError
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
-from .packing import Layout, collate, epoch_batches, expected_fill
+from .packing import Layout, collate, epoch_batches, epoch_steps
 from .precision import measure_peak_flops, pick_device, pick_precision
 from .prepare import load_tokenized, stream_chunks
 from .tokenization import Tokenized
@@ -82,7 +83,7 @@ class Session:
         L = recommend_max_len(lengths, spec.length_coverage, model_max)
         tr = int((lengths > L).sum())
         pct = float(np.percentile(lengths, spec.length_coverage)) if len(lengths) else 0
-        em.info(max_seq_length=L, truncated=tr, truncated_frac=tr / max(1, len(lengths)),
+        em.info(max_seq_length=L, recommended_max_seq_length=L, truncated=tr, truncated_frac=tr / max(1, len(lengths)),
                 reason=f"covers {spec.length_coverage:g}% of examples (p{spec.length_coverage:g} = "
                        f"{pct:.0f} tokens, rounded up to a multiple of 8); truncates {tr} of {len(lengths)}")
         return L
@@ -109,8 +110,10 @@ class Session:
         lengths = np.minimum(data.lengths, max_len)
         mean = float(lengths.mean()) if len(lengths) else 1.0
         step_tokens = spec.tokens_per_batch or int(round(DEFAULT_ROWS_PER_STEP * mean))
-        row_len = max_len
-        base = Layout(mode=mode, max_len=max_len, row_len=row_len, rows=1, group_by_length=spec.group_by_length)
+        token_steps = mode == "pack" and spec.grad_accum == "auto"
+        base = Layout(mode=mode, max_len=max_len, row_len=max_len, rows=1, group_by_length=spec.group_by_length,
+                      step_tokens=step_tokens if token_steps else 0)
+        why_tokens = "asked for" if spec.tokens_per_batch else f"{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}"
         if spec.batch_size == "auto":
             def progress(k, n):
                 em.phase("tuning batch size", done=k, total=n, unit="shapes")
@@ -120,16 +123,22 @@ class Session:
             reason = (f"fastest of {len(table)} measured shapes ({best:,.0f} real tokens/s forward+backward)")
             em.info(batch_size=lay.rows, row_len=lay.row_len, reason=reason, measured=table)
         else:
-            lay = base
-            lay.rows = spec.batch_size
+            lay = replace(base, rows=spec.batch_size)
             em.info(batch_size=lay.rows, row_len=lay.row_len, reason="asked for")
-        fill = expected_fill(data, lay, spec.seed)
-        if spec.grad_accum == "auto":
+        if token_steps:
+            steps = epoch_steps(data, lay, spec.seed, 0)
+            per_step = sum(len(st) for st in steps) / max(1, len(steps))
+            lay.grad_accum = max(1, int(round(per_step)))
+            em.info(grad_accum=lay.grad_accum, tokens_per_batch=step_tokens,
+                    reason=f"each optimizer step takes the next ~{step_tokens:,} real tokens of examples "
+                           f"({why_tokens}), packed into rows: {per_step:.2f} micro-batches per step on average")
+        elif spec.grad_accum == "auto":
+            mb = epoch_batches(data, lay, spec.seed, 0)
+            fill = sum(int(lengths[i]) for b in mb for row in b for i in row) / max(1, len(mb))
             lay.grad_accum = max(1, int(round(step_tokens / max(fill, 1.0))))
             em.info(grad_accum=lay.grad_accum, tokens_per_batch=step_tokens,
                     reason=f"holds the effective batch at ~{step_tokens:,} real tokens per optimizer step "
-                           f"({'asked for' if spec.tokens_per_batch else f'{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}'})"
-                           f"; {fill:,.0f} real tokens per micro-batch")
+                           f"({why_tokens}); {fill:,.0f} real tokens per micro-batch")
         else:
             lay.grad_accum = spec.grad_accum
             em.info(grad_accum=lay.grad_accum, reason="asked for")
@@ -173,22 +182,23 @@ class Session:
             mode = self._choose_mode()
             lay, _ = self._layout(data, mode, max_len, precision)
         em.phase("packing", done=0, total=1, unit="epochs")
-        per_epoch = len(epoch_batches(data, lay, spec.seed, 0))
-        em.phase("packing", done=1, total=1, unit="epochs", detail=f"{per_epoch} micro-batches per epoch")
+        per_epoch = len(epoch_steps(data, lay, spec.seed, 0))
+        em.phase("packing", done=1, total=1, unit="epochs", detail=f"{per_epoch} optimizer steps per epoch")
         if spec.max_steps is not None and spec.epochs is None:
             total = spec.max_steps
         else:
-            total = max(1, math.ceil((spec.epochs or 1) * per_epoch / lay.grad_accum))
+            total = max(1, math.ceil((spec.epochs or 1) * per_epoch))
             if spec.max_steps:
                 total = min(total, spec.max_steps)
+        pad = self.tokenizer.pad_token_id
 
-        def stream() -> Iterator[tuple[int, dict]]:
+        def stream() -> Iterator[tuple[int, list[dict]]]:
             epoch, k = 0, 0
-            skip = self.state_in["micro"] if self.state_in else 0
+            skip = self.state_in["data_pos"] if self.state_in else 0
             while True:
-                for rows in epoch_batches(data, lay, spec.seed, epoch):
+                for step in epoch_steps(data, lay, spec.seed, epoch):
                     if k >= skip:  # resuming: walk the same deterministic plan to the saved position
-                        yield epoch, collate(data, rows, lay, self.tokenizer.pad_token_id)
+                        yield epoch, [collate(data, rows, lay, pad) for rows in step]
                     k += 1
                 epoch += 1
 
@@ -227,15 +237,15 @@ class Session:
         pad = self.tokenizer.pad_token_id
 
         def stream():
-            skip = self.state_in["micro"] if self.state_in else 0
+            skip = self.state_in["data_pos"] if self.state_in else 0
             k, ci = 0, 0
             pending = [(epoch0, first)]
             while True:
                 for ep, c in pending:
                     em.phase("packing", detail=f"chunk {ci}: {c.n:,} samples")
-                    for rows in epoch_batches(c, lay, spec.seed, ci):
+                    for step in epoch_steps(c, lay, spec.seed, ci):
                         if k >= skip:
-                            yield ep, collate(c, rows, lay, pad)
+                            yield ep, [collate(c, rows, lay, pad) for rows in step]
                         k += 1
                     ci += 1
                 try:
@@ -258,7 +268,7 @@ class Session:
             sched.load_state_dict(s["scheduler"])
             if scaler is not None and s.get("scaler"):
                 scaler.load_state_dict(s["scaler"])
-            state = LoopState(step=s["step"], micro=s["micro"], epoch=s.get("epoch", 0))
+            state = LoopState(step=s["step"], data_pos=s["data_pos"], epoch=s.get("epoch", 0))
             ckpt.set_rng_state(s["rng"])
             em.info(resumed_from=str(self.resume), step=state.step)
         else:
@@ -282,7 +292,7 @@ class Session:
         def save(st: LoopState) -> Path:
             em.phase("saving", detail=f"checkpoint at step {st.step}")
             p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
-                          {"micro": st.micro, "epoch": st.epoch, "layout": lay.to_dict(), "precision": precision,
+                          {"data_pos": st.data_pos, "epoch": st.epoch, "layout": lay.to_dict(), "precision": precision,
                            "total_steps": total, "spec": spec.model_dump(mode="json")},
                           keep=spec.keep_checkpoints, scaler=scaler)
             em.emit("checkpoint", step=st.step, path=str(p), final=False)
@@ -297,7 +307,7 @@ class Session:
                 em.phase("training", done=st.step, total=total, unit="steps")
 
         em.phase("training", done=state.step, total=total, unit="steps")
-        res = run(model, opt, sched, batches, state, total, lay.grad_accum, precision, self.device, tel,
+        res = run(model, opt, sched, batches, state, total, precision, self.device, tel,
                   self.controls, self.faults, on_step=on_step, scaler=scaler)
         self.result = res
         if res.outcome == "nan":
