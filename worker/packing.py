@@ -84,9 +84,29 @@ def epoch_batches(data: Tokenized, layout: Layout, seed: int, epoch: int) -> lis
     return [[[int(i)] for i in b] for b in batches]
 
 
+def balanced_rows(lengths: np.ndarray, idx: np.ndarray, row_len: int) -> list[list[int]]:
+    """Spread examples over ceil(total / row_len) rows, longest first into the emptiest row (LPT).
+
+    Rows end up nearly equal, so a micro-batch padded to its fullest row wastes only a few percent,
+    even for a small group (one optimizer step's examples) where fixed-width rows would leave the
+    last row half empty.
+    """
+    import heapq
+    total = int(lengths[idx].sum())
+    n_rows = max(1, -(-total // row_len))
+    heap = [(0, r) for r in range(n_rows)]
+    rows: list[list[int]] = [[] for _ in range(n_rows)]
+    for i in idx[np.argsort(-lengths[idx], kind="stable")]:
+        fill, r = heapq.heappop(heap)
+        rows[r].append(int(i))
+        heapq.heappush(heap, (fill + int(lengths[i]), r))
+    return [r for r in rows if r]
+
+
 def _pack_group(lengths: np.ndarray, idx: np.ndarray, layout: Layout, rng) -> list[list[list[int]]]:
-    """Micro-batches for one group of examples: short rows of row_len, rows of their own for the few
-    examples longer than row_len (long_len), micro-batches of about the same token count."""
+    """Micro-batches for one optimizer step's examples: balanced rows of about row_len, and rows of
+    their own (about long_len) for the few examples longer than row_len, so one long example never
+    widens every row of the micro-batch."""
     long_len = long_row_len(layout)
     short = idx[lengths[idx] <= layout.row_len]
     long = idx[lengths[idx] > layout.row_len]
@@ -94,7 +114,7 @@ def _pack_group(lengths: np.ndarray, idx: np.ndarray, layout: Layout, rng) -> li
     for part, width, per in ((short, layout.row_len, layout.rows),
                              (long, long_len, max(1, layout.rows * layout.row_len // long_len))):
         if part.size:
-            rows = pack_rows(lengths, part, width)
+            rows = balanced_rows(lengths, part, width)
             out += [rows[k:k + per] for k in range(0, len(rows), per)]
     return out
 
@@ -140,8 +160,8 @@ def collate(data: Tokenized, rows: list[list[int]], layout: Layout, pad_id: int)
     L = layout.max_len
     seqs = [[data.ids(i, L) for i in row] for row in rows]
     used = [sum(len(s) for s in row) for row in seqs]
-    if layout.mode == "pack":
-        width = layout.row_len if max(used) <= layout.row_len else long_row_len(layout)
+    if layout.mode == "pack":  # pad to the fullest row (multiple of 8), not to a fixed width
+        width = -(-max(used) // 8) * 8
     else:
         width = layout.row_len if layout.mode == "max_length" else max(used)
     B = len(rows)
