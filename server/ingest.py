@@ -39,6 +39,7 @@ class Outcome:
     commands: list[Command] = field(default_factory=list)
     frames: list[tuple[str, Any, bool]] = field(default_factory=list)  # (topic, payload or Frame, droppable)
     alerts: list[dict] = field(default_factory=list)  # new or changed alerts, for webhooks
+    live: dict[int, list] = field(default_factory=dict)  # job id -> [stored events, critical?, Job]
 
 
 class Ev:
@@ -139,7 +140,7 @@ INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, bucket
                  f"VALUES ({', '.join('?' * 16)})")
 
 
-CHUNK_POINTS = 2000  # a big batch is stored in chunks of about this many points
+CHUNK_POINTS = 1000  # a big batch is stored in chunks of about this many points
 
 
 def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
@@ -148,7 +149,7 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
 
     A big batch goes in chunks of ~CHUNK_POINTS points, each committed (watermark included) before
     the writer runs the small writes queued meanwhile (db.Database._yield): a heartbeat, a state
-    change or a live metric then waits ~10 ms, not a whole 20,000-point batch. Exactly once still:
+    change or a live metric then waits for ~1,000 points (a few ms), not a 20,000-point batch. Exactly once still:
     if a later chunk fails, the agent sends the batch again and the committed chunks are replays."""
     yield_ = s.info.get("yield")
     if yield_ is not None and len(events) > CHUNK_POINTS // 16:
@@ -165,23 +166,41 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
     if chunk:
         chunks.append(chunk)
     if yield_ is None or len(chunks) < 2:
-        return ingest_chunk(s, agent_id, events, hub)
+        return live_frames(ingest_chunk(s, agent_id, events), hub)
     out = Outcome()
     for i, chunk in enumerate(chunks):
         if i:
             yield_()
-        part = ingest_chunk(s, agent_id, chunk, hub)
+        part = ingest_chunk(s, agent_id, chunk)
         for job_id, seq in part.acked.items():
             out.acked[job_id] = max(seq, out.acked.get(job_id, seq))
         out.commands.extend(c for c in part.commands if c not in out.commands)
         out.frames.extend(part.frames)
         out.alerts.extend(part.alerts)
+        for job_id, (live, critical, job) in part.live.items():
+            had = out.live.setdefault(job_id, [[], False, job])
+            had[0].extend(live)
+            had[1], had[2] = had[1] or critical, job
+    return live_frames(out, hub)
+
+
+def live_frames(out: Outcome, hub=None) -> Outcome:
+    """One events frame and one summary per job and batch (not per chunk), serialized here on the
+    writer thread, and only for topics someone watches."""
+    watched = hub.watched if hub is not None else (lambda topic: True)
+    for job_id, (live, critical, job) in out.live.items():
+        topic = f"job:{job_id}"
+        if watched(topic):
+            payload = {"type": "events", "job_id": job_id, "events": live}
+            out.frames.append((topic, Frame(payload, not critical), not critical))
+        if watched("jobs"):
+            out.frames.append(("jobs", Frame({"type": "job", "job": store.job_summary(job)}, not critical),
+                               not critical))
     return out
 
 
-def ingest_chunk(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
+def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
     out = Outcome()
-    watched = hub.watched if hub is not None else (lambda topic: True)
     by_job: dict[int, list] = defaultdict(list)
     for ev in events:
         by_job[ev.job_id].append(ev)
@@ -247,14 +266,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
                 critical = critical or e.kind in ("state", "alert")
         if last is not None:
             job.last = json.dumps({k: v for k, v in last.items() if isinstance(v, (int, float)) and math.isfinite(v)})
-        topic = f"job:{job_id}"
-        if watched(topic):
-            live = [{"kind": e.kind, "seq": e.seq, "t": e.t, "data": e.data} for e in fresh]
-            payload = {"type": "events", "job_id": job_id, "events": live}
-            out.frames.append((topic, Frame(payload, not critical), not critical))
-        if watched("jobs"):
-            out.frames.append(("jobs", Frame({"type": "job", "job": store.job_summary(job)}, not critical),
-                               not critical))
+        out.live[job_id] = [[{"kind": e.kind, "seq": e.seq, "t": e.t, "data": e.data} for e in fresh],
+                            critical, job]
     if metric_rows:
         # Raw sqlite3 cursor (same connection, so the same transaction): no ORM object or SQLAlchemy
         # statement handling per row. 500 rows per INSERT statement: measured 1.5x executemany's
