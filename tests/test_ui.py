@@ -16,7 +16,7 @@ import pytest
 from conftest import ARTIFACTS
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -65,6 +65,15 @@ def wait(d, timeout: float) -> WebDriverWait:
     return WebDriverWait(d, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,))
 
 
+def until(d, timeout: float, cond, what: str) -> None:
+    """Wait for cond; on timeout say what the page showed then (state, phase, errors)."""
+    try:
+        wait(d, timeout).until(cond)
+    except TimeoutException:
+        raise AssertionError(f"{what} within {timeout} s; page: state={text(d, '#job-state')!r} "
+                             f"phase={text(d, '#phase-text')!r} error={text(d, '.error')!r} url={d.current_url}") from None
+
+
 def text(d, css: str) -> str:
     els = d.find_elements(By.CSS_SELECTOR, css)
     return els[0].text if els else ""
@@ -94,7 +103,7 @@ def test_ui_end_to_end(agent_server, browser):
     # -- submit page: Analyze dataset shows the recommended length and the layouts table --
     d.get(server.url + "/submit")
     d.find_element(By.ID, "analyze").click()
-    wait(d, 90).until(lambda d: text(d, "#recommended"))
+    until(d, 180, lambda d: text(d, "#recommended"), "no dataset analysis")
     rec = text(d, "#recommended")
     assert re.fullmatch(r"\d[\d,]* tokens", rec), rec
     assert "truncates" in text(d, "#analysis-summary")
@@ -129,7 +138,7 @@ def test_ui_end_to_end(agent_server, browser):
 
     # -- watch it: phase text changes, chart points increase, the job ends completed --
     phases, points = [], []
-    deadline = time.time() + 240
+    deadline = time.time() + 300
     while time.time() < deadline:
         p = text(d, "#phase-text")
         if p and (not phases or phases[-1] != p):
@@ -175,14 +184,16 @@ def test_ui_end_to_end(agent_server, browser):
     with server.client() as c:
         slow = c.post("/api/jobs", json={"name": "slow", "max_steps": 2000, "fault": {"step_sleep_s": 0.2}, **FAST}).json()
     d.get(f"{server.url}/jobs/{slow['id']}")
-    wait(d, 120).until(lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"))
-    wait(d, 30).until(lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 2)
+    until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"),
+          "the slow job is not training")
+    until(d, 60, lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 2,
+          "no chart points for the slow job")
     hb = d.find_element(By.CSS_SELECTOR, "#heartbeat time")
     assert "hb-ok" in hb.get_attribute("class") and hb.get_attribute("title"), "heartbeat age with absolute time on hover"
     shot(d, "job-running")
     d.find_element(By.ID, "cancel").click()
     d.find_element(By.ID, "cancel-confirm").click()
-    wait(d, 60).until(lambda d: text(d, "#job-state") == "cancelled")
+    until(d, 60, lambda d: text(d, "#job-state") == "cancelled", "not cancelled")
     assert server.wait_job(slow["id"], timeout=10)["state"] == "cancelled"
     shot(d, "job-cancelled")
 
@@ -206,13 +217,14 @@ def test_reconnect_fills_gap(server_factory, browser):
     with server.client() as c:
         job = c.post("/api/jobs", json={"name": "restart", "max_steps": 40, "fault": {"step_sleep_s": 0.1}, **FAST}).json()
     d.get(f"{server.url}/jobs/{job['id']}")
-    wait(d, 120).until(lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 3)
+    until(d, 180, lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 3,
+          "no chart points before the restart")
     server.kill(signal.SIGTERM)
     wait(d, 10).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#conn.on"))
     time.sleep(2)  # training goes on; the agent journals the events it cannot send
     server.start()
     wait(d, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"))
-    wait(d, 120).until(lambda d: text(d, "#job-state") == "completed")
+    until(d, 180, lambda d: text(d, "#job-state") == "completed", "not completed after the restart")
     time.sleep(1)
     steps = d.execute_script("return TPJOB.series.loss.step")
     assert steps == list(range(steps[0], steps[0] + len(steps))), f"hole in the chart: {steps}"
