@@ -130,6 +130,8 @@ const TP = (() => {
     if (a >= 1e3) return `${Number((x / 1e3).toPrecision(3))}k`;
     return String(Number(x.toPrecision(3)));
   }
+  // Tick spacing for step axes: whole steps only.
+  const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2500, 5e3, 1e4, 2e4, 25e3, 5e4, 1e5, 2e5, 25e4, 5e5, 1e6, 2e6, 25e5, 5e6, 1e7, 2e7, 5e7, 1e8];
   function bytesMB(mb) { return mb === null || mb === undefined ? "–" : mb >= 1024 ? `${num(mb / 1024, 2)} GiB` : `${num(mb, 0)} MiB`; }
   function dur(s) {
     if (s === null || s === undefined || !isFinite(s)) return "–";
@@ -192,5 +194,5 @@ const TP = (() => {
   const FINAL = ["completed", "failed", "cancelled"];
   document.addEventListener("DOMContentLoaded", askNotifications);
   if (document.readyState !== "loading") askNotifications();
-  return { api, live, onAlert, openAlerts, num, sig, compact, axis, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
+  return { api, live, onAlert, openAlerts, num, sig, compact, axis, STEP_INCRS, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
 })();

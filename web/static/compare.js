@@ -79,7 +79,7 @@
       box.replaceChildren();
       if (!ids.length) { charts[id] = null; continue; }
       charts[id] = new uPlot({ width: Math.max(280, box.clientWidth || 600), height: 260, scales: { x: { time: false } }, series: ser,
-        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18 }, { size: 56, label: key === "loss" ? "loss" : "tok/s", labelSize: 18, values: key === "loss" ? undefined : (u, v) => v.map(TP.axis) }],
+        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18, ...(byTime ? {} : { incrs: TP.STEP_INCRS }), values: (u, v) => v.map(TP.axis) }, { size: 56, label: key === "loss" ? "loss" : "tok/s", labelSize: 18, values: key === "loss" ? undefined : (u, v) => v.map(TP.axis) }],
         cursor: { sync: { key: "cmp" }, drag: { x: true, y: false } } }, cols, box);
     }
     diffTable(got.map((g) => g.detail));

@@ -80,7 +80,7 @@
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
       scales: { x: { time: false } },
-      axes: [{ label: "step", labelSize: 18, size: 36, values: (u, v) => v.map(TP.axis) },
+      axes: [{ label: "step", labelSize: 18, size: 36, incrs: TP.STEP_INCRS, values: (u, v) => v.map(TP.axis) },
         { label: spec.unit || "", labelSize: spec.unit ? 18 : 0, size: 64, values: spec.axis }],
       cursor: { drag: { x: true, y: false, setScale: true }, sync: { key: `job${jobId}`, setSeries: false } },
       legend: { live: true },
@@ -273,7 +273,7 @@
     } }) : null;
     div.replaceChildren(
       TP.el("div", { class: "alert-head" },
-        TP.el("strong", { text: `${a.severity === "critical" ? "⛔" : a.severity === "info" ? "ℹ" : "⚠"} ${a.kind}` }),
+        TP.el("span", { class: `sev ${a.severity}`, text: a.severity }), TP.el("strong", { text: ` ${a.kind}` }),
         TP.el("span", { class: "muted", text: ` · ${a.state}` }), " · ", TP.rel(a.updated_at || a.created_at), TP.el("span", { class: "spacer" }), ack),
       TP.el("div", { class: "alert-msg", text: a.message }),
       a.stack ? TP.el("details", {}, TP.el("summary", { text: `Stack dump (${a.stack.split("\n").length} lines)` }), TP.el("pre", { text: a.stack })) : "");
@@ -340,8 +340,18 @@
     if (!list.length) $("attempts").append(TP.el("tr", {}, TP.el("td", { colspan: 5, class: "muted", text: "Not started yet." })));
   }
 
+  let lastProgress = null;
+  function showProgressAge() {
+    const box = $("progress-age");
+    if (!lastProgress) { box.textContent = "–"; return; }
+    const t = box.querySelector("time");
+    const active = job && TP.ACTIVE.includes(job.state);
+    if (t && t.dataset.t == lastProgress && !!t.dataset.hb === active) return;
+    box.replaceChildren(TP.rel(lastProgress, { hb: active }));
+  }
   function onEvent(e) {
     const d = e.data;
+    if (e.kind === "metrics" || e.kind === "phase") { lastProgress = Math.max(lastProgress || 0, e.t); showProgressAge(); }
     if (e.kind === "metrics") { addPoint(d.step, d.values); if (job) { job.last = { ...(job.last || {}), ...d.values, step: d.step }; job.step = d.step; showNumbers(job.last); } }
     else if (e.kind === "phase") { if (job) job.phase = d; showPhase(d); }
     else if (e.kind === "log") { if (e.seq > lastLogSeq) appendLog(e); }
@@ -363,12 +373,14 @@
     agents = new Map(ags.map((a) => [a.id, a]));
     if (j.attempts.length) lastAgent = j.attempts[j.attempts.length - 1].agent_id;
     for (const [k, s] of Object.entries(m.series)) {
+      if (s.t && s.t.length) lastProgress = Math.max(lastProgress || 0, s.t[s.t.length - 1]);
       mergePoints(k, s.step, s.value);
       if (s.downsampled && first) downsampledInfo[k] = s.total_points;
     }
     drawCharts(true);
     noteDownsampled(null);
     showSummary(j);
+    showProgressAge();
     $("config").textContent = JSON.stringify(j.spec, null, 2);
     showAttempts(j.attempts);
     infoEvents.length = 0; checkpoints.length = 0;
