@@ -244,3 +244,46 @@ def test_submit_form_covers_every_jobspec_field():
     want |= {f"lora.{n}" for n in LoraSpec.model_fields} | {f"stall.{n}" for n in StallSpec.model_fields}
     assert want <= set(fields), want - set(fields)
     assert all(f["help"] for f in fields.values())
+
+
+def test_alert_banner_stack_ack_and_notification(server, browser):
+    """An alert with a stack dump, sent the way an agent sends it: the job page shows it with its
+    stack, the header counts it, a desktop notification fires (permission granted), Acknowledge
+    works. A stand-in agent speaks the real agent protocol, so no training is needed."""
+    import httpx
+    d = browser
+    agent = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.agent_token}"})
+    aid = agent.post("/api/agents", json={"name": "fake", "host": "h"}).json()["id"]
+    with server.client() as c:
+        jid = c.post("/api/jobs", json={"name": "stuck"}).json()["id"]
+    assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
+    # A granted Notification that records what it was asked to show.
+    d.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """
+        window.__notes = [];
+        window.Notification = class { constructor(title, o) { window.__notes.push([title, o && o.body]); }
+          static get permission() { return "granted"; } static requestPermission() { return Promise.resolve("granted"); } };"""})
+    login(d, server)
+    d.get(f"{server.url}/jobs/{jid}")
+    until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on") and text(d, "#job-state"), "page not live")
+    now = time.time()
+    events = [{"kind": "phase", "job_id": jid, "seq": 0, "t": now, "data": {"name": "training", "done": 3, "total": 10, "unit": "steps"}},
+              {"kind": "metrics", "job_id": jid, "seq": 1, "t": now, "data": {"step": 3, "values": {"loss": 2.5}}},
+              {"kind": "alert", "job_id": jid, "seq": 2, "t": now, "data": {
+                  "kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 60 s",
+                  "stack": "Thread 0x1 (most recent call first):\n  File \"train.py\", line 42 in step"}}]
+    agent.post(f"/api/agents/{aid}/events", json={"events": events}).raise_for_status()
+    until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts-live .alert.critical.open"), "no alert banner")
+    banner = d.find_element(By.CSS_SELECTOR, "#alerts-live .alert")
+    assert "stalled" in banner.text and "Stack dump (2 lines)" in banner.text
+    assert text(d, "#phase-text") == "training 3/10 steps"
+    until(d, 5, lambda d: text(d, "#alert-count") == "⚠ 1", "header badge")
+    assert d.execute_script("return window.__notes") == [[f"tokenpulse: job {jid} stalled", "stalled: no progress in 'training' for 60 s"]]
+    banner.find_element(By.TAG_NAME, "summary").click()
+    assert 'line 42 in step' in banner.find_element(By.TAG_NAME, "pre").text
+    shot(d, "job-alert")
+    banner.find_element(By.XPATH, ".//button[text()='Acknowledge']").click()
+    until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts-live .alert.acked"), "not acknowledged")
+    until(d, 5, lambda d: not d.find_element(By.ID, "alert-count").is_displayed(), "badge still shown")
+    with server.client() as c:
+        assert c.get("/api/alerts", params={"job_id": jid}).json()[0]["state"] == "acked"
+    assert not console_errors(d), console_errors(d)

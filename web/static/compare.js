@@ -64,13 +64,13 @@
         const raw = xs.map((x) => (mp.has(x) ? mp.get(x) : null));
         const color = COLORS[i % COLORS.length], label = `#${g.detail.id} ${g.detail.name}`;
         if (key === "loss" && a > 0) {
-          cols.push(raw); ser.push({ label: `${label} (raw)`, stroke: color + "40", width: 1, spanGaps: true, points: { show: false }, value: (u, v) => TP.sig(v) });
+          cols.push(raw); ser.push({ label: `${label} (raw)`, stroke: color + "40", width: 1, spanGaps: true, value: (u, v) => TP.sig(v) });
           // smooth over the job's own points only, then spread onto the shared x axis
           const own = s ? ema(s.value, a) : []; const sm = new Map(); if (s) xsOf(g).forEach((x, k) => sm.set(x, own[k]));
           cols.push(xs.map((x) => (sm.has(x) ? sm.get(x) : null)));
-          ser.push({ label, stroke: color, width: 2, spanGaps: true, points: { show: false }, value: (u, v) => TP.sig(v) });
+          ser.push({ label, stroke: color, width: 2, spanGaps: true, value: (u, v) => TP.sig(v) });
         } else {
-          cols.push(raw); ser.push({ label, stroke: color, width: key === "loss" ? 2 : 1.5, spanGaps: true, points: { show: false },
+          cols.push(raw); ser.push({ label, stroke: color, width: key === "loss" ? 2 : 1.5, spanGaps: true,
             value: (u, v) => (key === "loss" ? TP.sig(v) : TP.compact(v, "tok/s")) });
         }
       });

@@ -75,8 +75,8 @@
     const s = [{ label: "step", value: (u, v) => (v === null || v === undefined ? "–" : TP.num(v)) }];
     spec.labels.forEach((l, i) => s.push({ label: l, stroke: (spec.colors || COLORS)[i], width: spec.smooth ? 1 : 1.5, spanGaps: true,
       ...(spec.dash && spec.dash[i] ? { dash: spec.dash[i] } : {}),
-      ...(spec.smooth ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v), points: { show: false } }));
-    if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v), points: { show: false } });
+      ...(spec.smooth ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
+    if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v) });
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
       scales: { x: { time: false } },
@@ -353,7 +353,10 @@
     const d = e.data;
     if (e.kind === "metrics" || e.kind === "phase") { lastProgress = Math.max(lastProgress || 0, e.t); showProgressAge(); }
     if (e.kind === "metrics") { addPoint(d.step, d.values); if (job) { job.last = { ...(job.last || {}), ...d.values, step: d.step }; job.step = d.step; showNumbers(job.last); } }
-    else if (e.kind === "phase") { if (job) job.phase = d; showPhase(d); }
+    else if (e.kind === "phase") {
+      if (job) { job.phase = d; if (d.name === "training" && d.total) job.total_steps = d.total; }
+      showPhase(d);
+    }
     else if (e.kind === "log") { if (e.seq > lastLogSeq) appendLog(e); }
     else if (e.kind === "info") { if (job) Object.assign(job.info = job.info || {}, d); infoEvents.push(e); showInfo(); }
     else if (e.kind === "checkpoint") { checkpoints.push(e); if (d.final && job) job.output_dir = d.path; showOutput(); }
@@ -399,7 +402,7 @@
       let metrics = false, state = false;
       for (const e of f.events) { onEvent(e); if (e.kind === "metrics") metrics = true; if (e.kind === "state") state = true; }
       if (metrics) scheduleDraw();
-      if (job && job.state === "starting") showSummary({ state: "running" }); // the first event makes it running
+      if (job && job.state === "starting") showSummary({ state: "running", started_at: job.started_at || f.events[0].t }); // the first event makes it running
       if (state) refill();
     } else if (f.type === "job" && f.job.id === jobId) {
       const was = job && job.state;
