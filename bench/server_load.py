@@ -364,7 +364,10 @@ class Bench:
                 if s % 10 == 0:
                     v["val_loss"] = 1.0 / (1 + s)
                 evs.append({"kind": "metrics", "job_id": job, "seq": s, "t": 1.7e9 + s, "data": {"step": s, "values": v}})
-            ag.post(f"/api/agents/{aid}/events", json={"events": evs}).raise_for_status()
+            r = ag.post(f"/api/agents/{aid}/events", json={"events": evs})
+            r.raise_for_status()
+            assert not r.json()["commands"], r.text  # still our job (a lost lease would cancel it)
+            ag.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {str(job): time.time()}}).raise_for_status()
         log(f"seeded 1.1M points over the agent protocol in {time.time() - t0:.1f} s")
         # 10,000 jobs: copies of one finished row (SQL; submitting them one by one is not the point here)
         db = sqlite3.connect(self.db_path, timeout=30)

@@ -131,8 +131,8 @@ class MetricKeys:
 METRIC_KEYS = MetricKeys()
 
 INSERT_METRIC = "INSERT OR REPLACE INTO metrics (job_id, key_id, step, t, value) VALUES "
-CHUNK = 500  # rows per INSERT statement (2,500 parameters; SQLite allows 32,766)
-INSERT_CHUNK = INSERT_METRIC + ", ".join(["(?, ?, ?, ?, ?)"] * CHUNK)
+ROWS_PER_INSERT = 500  # 2,500 parameters a statement; SQLite allows 32,766
+INSERT_ROWS = INSERT_METRIC + ", ".join(["(?, ?, ?, ?, ?)"] * ROWS_PER_INSERT)
 INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
 ROLLUP_COLS = ("n, first_step, first_t, first_value, last_step, last_t, last_value, "
                "min_step, min_t, min_value, max_step, max_t, max_value")
@@ -149,8 +149,9 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
 
     A big batch goes in chunks of ~CHUNK_POINTS points, each committed (watermark included) before
     the writer runs the small writes queued meanwhile (db.Database._yield): a heartbeat, a state
-    change or a live metric then waits for ~1,000 points (a few ms), not a 20,000-point batch. Exactly once still:
-    if a later chunk fails, the agent sends the batch again and the committed chunks are replays."""
+    change or a live metric then waits for ~1,000 points (a few ms), not a 20,000-point batch.
+    Exactly once still: if a later chunk fails, the agent sends the batch again and the committed
+    chunks are replays."""
     yield_ = s.info.get("yield")
     if yield_ is not None and len(events) > CHUNK_POINTS // 16:
         # each job's events in seq order across chunks (the watermark of a chunk must not skip
@@ -274,9 +275,9 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         # rate, as SQLite runs one statement per 500 rows and Python drops and retakes the GIL once
         # per statement rather than once per row (which also lets the event loop cut in less often).
         cur = s.connection().connection.cursor()
-        full = len(metric_rows) - len(metric_rows) % CHUNK
-        for i in range(0, full, CHUNK):
-            cur.execute(INSERT_CHUNK, [x for row in metric_rows[i:i + CHUNK] for x in row])
+        full = len(metric_rows) - len(metric_rows) % ROWS_PER_INSERT
+        for i in range(0, full, ROWS_PER_INSERT):
+            cur.execute(INSERT_ROWS, [x for row in metric_rows[i:i + ROWS_PER_INSERT] for x in row])
         if full < len(metric_rows):
             cur.executemany(INSERT_METRIC + "(?, ?, ?, ?, ?)", metric_rows[full:])
         store_rollups(cur, rollups, dirty)
