@@ -278,16 +278,44 @@ def test_stuck_at_reads_both_dump_formats():
     assert stuck_at(None) is None and stuck_at("garbage") is None
 
 
-def test_busy_machine_bursts_below_the_factor_are_not_slow_and_load_is_named():
+def test_busy_machine_bursts_below_the_factor_are_not_slow():
     s, c = SlowDetector(StallConfig()), Clock()  # default slow_factor (4)
     assert feed(s, c, 30, 0.1, 5000) is None
     assert feed(s, c, 10, 0.35, 5000 / 3.5) is None  # a neighbour takes the CPU: 3.5x, under 4x
     assert feed(s, c, 20, 0.1, 5000) is None
-    s.load = (7.7, 2)
     v = feed(s, c, 5, 0.6, 5000 / 6)
-    assert v.kind == "slow" and "oversubscribed: load 7.7 on 2 cores" in v.message
+    assert v.kind == "slow" and "fell" in v.message
     assert feed(s, c, 30, 0.6, 5000 / 6) is None  # a long slow stretch stays slow (baseline frozen)
     assert s.open_keys == {"fell"}
+
+
+def feed_sched(s: SlowDetector, c: Clock, steps: int, st: float, run_share: float, wait_share: float, acc):
+    """Steps of st seconds; the process ran run_share of the wall time and waited for a CPU wait_share."""
+    for _ in range(steps):
+        for _ in range(4):
+            c.tick(st / 4)
+            acc[0] += run_share * st / 4
+            acc[1] += wait_share * st / 4
+            s.observe_sched(c(), acc[0], acc[1])
+        step = (s.last_step or 2) + 1
+        s.observe("metrics", {"step": step, "values": {"step_time_s": st, "tokens_per_s": 100 / st}}, c())
+    return s.check(c()), s.check_contention()
+
+
+def test_cpu_starvation_is_contention_not_slow_and_a_sleep_is_slow():
+    s, c, acc = SlowDetector(CFG), Clock(), [0.0, 0.0]
+    assert feed_sched(s, c, 12, 1.0, 0.95, 0.02, acc) == (None, None)
+    s.load = (7.7, 2)
+    slow, cont = feed_sched(s, c, 5, 5.0, 0.2, 0.8, acc)  # runnable all along, on a CPU 20% of it
+    assert slow is None and cont.kind == "contention"
+    assert "waited for a CPU 80% of the time" in cont.message and "load 7.7 on 2 cores" in cont.message
+    slow, cont = feed_sched(s, c, 6, 1.0, 0.95, 0.02, acc)
+    assert slow is None and cont.kind == "contention_clear"
+
+    s, c, acc = SlowDetector(CFG), Clock(), [0.0, 0.0]
+    feed_sched(s, c, 12, 1.0, 0.95, 0.02, acc)
+    slow, cont = feed_sched(s, c, 5, 5.0, 0.2, 0.01, acc)  # 5x slower, sleeping (not waiting): slow
+    assert slow.kind == "slow" and "fell 5.0x" in slow.message and cont is None
 
 
 def test_steps_on_alive_events_are_progress_between_metric_points():

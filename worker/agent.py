@@ -24,7 +24,7 @@ import httpx
 from tokenpulse.protocol import Claim
 from worker.child import TrainingProcess, describe_exit
 from worker.outbox import Outbox
-from worker.slow import SlowDetector, gpu_info
+from worker.slow import SlowDetector, gpu_info, read_schedstat
 from worker.stall import StallConfig, StallDetector, stuck_at
 
 log = logging.getLogger("tokenpulse.agent")
@@ -325,14 +325,19 @@ class Agent:
             message = v.message + (f"; stuck at {where}" if where else "")
             self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
-        if rj.slow is not None and rj.slow.fresh:
+        if rj.slow is None:
+            return
+        sched = read_schedstat(rj.process.pid)  # CPU time vs waiting for a CPU: tells a busy machine
+        if sched is not None:
+            rj.slow.observe_sched(now, *sched)
+        if rj.slow.fresh:
             rj.slow.load = (os.getloadavg()[0], os.cpu_count())
-        v = rj.slow.check(now) if rj.slow is not None else None
-        if v is not None:
-            if v.kind == "slow":
-                self.emit(rj, "alert", {"kind": "slow", "severity": "warning", "message": v.message})
-            else:
-                self.emit(rj, "alert", {"kind": "slow", "message": v.message, "clear": True})
+        for v in (rj.slow.check(now), rj.slow.check_contention()):
+            if v is None:
+                continue
+            kind, clear = v.kind.removesuffix("_clear"), v.kind.endswith("_clear")
+            severity = "info" if kind == "contention" else "warning"
+            self.emit(rj, "alert", {"kind": kind, "severity": severity, "message": v.message, "clear": clear})
 
     def close_alerts(self, rj: RunningJob, verdict: dict) -> None:
         """The process is gone: open stalled/slow alerts close (saying how it ended); a crash alerts."""
@@ -341,6 +346,8 @@ class Agent:
             self.emit(rj, "alert", {"kind": "stalled", "message": how, "clear": True})
         if rj.slow is not None and rj.slow.open_keys:
             self.emit(rj, "alert", {"kind": "slow", "message": how, "clear": True})
+        if rj.slow is not None and rj.slow.contention_open:
+            self.emit(rj, "alert", {"kind": "contention", "message": how, "clear": True})
         if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal"):
             self.emit(rj, "alert", {"kind": "crashed", "severity": "critical",
                                     "message": (verdict.get("reason") or "training process crashed")[:8000]})

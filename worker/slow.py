@@ -45,6 +45,26 @@ def gpu_info() -> tuple[Optional[str], bool]:
     return name.strip(), bf16
 
 
+def read_schedstat(pid: int) -> Optional[tuple[float, float]]:
+    """(seconds on a CPU, seconds runnable but waiting for a CPU), summed over the process's threads,
+    from /proc/<pid>/task/*/schedstat (Linux); None where unavailable."""
+    import os
+    run = wait = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                parts = f.read().split()
+            run += int(parts[0])
+            wait += int(parts[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return run / 1e9, wait / 1e9
+
+
 @dataclass
 class Sample:
     t: float
@@ -70,6 +90,8 @@ class SlowDetector:
     projected_tps: Optional[float] = None
     baseline: Optional[float] = None  # the earlier pace, frozen while a 'fell' reason is open
     load: Optional[tuple] = None  # (1-minute load average, cores), set by the agent before check()
+    sched: list = field(default_factory=list)  # (t, cpu seconds, cpu-wait seconds) of the process
+    contention_open: Optional[str] = None
     open_keys: Optional[frozenset] = None
     open_message: Optional[str] = None
     fresh: bool = False
@@ -109,6 +131,39 @@ class SlowDetector:
                 del self.samples[:1000]
             self.fresh = True
 
+    def observe_sched(self, now: float, run_s: float, wait_s: float) -> None:
+        """The training process's scheduler counters (read_schedstat), sampled by the agent."""
+        if self.sched and now - self.sched[-1][0] < 0.2:
+            return
+        self.sched.append((now, run_s, wait_s))
+        if len(self.sched) > 4000:
+            del self.sched[:2000]
+
+    def _waiting_share(self, t0: float, t1: float) -> Optional[float]:
+        """Of the time the process wanted a CPU between t0 and t1, the share it spent waiting for one."""
+        pts = [x for x in self.sched if t0 <= x[0] <= t1]
+        if len(pts) < 2:
+            return None
+        run, wait = pts[-1][1] - pts[0][1], pts[-1][2] - pts[0][2]
+        return wait / (run + wait) if run + wait > 0 else None
+
+    def _starved(self, window: int, relative: bool = True) -> Optional[str]:
+        """Is the recent slowness explained by CPU starvation (other processes hold the CPUs)? The
+        process was runnable but waiting most of the time, far more than earlier in the job. An
+        injected sleep, I/O or a slower step is not waiting for a CPU: those stay 'slow'."""
+        if len(self.samples) <= window:
+            return None
+        t_start = self.samples[-window - 1].t
+        now_share = self._waiting_share(t_start, self.samples[-1].t)
+        before = self._waiting_share(self.samples[0].t, t_start)
+        if now_share is None or now_share < 0.5 or (relative and before is not None and now_share - before < 0.25):
+            return None
+        load = (f"; load {self.load[0]:.1f} on {self.load[1]} cores" if self.load else "")
+        return (f"the training process waited for a CPU {now_share:.0%} of the time it was runnable "
+                f"(earlier: {before:.0%}){load}: other processes on this machine hold the CPUs"
+                if before is not None else
+                f"the training process waited for a CPU {now_share:.0%} of the time it was runnable{load}")
+
     def _rates(self) -> list[float]:
         """Throughput per sample: real tokens/s when reported, else optimizer steps/s."""
         if all(s.tps for s in self.samples[-20:]):
@@ -137,26 +192,33 @@ class SlowDetector:
         # slow stretch does not become the new normal. Hysteresis: clears at half the factor.
         w = 5 if n >= 10 else 3
         cur = statistics.median(rates[-w:])
-        if "fell" not in was_open and n >= w + 5:
+        held = "fell" in was_open or bool(self.contention_open)
+        if not held and n >= w + 5:
             self.baseline = statistics.median(rates[:-w][-500:])
         if self.baseline and cur > 0:
             drop = self.baseline / cur
-            need = c.slow_factor if "fell" not in was_open else max(1.0, c.slow_factor / 2)
+            need = c.slow_factor if not held else max(1.0, c.slow_factor / 2)
             if drop >= need:
                 msg = (f"throughput fell {drop:.1f}x: {unit(cur)} now, {unit(self.baseline)} earlier in "
                        f"this job")
-                if self.load and self.load[0] > 1.5 * (self.load[1] or 1):
-                    msg += (f" (this machine is oversubscribed: load {self.load[0]:.1f} on {self.load[1]} "
-                            f"cores; other processes compete for it)")
-                out.append(("fell", msg))
+                starved = self._starved(w)
+                if starved:
+                    out.append(("contention", f"{msg}, because {starved}"))
+                else:
+                    out.append(("fell", msg))
 
         # against the preflight projection (autotune's measured forward+backward rate)
         if self.projected_tps and self._uses_tokens() and now_rate > 0:
             below = self.projected_tps / now_rate
             need = c.slow_projection_factor if "projection" not in was_open else c.slow_projection_factor / 2
             if below >= need:
-                out.append(("projection", f"{unit(now_rate)} is {below:.1f}x below the preflight "
-                                          f"projection of {unit(self.projected_tps)}"))
+                msg = f"{unit(now_rate)} is {below:.1f}x below the preflight projection of {unit(self.projected_tps)}"
+                starved = self._starved(3, relative=False)  # the projection was measured on its own
+                if starved:
+                    if not any(k == "contention" for k, _ in out):
+                        out.append(("contention", f"{msg}, because {starved}"))
+                else:
+                    out.append(("projection", msg))
 
         # steady growth of the step time (not a single jump: that is 'fell')
         g = self._growth()
@@ -270,11 +332,15 @@ class SlowDetector:
     # ---- judging -----------------------------------------------------------------------------
 
     def check(self, now: float) -> Optional[Verdict]:
-        """A 'slow' verdict when the set of reasons appears or changes, 'slow_clear' when it ends."""
+        """A 'slow' verdict when the set of reasons appears or changes, 'slow_clear' when it ends.
+        Slowness explained by CPU starvation alone is reported apart (check_contention)."""
         if not self.fresh:
             return None
         self.fresh = False
-        rs = self.reasons()
+        all_reasons = self.reasons()
+        rs = [(k, t) for k, t in all_reasons if k != "contention"]
+        cont = [t for k, t in all_reasons if k == "contention"]
+        self._contention = cont[0] if cont else None
         keys = frozenset(k for k, _ in rs)
         if rs and keys != self.open_keys:
             self.open_keys = keys
@@ -282,7 +348,23 @@ class SlowDetector:
             return Verdict("slow", self.open_message, reasons=rs)
         if not rs and self.open_keys:
             self.open_keys = self.open_message = None
-            rate = self._rates()[-1] if self.samples else 0
-            unit = _fmt_rate if self._uses_tokens() else (lambda x: f"{x:.2f} steps/s")
-            return Verdict("slow_clear", f"no longer slow: {unit(rate)} at step {self.last_step}")
+            return Verdict("slow_clear", f"no longer slow: {self._now_rate()} at step {self.last_step}")
         return None
+
+    def check_contention(self) -> Optional[Verdict]:
+        """'contention' when the job is slow only because other processes hold the CPUs (an info
+        alert: nothing in the job to fix), 'contention_clear' when that ends. Call after check()."""
+        cur = getattr(self, "_contention", None)
+        if cur and not self.contention_open:
+            self.contention_open = cur
+            return Verdict("contention", f"slowed by a busy machine: {cur}")
+        if not cur and self.contention_open:
+            self.contention_open = None
+            return Verdict("contention_clear", f"the machine is no longer holding the job back: "
+                                               f"{self._now_rate()} at step {self.last_step}")
+        return None
+
+    def _now_rate(self) -> str:
+        rate = self._rates()[-1] if self.samples else 0
+        unit = _fmt_rate if self._uses_tokens() else (lambda x: f"{x:.2f} steps/s")
+        return unit(rate)
