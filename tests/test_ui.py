@@ -191,6 +191,13 @@ def test_ui_end_to_end(agent_server, browser):
     hb = d.find_element(By.CSS_SELECTOR, "#heartbeat time")
     assert "hb-ok" in hb.get_attribute("class") and hb.get_attribute("title"), "heartbeat age with absolute time on hover"
     shot(d, "job-running")
+    # pause (a checkpoint, the process ends), resume (queued again, continues from the checkpoint)
+    d.find_element(By.ID, "pause").click()
+    until(d, 60, lambda d: text(d, "#job-state") == "paused", "not paused")
+    assert d.find_element(By.ID, "resume").is_displayed() and not d.find_element(By.ID, "pause").is_displayed()
+    d.find_element(By.ID, "resume").click()
+    until(d, 120, lambda d: text(d, "#job-state") == "running", "not running again after resume")
+    until(d, 10, lambda d: "#2" in text(d, "#attempts"), "no second attempt listed")
     d.find_element(By.ID, "cancel").click()
     d.find_element(By.ID, "cancel-confirm").click()
     until(d, 60, lambda d: text(d, "#job-state") == "cancelled", "not cancelled")
