@@ -262,7 +262,7 @@ def test_alert_banner_stack_ack_and_notification(server, browser):
     agent = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.agent_token}"})
     aid = agent.post("/api/agents", json={"name": "fake", "host": "h"}).json()["id"]
     with server.client() as c:
-        jid = c.post("/api/jobs", json={"name": "stuck"}).json()["id"]
+        jid = c.post("/api/jobs", json={"name": "stuck <img src=x onerror=alert(1)>"}).json()["id"]
     assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
     # A granted Notification that records what it was asked to show.
     d.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """
@@ -283,6 +283,8 @@ def test_alert_banner_stack_ack_and_notification(server, browser):
     banner = d.find_element(By.CSS_SELECTOR, "#alerts-live .alert")
     assert "stalled" in banner.text and "Stack dump (2 lines)" in banner.text
     assert text(d, "#phase-text") == "training 3/10 steps"
+    assert text(d, "#job-name") == "stuck <img src=x onerror=alert(1)>"  # names are text, never markup
+    assert not d.find_elements(By.CSS_SELECTOR, "main img")
     until(d, 5, lambda d: text(d, "#alert-count") == "⚠ 1", "header badge")
     assert d.execute_script("return window.__notes") == [[f"tokenpulse: job {jid} stalled", "stalled: no progress in 'training' for 60 s"]]
     banner.find_element(By.TAG_NAME, "summary").click()
