@@ -74,7 +74,7 @@
     if (j.state === "queued") return j.attempt ? `waiting for a worker (retry ${j.attempt})` : "waiting for a worker";
     if (j.state === "completed") return j.started_at && j.finished_at ? `finished in ${TP.dur(j.finished_at - j.started_at)}` : "finished";
     if (j.state === "failed") return `failed${j.failure ? ": " + j.failure : ""}`;
-    if (j.state === "cancelled") return j.step ? `cancelled at step ${TP.num(j.step)}` : "cancelled before it started";
+    if (j.state === "cancelled") return j.step ? `cancelled at step ${TP.num(j.step)}` : "cancelled (never started)";
     return "–";
   }
 
