@@ -9,7 +9,7 @@ import time
 import pytest
 
 
-def read_frames(ws, job_id: int, until_state=("completed", "failed", "cancelled"), timeout: float = 120):
+def read_frames(ws, job_id: int, until_state=("completed", "failed", "cancelled"), timeout: float = 300):
     """Collect websocket frames for a job until it reaches a final state."""
     frames = []
     deadline = time.time() + timeout
@@ -125,7 +125,7 @@ def test_two_agents_five_jobs_each_runs_exactly_once(server):
     server.start_agent("a2")
     with server.client() as c:
         ids = [c.post("/api/jobs", json={"name": f"j{i}", "max_steps": 8}).json()["id"] for i in range(5)]
-        jobs = [server.wait_job(i, timeout=180) for i in ids]
+        jobs = [server.wait_job(i, timeout=300) for i in ids]
         assert [j["state"] for j in jobs] == ["completed"] * 5
         for j in jobs:
             assert len(j["attempts"]) == 1 and j["attempt"] == 1, j["attempts"]
