@@ -45,7 +45,7 @@ class App:
         return caller
 
 
-def get_app(request: Request) -> App:
+async def get_app(request: Request) -> App:  # async: a sync dependency costs a threadpool hop per request
     return request.app.state.tp
 
 
