@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from .packing import Layout, pack_rows
+from .packing import pack_rows
 
 SAMPLE_ABOVE = 20_000  # examples; above this the analysis tokenizes a random sample
 ROWS_PER_STEP = 16  # rows per step used to compare layouts (JobSpec's default effective batch)

@@ -7,7 +7,6 @@ no device sync is needed to normalize it.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional

@@ -108,7 +108,7 @@ def _bnb_4bit(device: torch.device):
         raise SpecError("lora.load_in_4bit (QLoRA) needs a CUDA GPU; this worker has none. "
                         "Turn load_in_4bit off to train LoRA on full-precision weights.", "lora")
     try:
-        import bitsandbytes  # noqa: F401
+        import bitsandbytes  # noqa: F401 -- only checking it is installed
     except ImportError as e:
         raise SpecError("lora.load_in_4bit needs the bitsandbytes package on the worker", "lora") from e
     from transformers import BitsAndBytesConfig

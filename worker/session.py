@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,8 +17,8 @@ from tokenpulse.protocol import JobSpec
 from . import checkpoint as ckpt
 from .analysis import recommend_max_len
 from .autotune import autotune
-from .controls import Controls, Faults
 from .alerts import send_alert
+from .controls import Controls, Faults
 from .errors import EXIT_NAN, EXIT_OK, SpecError
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
@@ -42,7 +44,6 @@ class Session:
     def _model(self):
         spec, em = self.spec, self.em
         self.device, why = pick_device(spec)
-        import os
         em.info(device=str(self.device), reason=why, torch_threads=torch.get_num_threads(),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"))
         em.phase("loading model", detail=spec.model)
@@ -210,7 +211,6 @@ class Session:
             raise SpecError("streaming needs max_steps (the stream's length is unknown)", "max_steps")
         precision = self._precision()
         chunk_tokens = 200_000
-        state = {}
 
         def chunks():
             epoch = 0
@@ -324,7 +324,6 @@ class Session:
         em.phase("saving", detail="final model")
         final = self.out / "final"
         tmp = self.out / ".tmp-final"
-        import shutil
         shutil.rmtree(tmp, ignore_errors=True)
         if hasattr(model, "merge_and_unload") and not (spec.lora and spec.lora.load_in_4bit):
             # LoRA: final/ is the merged model (loads with from_pretrained alone); the adapter beside it.

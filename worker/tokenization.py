@@ -104,7 +104,7 @@ def encode_batch(tokenizer, pairs: list[tuple[str, str]], is_pair: bool, mask_pr
 
 
 def tokenize_all(pairs: Iterable[tuple[str, str]], total: Optional[int], tokenizer, fields: Fields,
-                 loss_on_response_only: bool, progress: ProgressFn, chunk: int = 1000) -> Tokenized:
+                 loss_on_response_only: bool, progress: ProgressFn, chunk: int = 256) -> Tokenized:
     """Tokenize in chunks; progress(done, total) is called at least every ~0.5 s of work."""
     parts, buf, done = [], [], 0
     mask = loss_on_response_only and fields.is_pair

@@ -10,20 +10,16 @@ from .runtime import configure as _configure_runtime
 _configure_runtime()  # before anything imports torch
 
 import argparse
-import hashlib
-import math
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
-from typing import Optional
 
 from tokenpulse.protocol import JobSpec
 
 from .emit import Emitter
 from .alerts import send_alert
-from .errors import EXIT_CRASH, EXIT_NAN, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecError
+from .errors import EXIT_CRASH, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecError
 
 
 def parse_args(argv=None):
