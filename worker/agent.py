@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,12 @@ def prune_own_checkpoints(out_dir: Path, resume: Optional[Path]) -> None:
             st = checkpoint_step(p)
             if st is None or st > start:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def find_py_spy() -> Optional[str]:
+    """py-spy installs beside the interpreter; a venv's bin is often not on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
 @dataclass
@@ -383,7 +390,7 @@ class Agent:
     async def capture_stack(self, rj: RunningJob) -> str:
         """Every thread's Python stack: py-spy where it may attach, else faulthandler (SIGUSR1).
         TOKENPULSE_STACK_TOOL=faulthandler skips py-spy."""
-        spy = shutil.which("py-spy")
+        spy = find_py_spy()
         if spy and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
             try:
                 p = await asyncio.create_subprocess_exec(spy, "dump", "--pid", str(rj.process.pid),
