@@ -523,6 +523,8 @@ class Bench:
                           for a, b, c, d, e, f in rows]
         ver = (an or {}).get("mlflow", {}).get("mlflow_version")
         lines.append(f"\nMLflow/raw SQLite: {self.res.get('anchor_src')}" + (f", MLflow {ver}" if ver else ""))
+        lines.append(f"Load average (2 cores, shared) during the ingest phase: {' '.join(r.get('loadavg', []))}; "
+                     f"client processes' cores then: {r.get('ingest_client_cores')}")
         lines.append("\nEXPLAIN QUERY PLAN:")
         for k, v in r["explain"].items():
             lines.append(f"  {k}: {'; '.join(v)}")

@@ -31,6 +31,7 @@ from tokenpulse.protocol import ACTIVE_STATES, Command, Event, JobState
 
 ROLLUP_SHIFT = 8  # a rollup row covers 2**8 = 256 steps of one (job, key)
 MAX_EVENTS = 100_000  # per batch, as EventBatch says
+INT_LIMIT = 2 ** 63
 
 
 @dataclass
@@ -103,6 +104,10 @@ def parse_batch(body: bytes) -> list[Ev]:
                 first = err.errors()[0]
                 raise invalid(("events", i) + tuple(first.get("loc", ())), first.get("msg", "invalid")) from None
             ev = Ev(m.kind, m.job_id, m.seq, m.t, m.data)
+        # SQLite integers are 64-bit and a NaN time would be stored as NULL: refuse, not a 500.
+        if (ev.job_id >= INT_LIMIT or ev.seq >= INT_LIMIT or not math.isfinite(ev.t)
+                or ev.kind == "metrics" and ev.data["step"] >= INT_LIMIT):
+            raise invalid(("events", i), "job_id, seq and step must be below 2**63 and t finite")
         out.append(ev)
     return out
 
@@ -320,10 +325,11 @@ def apply_event(s: Session, job: Job, e: Event, out: Outcome) -> None:
     d = e.data
     if e.kind == "phase":
         job.phase = json.dumps(d)
-        if d.get("name") == "training" and d.get("total"):
-            job.total_steps = int(d["total"])
-            if d.get("done") is not None:
-                job.step = int(d["done"])
+        total, done = d.get("total"), d.get("done")
+        if d.get("name") == "training" and total and math.isfinite(total) and 0 < total < INT_LIMIT:
+            job.total_steps = int(total)
+            if done is not None and math.isfinite(done) and 0 <= done < INT_LIMIT:
+                job.step = int(done)
     elif e.kind == "state":
         state = JobState(d["state"])
         store.end_attempt(s, job, state, d.get("reason"), d.get("failure"), d.get("exit_code"),

@@ -94,6 +94,12 @@ def test_bad_batch_refused_whole_and_mixed_kinds_stored(server):
     r = agent.post(f"/api/agents/{aid}/events", json={"events": bad})
     assert r.status_code == 422 and "events.1" in r.text
     assert agent.post(f"/api/agents/{aid}/events", content=b"{not json").status_code == 422
+    for bad in ({"job_id": 2 ** 63}, {"seq": 2 ** 64}, {"data": {"step": 2 ** 63, "values": {"a": 1.0}}}):
+        r = agent.post(f"/api/agents/{aid}/events", json={"events": [{**metric(jid, 0, 0), **bad}]})
+        assert r.status_code == 422, (bad, r.text)
+    r = agent.post(f"/api/agents/{aid}/events", content=b'{"events": [{"kind": "log", "job_id": %d, '
+                   b'"seq": 0, "t": NaN, "data": {"line": "x"}}]}' % jid, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
     assert counts(server, jid) == {}
     evs = [{"kind": "phase", "job_id": jid, "seq": 0, "t": 1.0, "data": {"name": "training", "done": 0, "total": 9}},
            metric(jid, 1, 0),
