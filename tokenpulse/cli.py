@@ -103,7 +103,7 @@ def cmd_agent(args) -> int:
         Path(args.token_file).read_text().strip() if args.token_file else None)
     if not token:
         raise SystemExit("an agent needs --token, --token-file or TOKENPULSE_AGENT_TOKEN (an agent token)")
-    agent = Agent(args.server, token, Path(args.work_dir), name=args.name, capacity=args.capacity,
+    agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity,
                   heartbeat_s=args.heartbeat, grace_s=args.grace,
                   resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None)
 
