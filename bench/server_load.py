@@ -472,13 +472,17 @@ class Bench:
             except (KeyError, TypeError, ZeroDivisionError):
                 return f"{fallback}{' (issue)' if fallback != '-' else ''}"
         ing, ws, hb = r.get("ingest", {}), r.get("ingest", {}).get("ws", {}), r.get("hb", {})
+        # sustained: everything the agents offered, stored by the time their backlog drained
+        dur = r.get("duration", self.a.duration)
+        sustained = ing.get("sent", 0) / (dur + ing.get("drain_s", 0)) if ing else 0
         b4 = lambda: ml["b_batch1000_4clients"]  # noqa: E731
         rows = [
             ("ingest, 4 agent processes, real protocol (points/s)", ">= 50,000",
-             f"{ing.get('pts_s', 0):,} (offered {ing.get('offered_pts_s', 0):,})",
+             f"{sustained:,.0f} all stored (offered {ing.get('offered_pts_s', 0):,} for {dur:.0f} s, backlog "
+             f"drained {ing.get('drain_s', 0):.2f} s after); {ing.get('pts_s', 0):,} stored/s in the timed window",
              m(lambda: b4()["pts_per_s"], lambda v: f"{v:,} (batches of 1000, 4 clients)", f"{I['ingest']:,}"),
              m(lambda: sq["lean_executemany_1000_per_txn"]["pts_per_s"], lambda v: f"{v:,}", f"{I['sqlite_ingest']:,}"),
-             ing.get("pts_s", 0) >= 50_000),
+             sustained >= 50_000),
             ("stored = sent after drain (nothing lost)", "equal",
              f"{ing.get('stored', 0):,} / {ing.get('sent', 0):,} (drained in {ing.get('drain_s', 0):.2f} s)",
              "-", "-", ing.get("stored") == ing.get("sent") and ing.get("sent", 0) > 0),
@@ -535,6 +539,11 @@ class Bench:
 
     def run(self):
         a = self.a
+        self.res["duration"] = a.duration
+        if a.render:  # re-print the table of an earlier run
+            self.res = json.loads(Path(a.render).read_text())
+            print(self.table())
+            return
         try:
             self.start_server()
             for ph in a.phases.split(","):
@@ -568,6 +577,7 @@ def main():
         p.add_argument("--skip-anchor", action="store_true")
         p.add_argument("--phases", default="probe,ingest,hb,reads")
         p.add_argument("--no-table", action="store_true")
+        p.add_argument("--render", help="print the table of an earlier run's results JSON")
         p.add_argument("--anchor-json")
         p.add_argument("--anchor-duration", type=float, default=5.0)
     c = sub.add_parser("_agent")
