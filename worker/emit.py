@@ -31,7 +31,7 @@ class Emitter:
             threading.Thread(target=self._alive_loop, args=(alive_every,), daemon=True,
                              name="tokenpulse-alive").start()
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def emit(self, kind: str, /, **data: Any) -> None:
         model = DATA_MODELS.get(kind)
         if model is not None:  # validate here, so a bad event fails in the process that made it
             data = model.model_validate(data).model_dump(exclude_none=True, mode="json")

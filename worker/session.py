@@ -17,7 +17,6 @@ from tokenpulse.protocol import JobSpec
 from . import checkpoint as ckpt
 from .analysis import recommend_max_len
 from .autotune import autotune
-from .alerts import send_alert
 from .controls import Controls, Faults
 from .errors import EXIT_NAN, EXIT_OK, SpecError
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
@@ -99,7 +98,7 @@ class Session:
             em.info(padding="pack", reason=f"padding-free packing: {why}")
             return "pack"
         if spec.padding == "pack":
-            send_alert(em, "padding", f"packing was asked for but is unsafe for this model ({why}); "
+            em.alert("padding", f"packing was asked for but is unsafe for this model ({why}); "
                      "using dynamic padding", severity="warning")
         em.info(padding="dynamic", group_by_length=spec.group_by_length,
                 reason=f"model cannot pack ({why}): dynamic padding (pad to the longest in each batch)")
@@ -146,7 +145,7 @@ class Session:
         if mode == "max_length":
             waste = 1 - mean / max_len
             rec = recommend_max_len(data.lengths, spec.length_coverage, self._model_max())
-            send_alert(em, "padding", f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
+            em.alert("padding", f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
                      f"on pad tokens; use padding=auto (packing) or dynamic, or max_seq_length={rec} "
                      f"(covers {spec.length_coverage:g}% of examples)", severity="warning")
         return lay, step_tokens
@@ -311,7 +310,7 @@ class Session:
                   self.controls, self.faults, on_step=on_step, scaler=scaler)
         self.result = res
         if res.outcome == "nan":
-            send_alert(em, "nan", f"non-finite loss at step {res.step}: {res.detail}", severity="critical")
+            em.alert("nan", f"non-finite loss at step {res.step}: {res.detail}", severity="critical")
             em.emit("state", state="failed", reason=res.detail, failure="nan", exit_code=EXIT_NAN)
             return EXIT_NAN
         if res.outcome == "cancelled":

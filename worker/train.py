@@ -18,7 +18,6 @@ from pathlib import Path
 from tokenpulse.protocol import JobSpec
 
 from .emit import Emitter
-from .alerts import send_alert
 from .errors import EXIT_CRASH, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecError
 
 
@@ -59,7 +58,7 @@ def main(argv=None) -> int:
     except BaseException as e:  # noqa: BLE001 -- the last word must be a state event
         import torch
         if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
-            send_alert(em, "oom", f"out of memory: {str(e)[:500]}", severity="critical")
+            em.alert("oom", f"out of memory: {str(e)[:500]}", severity="critical")
             em.emit("state", state="failed", reason=f"out of memory: {str(e)[:2000]}", failure="oom",
                     exit_code=EXIT_OOM)
             return EXIT_OOM
