@@ -31,7 +31,9 @@ test: setup browser ## the whole test suite
 
 bench: setup
 	$(BIN)/python bench/train_throughput.py --quick
-	$(BIN)/python bench/server_load.py --quick
+	$(BIN)/python bench/server_load.py --skip-anchor
+	$(BIN)/python bench/detection.py
+	$(BIN)/python bench/ui.py
 
 clean:
 	rm -rf $(VENV) tokenpulse-data tokenpulse-agent test-artifacts
