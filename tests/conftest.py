@@ -20,6 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 
 
+def wait_for(pred, timeout: float, what: str, every: float = 0.2, show=None):
+    """Poll pred() until it returns something truthy; fail naming what never happened."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {show()}" if show else ""))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

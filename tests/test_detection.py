@@ -14,6 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psutil
 import pytest
 
+from conftest import wait_for
+
 FAST = {"max_steps": 400, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
         "max_retries": 0, "stall": {"floor_s": 3, "first_step_s": 30}}
 # One compute thread per training process: on a small shared machine, oversubscribed torch threads
@@ -38,16 +40,6 @@ def alerts(c, job_id: int, kind=None) -> list[dict]:
     if kind:
         params["kind"] = kind
     return c.get("/api/alerts", params=params).json()
-
-
-def wait_for(fn, timeout: float, what: str, every: float = 0.2):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def wait_step(c, job_id: int, step: int, timeout: float = 90) -> dict:

@@ -18,19 +18,11 @@ import httpx
 import psutil
 import pytest
 
+from conftest import wait_for
+
 # Tiny and fast: builtin model, fixed shapes (no autotune), fp32 on CPU, one metric point per step.
 SPEC = dict(max_steps=12, batch_size=2, grad_accum=1, max_seq_length=64, precision="fp32", device="cpu", seed=3,
             log_every=1)
-
-
-def wait_for(pred, timeout: float, what: str, every: float = 0.2, show=None):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {show()}" if show else ""))
 
 
 def why(j: dict) -> str:
