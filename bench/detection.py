@@ -112,7 +112,7 @@ class Bench:
     def training_pid(self) -> int:
         for _ in range(50):
             for p in psutil.Process(self.agent.pid).children(recursive=True):
-                if "worker.train" in " ".join(p.cmdline()):
+                if "worker.training.train" in " ".join(p.cmdline()):
                     return p.pid
             time.sleep(0.1)
         raise RuntimeError("no training process")

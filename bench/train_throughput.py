@@ -6,7 +6,7 @@ same initial weights, same data, same seed, same real (non-pad) tokens, 2 thread
   b  HF Trainer, dynamic padding, fp32
   c  HF Trainer, DataCollatorWithFlattening (padding-free), bf16
   d  plain PyTorch loop over rows packed to 1024 tokens, bf16 autocast, no telemetry
-  e  tokenpulse's worker (worker.session.Session, the code path of `python -m worker.train`),
+  e  tokenpulse's worker (worker.session.Session, the code path of `python -m worker.training.train`),
      default settings, telemetry on (events serialized to /dev/null)
 Each case runs in its own process (clean peak RSS). Speeds skip the first 2 optimizer steps (1 for a).
 "final loss" is the mean token loss on 256 held-out examples after training (fp32).
@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from worker.runtime import configure  # noqa: E402
+from worker.training.runtime import configure  # noqa: E402
 
 # Every case gets the worker's CPU runtime defaults (OMP_WAIT_POLICY=PASSIVE), so the ratios measure
 # the training code, not the environment; children inherit it.
@@ -43,7 +43,7 @@ def setup(cache: Path, n_train: int) -> dict:
     """Tokenizer, initial model and data files, built once per (n_train) and shared by all cases."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from worker.bpe import train_bpe
+    from worker.training.bpe import train_bpe
     cache.mkdir(parents=True, exist_ok=True)
     meta_path = cache / f"meta-{n_train}.json"
     if meta_path.exists():
@@ -73,7 +73,7 @@ def setup(cache: Path, n_train: int) -> dict:
 
 def encode(tok, path: str) -> list[list[int]]:
     """The worker's own tokenization (special tokens, then EOS), cut at 1024 for every case."""
-    from worker.tokenization import encode_batch
+    from worker.training.tokenization import encode_batch
     texts = [json.loads(l)["text"] for l in open(path)]
     t = encode_batch(tok, [("", x) for x in texts], is_pair=False, mask_prompt=False)
     return [t.tokens[t.offsets[i]:t.offsets[i + 1]][:MAXLEN].tolist() for i in range(t.n)]
@@ -230,9 +230,9 @@ def run_plain(meta: dict) -> dict:
 def run_worker(meta: dict, cache: Path) -> dict:
     from tokenpulse.protocol import JobSpec
     from transformers import AutoTokenizer
-    from worker.controls import Controls
-    from worker.emit import Emitter
-    from worker.session import Session
+    from worker.training.controls import Controls
+    from worker.training.emit import Emitter
+    from worker.training.session import Session
     tok = AutoTokenizer.from_pretrained(meta["model"])
     ids = encode(tok, meta["train"])
     mean = sum(map(len, ids)) / len(ids)

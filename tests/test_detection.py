@@ -49,7 +49,7 @@ def wait_step(c, job_id: int, step: int, timeout: float = 90) -> dict:
 
 def training_pids(agent: "psutil.Popen") -> list[int]:
     return [p.pid for p in psutil.Process(agent.pid).children(recursive=True)
-            if "worker.train" in " ".join(p.cmdline())]
+            if "worker.training.train" in " ".join(p.cmdline())]
 
 
 def last_progress_t(c, job_id: int) -> float:

@@ -62,7 +62,7 @@ def training_pids(agent) -> list[int]:
         kids = psutil.Process(agent.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p.pid for p in kids if "worker.train" in " ".join(p.cmdline())]
+    return [p.pid for p in kids if "worker.training.train" in " ".join(p.cmdline())]
 
 
 def step_of(path: str) -> int:
@@ -326,7 +326,7 @@ def test_nan_loss_stops_with_alert_naming_the_step(server_factory):
 # ---- the agent's journal ----------------------------------------------------------------------------
 
 def test_outbox_journal_compacts_and_survives_a_torn_line(tmp_path):
-    from worker.outbox import COMPACT_AFTER, Outbox
+    from worker.agent.outbox import COMPACT_AFTER, Outbox
     box = Outbox(tmp_path)
     box.open_job(7, 100)
     for i in range(COMPACT_AFTER + 500):

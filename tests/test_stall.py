@@ -6,8 +6,8 @@ import asyncio
 import pytest
 
 from tokenpulse.protocol import JobSpec, StallSpec
-from worker.slow import SlowDetector
-from worker.stall import StallConfig, StallDetector
+from worker.agent.slow import SlowDetector
+from worker.agent.stall import StallConfig, StallDetector
 
 CFG = StallConfig(factor=5, floor_s=3, ceiling_s=100, first_step_s=20, phase_s=40)
 
@@ -265,7 +265,7 @@ def test_periodic_stalls_every_n_steps():
 
 
 def test_stuck_at_reads_both_dump_formats():
-    from worker.stall import stuck_at
+    from worker.agent.stall import stuck_at
     spy = ('py-spy dump:\nProcess 1: python\n\nThread 14747 (idle): "MainThread"\n'
            '    _fault_hang (worker/controls.py:41)\n    Faults.before_step (worker/controls.py:57)\n'
            'Thread 14752 (idle): "tokenpulse-alive"\n    Condition.wait (threading.py:331)\n')

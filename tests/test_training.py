@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from worker.runtime import configure
+from worker.training.runtime import configure
 
 configure()  # OMP_WAIT_POLICY=PASSIVE before torch loads, as the worker does (shared, busy CI boxes)
 
@@ -21,19 +21,19 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tokenpulse.protocol import JobSpec
-from worker import checkpoint as ckpt
-from worker.analysis import analyze_lengths, recommend_max_len
-from worker.bpe import train_bpe
-from worker.controls import Controls
-from worker.data import DEMO_DIR, Fields
-from worker.emit import Emitter
-from worker.errors import EXIT_NAN, EXIT_OK
-from worker.loop import forward_loss
-from worker.modeling import builtin_config, load_tokenizer
-from worker.packing import IGNORE, Layout, collate, epoch_batches
-from worker.prepare import load_tokenized
-from worker.session import Session
-from worker.tokenization import encode_batch
+from worker.training import checkpoint as ckpt
+from worker.training.analysis import analyze_lengths, recommend_max_len
+from worker.training.bpe import train_bpe
+from worker.training.controls import Controls
+from worker.training.data import DEMO_DIR, Fields
+from worker.training.emit import Emitter
+from worker.training.errors import EXIT_NAN, EXIT_OK
+from worker.training.loop import forward_loss
+from worker.training.modeling import builtin_config, load_tokenizer
+from worker.training.packing import IGNORE, Layout, collate, epoch_batches
+from worker.training.prepare import load_tokenized
+from worker.training.session import Session
+from worker.training.tokenization import encode_batch
 
 REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(2)
@@ -179,11 +179,11 @@ def test_auto_max_length_never_truncates_more_than_allowed(coverage):
 def test_analyze_cli_reports_and_errors(tmp_path):
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps({"dataset": str(write_jsonl(tmp_path / "d.jsonl", [{"body": "x y z"}] * 5))}))
-    r = subprocess.run([sys.executable, "-m", "worker.analyze", "--spec", str(spec), "--check-only"],
+    r = subprocess.run([sys.executable, "-m", "worker.training.analyze", "--spec", str(spec), "--check-only"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and json.loads(r.stdout)["field"] == "text_field"
     spec.write_text(json.dumps({}))
-    r = subprocess.run([sys.executable, "-m", "worker.analyze", "--spec", str(spec)],
+    r = subprocess.run([sys.executable, "-m", "worker.training.analyze", "--spec", str(spec)],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     out = json.loads(r.stdout)
     assert r.returncode == 0 and out["examples"] == 1500 and out["truncated_frac"] <= 0.001
@@ -292,7 +292,7 @@ def run_train(tmp_path, spec: dict, extra=(), on_event=None, timeout=90):
     spec_path.write_text(json.dumps(spec))
     r, w = os.pipe()
     env = {**os.environ, "TOKENPULSE_EVENT_FD": str(w)}
-    proc = subprocess.Popen([sys.executable, "-m", "worker.train", "--spec", str(spec_path), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "worker.training.train", "--spec", str(spec_path), "--out",
                              str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), *extra],
                             cwd=REPO, env=env, pass_fds=(w,), stderr=subprocess.PIPE, text=True)
     os.close(w)
@@ -379,7 +379,7 @@ def test_lora_trains_adapters_only_and_final_reloads_merged(tmp_path):
 
 def test_load_in_4bit_refused_without_cuda(tmp_path):
     from tokenpulse.protocol import LoraSpec
-    from worker.errors import SpecError
+    from worker.training.errors import SpecError
     with pytest.raises(SpecError, match="CUDA") as e:
         Session(quick_spec(lora=LoraSpec(load_in_4bit=True)), tmp_path, Recorder(), Controls()).run()
     assert e.value.field == "lora"

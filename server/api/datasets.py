@@ -48,4 +48,4 @@ async def analyze(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
     except SpecError as e:
         raise HTTPException(422, {"field": e.field, "message": e.message,
                                   "errors": [{"field": e.field, "message": e.message}]}) from None
-    return await run_worker_tool("worker.analyze", spec, tp.settings.analyze_timeout_s)
+    return await run_worker_tool("worker.training.analyze", spec, tp.settings.analyze_timeout_s)

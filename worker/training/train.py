@@ -1,4 +1,4 @@
-"""The training process: `python -m worker.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`.
+"""The training process: `python -m worker.training.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`.
 
 Exit codes: 0 completed / cancelled / paused, 1 crash, 2 bad spec or input, 3 injected crash,
 4 non-finite loss, 5 out of memory. The last event is always a `state` (except for exit 3 and kills).
@@ -22,7 +22,7 @@ from .errors import EXIT_CRASH, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecErr
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m worker.train", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m worker.training.train", description=__doc__)
     ap.add_argument("--spec", required=True, type=Path, help="JobSpec as JSON")
     ap.add_argument("--out", required=True, type=Path, help="output directory (checkpoints/, final/)")
     ap.add_argument("--resume", type=Path, help="checkpoint directory to continue from")

@@ -2,7 +2,7 @@
 
 The agent opens a pipe and passes its write end as TOKENPULSE_EVENT_FD; each event is one JSON line
 {"kind", "t", "data"}. The agent adds job id and sequence number. Run standalone (no agent), events
-are printed to stderr as readable lines, so `python -m worker.train` is useful on its own.
+are printed to stderr as readable lines, so `python -m worker.training.train` is useful on its own.
 """
 from __future__ import annotations
 

@@ -23,10 +23,11 @@ from typing import Optional
 import httpx
 
 from tokenpulse.protocol import Claim
-from worker.child import TrainingProcess, describe_exit
-from worker.outbox import Outbox
-from worker.slow import SlowDetector, gpu_info, read_schedstat
-from worker.stall import StallConfig, StallDetector, stuck_at
+from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
+from worker.agent.child import TrainingProcess, describe_exit
+from worker.agent.outbox import Outbox
+from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
+from worker.agent.stall import StallConfig, StallDetector, stuck_at
 
 log = logging.getLogger("tokenpulse.agent")
 
@@ -45,17 +46,6 @@ def describe_device() -> str:
     return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
-def checkpoint_step(path: Path) -> Optional[int]:
-    """The step of a complete checkpoint directory (written whole, then renamed), else None."""
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not meta.get("complete") or not (path / "trainer_state.pt").is_file() or not (path / "model").is_dir():
-        return None
-    return int(meta.get("step", -1))
-
-
 def pick_resume(recorded: Optional[str], roots: Optional[list[Path]] = None) -> tuple[Optional[Path], str]:
     """Where an attempt starts: the checkpoint the server recorded when it is complete here; else the
     newest complete one beside it that is not newer (a newer one's metrics may never have reached
@@ -72,12 +62,12 @@ def pick_resume(recorded: Optional[str], roots: Optional[list[Path]] = None) -> 
     step = checkpoint_step(path)
     if step is not None:
         return path, f"resuming from {path} (step {step})"
-    name = path.name.removeprefix("step-")
-    limit = int(name) if name.isdigit() else -1
+    limit = step_from_name(path)
+    limit = -1 if limit is None else limit
     older = []
     if path.parent.is_dir():
         for p in path.parent.iterdir():
-            st = checkpoint_step(p) if p.name.startswith("step-") else None
+            st = checkpoint_step(p) if is_step_dir(p) else None
             if st is not None and st <= limit:
                 older.append((st, p))
     if older:
@@ -90,16 +80,16 @@ def prune_own_checkpoints(out_dir: Path, resume: Optional[Path]) -> None:
     """Before an attempt, drop this job's checkpoints in our own output directory that are newer than
     where it resumes (all of them, from step 0) and half-written temp dirs: left there, a stale newer
     one would outrank the new run's checkpoints when only the newest K are kept."""
-    root = out_dir / "checkpoints"
+    root = checkpoints_root(out_dir)
     if not root.is_dir():
         return
     start = checkpoint_step(resume) if resume is not None else -1
     for p in root.iterdir():
         if resume is not None and p.resolve() == resume.resolve():
             continue
-        if p.name.startswith(".tmp-"):
+        if is_tmp_dir(p):
             shutil.rmtree(p, ignore_errors=True)
-        elif p.name.startswith("step-"):
+        elif is_step_dir(p):
             st = checkpoint_step(p)
             if st is None or st > start:
                 shutil.rmtree(p, ignore_errors=True)

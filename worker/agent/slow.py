@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from worker.stall import StallConfig, Verdict
+from worker.agent.stall import StallConfig, Verdict
 
 
 def gpu_info() -> tuple[Optional[str], bool]:

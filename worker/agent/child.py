@@ -42,7 +42,7 @@ class TrainingProcess:
 
     async def start(self) -> None:
         read_fd, write_fd = os.pipe()
-        args = [sys.executable, "-u", "-m", "worker.train", "--spec", str(self.spec_path),
+        args = [sys.executable, "-u", "-m", "worker.training.train", "--spec", str(self.spec_path),
                 "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
         if self.resume_from:
             args += ["--resume", self.resume_from]

@@ -1,4 +1,4 @@
-"""Preflight analysis CLI: `python -m worker.analyze --spec SPEC.json [--check-only] [--cache-dir DIR]`.
+"""Preflight analysis CLI: `python -m worker.training.analyze --spec SPEC.json [--check-only] [--cache-dir DIR]`.
 
 Prints one JSON object on stdout: the analysis, `{"ok": true}` (--check-only), or
 `{"error": ..., "field": ...}` with exit code 2 for bad input. Progress events go to stderr (or the
@@ -61,7 +61,7 @@ def _model_max(spec):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m worker.analyze", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m worker.training.analyze", description=__doc__)
     ap.add_argument("--spec", required=True, type=Path)
     ap.add_argument("--check-only", action="store_true", help="validate model, dataset and fields only")
     ap.add_argument("--cache-dir", type=Path)

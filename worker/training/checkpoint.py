@@ -5,7 +5,6 @@ step-NNNNNNN is always complete; a crash mid-write leaves only a temp dir nobody
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -15,7 +14,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-STATE_FILE = "trainer_state.pt"
+from worker.checkpoint_layout import (MODEL_DIR, STATE_FILE, checkpoint_step, list_checkpoints, step_dir,
+                                      tmp_dir, write_meta)
+
+__all__ = ["save", "load_state", "list_checkpoints", "rng_state", "set_rng_state"]
 
 
 def rng_state() -> dict:
@@ -36,17 +38,15 @@ def set_rng_state(s: dict) -> None:
 def save(out_dir: Path, step: int, model, tokenizer, optimizer, scheduler, state: dict,
          keep: Optional[int] = None, scaler=None) -> Path:
     """Write checkpoints/step-{step}; keep only the newest `keep` (None keeps all)."""
-    root = out_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:07d}"
-    tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
+    final, tmp = step_dir(out_dir, step), tmp_dir(out_dir, step, os.getpid())
+    final.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "model")
-    tokenizer.save_pretrained(tmp / "model")
+    model.save_pretrained(tmp / MODEL_DIR)
+    tokenizer.save_pretrained(tmp / MODEL_DIR)
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict() if scaler is not None else None,
                 "rng": rng_state(), **state}, tmp / STATE_FILE)
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "complete": True}))
+    write_meta(tmp, step)
     if final.exists():  # same step saved twice (pause right after a periodic save): replace it
         shutil.rmtree(final)
     os.rename(tmp, final)
@@ -56,15 +56,8 @@ def save(out_dir: Path, step: int, model, tokenizer, optimizer, scheduler, state
     return final
 
 
-def list_checkpoints(out_dir: Path) -> list[Path]:
-    root = out_dir / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.name.startswith("step-") and (p / STATE_FILE).exists())
-
-
 def load_state(ckpt: Path) -> dict:
-    if not (ckpt / STATE_FILE).exists() or not (ckpt / "meta.json").exists():
+    if checkpoint_step(ckpt) is None:
         raise FileNotFoundError(f"{ckpt} is not a complete tokenpulse checkpoint")
     # weights_only=False: numpy RNG state is a tuple with an ndarray; the file is our own.
     return torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)

@@ -1,6 +1,6 @@
 """Train a byte-level BPE tokenizer from texts, with no download (demo assets and the benchmark).
 
-`python -m worker.bpe` rebuilds tokenpulse/demo/ (demo.jsonl + tokenizer) from fortunes.jsonl.
+`python -m worker.training.bpe` rebuilds tokenpulse/demo/ (demo.jsonl + tokenizer) from fortunes.jsonl.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Errors the training process and the analyzer turn into clear messages and exit codes."""
 from __future__ import annotations
 
-# Exit codes of `python -m worker.train` / `python -m worker.analyze` (the agent maps them to failures).
+# Exit codes of `python -m worker.training.train` / `python -m worker.training.analyze` (the agent maps them to failures).
 EXIT_OK, EXIT_CRASH, EXIT_SPEC, EXIT_FAULT_CRASH, EXIT_NAN, EXIT_OOM = 0, 1, 2, 3, 4, 5
 
 
