@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, or_, select
 
 from server import store
@@ -25,6 +25,7 @@ class JobList(BaseModel):
 
 
 class CloneRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # {"set": ...} instead of "changes" must not clone silently
     changes: dict = Field(default_factory=dict, description="JobSpec fields to change in the copy")
 
 
