@@ -13,7 +13,7 @@ from server import store
 from server.deps import AppDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
 from server.series import read_series
-from server.validate import SpecError, check_spec
+from server.validate import SpecError, check_spec_async
 from tokenpulse.protocol import ACTIVE_STATES, JobSpec, JobState
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -49,7 +49,7 @@ def get_job_or_404(s, job_id: int) -> Job:
 
 async def submit(tp, spec: JobSpec, parent_id: Optional[int] = None) -> dict:
     try:
-        spec = check_spec(spec, tp.settings)
+        spec = await check_spec_async(spec, tp.settings)
     except SpecError as e:
         raise HTTPException(422, {"field": e.field, "message": e.message,
                                   "errors": [{"field": e.field, "message": e.message}]}) from None
