@@ -54,3 +54,17 @@ def test_a_stored_spec_that_does_not_validate_fails_alone(server):
     assert "weight_decay" in failed["reason"], failed["reason"]
     done = server.wait_job(good, timeout=180)
     assert done["state"] == "completed", done
+
+
+def test_a_huge_spec_error_fails_once_and_is_never_retried(agent_server):
+    # 1,000 missing LoRA modules: the training process's error names them all (~30k characters,
+    # past the 8,192 an event may carry). It must still say "spec", and a spec error is final.
+    modules = [f"no_such_projection_number_{i:04d}" for i in range(1000)]
+    with agent_server.client() as c:
+        jid = c.post("/api/jobs", json={**QUICK, "max_retries": 3, "lora": {"target_modules": modules}}).json()["id"]
+        job = agent_server.wait_job(jid, timeout=180)
+        assert job["state"] == "failed" and job["failure"] == "spec", job
+        assert "no_such_projection_number_0000" in job["reason"] and "more characters" in job["reason"]
+        assert len(job["attempts"]) == 1, job["attempts"]
+        r = c.post("/api/jobs", json={**QUICK, "lora": {"target_modules": modules + ["one_too_many"]}})
+        assert r.status_code == 422 and "lora.target_modules" in r.text, r.text

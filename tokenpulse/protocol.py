@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -34,7 +34,8 @@ class LoraSpec(BaseModel):
     rank: int = Field(8, ge=1, le=1024, description="LoRA rank r")
     alpha: float = Field(16.0, gt=0, description="LoRA alpha (scaling = alpha / rank)")
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], min_length=1, max_length=1000)
     load_in_4bit: bool = Field(False, description="QLoRA: 4-bit base weights (CUDA only)")
 
 
