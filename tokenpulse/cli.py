@@ -166,9 +166,22 @@ def cmd_demo(args) -> int:
 
 
 def watch(c: Client, job_id: int) -> int:
-    """Follow a job in the terminal with a rich progress bar until it ends."""
+    """Follow a job in the terminal with a rich progress bar until it ends. Ctrl+C stops watching,
+    never the job (it runs on a worker), and says how to cancel it."""
+    try:
+        return _watch(c, job_id)
+    except KeyboardInterrupt:
+        _console().print(f"\nstopped watching; job {job_id} keeps running on its worker. "
+                         f"Cancel it with: [bold]tokenpulse cancel {job_id}[/]  (watch again: tokenpulse watch {job_id})")
+        return 130
+
+
+def _watch(c: Client, job_id: int) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tokenpulse.progress import RateEstimator, format_duration
     console = _console()
+    rate = RateEstimator()
     with Progress(TextColumn("[bold]{task.fields[state]}[/]"), TextColumn("{task.description}"),
                   BarColumn(), TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
                   console=console) as progress:
@@ -182,6 +195,10 @@ def watch(c: Client, job_id: int) -> int:
                 extra.append(f"loss {last['loss']:.4f}")
             if "tokens_per_s" in last:
                 extra.append(f"{last['tokens_per_s']:,.0f} tok/s")
+            if job["state"] in ("running", "starting") and phase.get("total"):
+                rate.update(phase.get("name", ""), time.time(), phase.get("done") or 0)
+                eta = rate.eta_s(phase.get("done") or 0, phase["total"])
+                extra.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA measuring…")
             if job.get("alive_at") and job["state"] in ("running", "starting"):
                 extra.append(f"heartbeat {time.time() - job['alive_at']:.0f} s ago")
             desc = phase.get("name", "waiting for a worker")
