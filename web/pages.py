@@ -33,20 +33,40 @@ def login_form(request: Request, next: str = "/", error: str = ""):
 
 @router.post("/login")
 def login(request: Request, token: str = Form(..., max_length=500), next: str = Form("/")):
-    caller = request.app.state.tp.caller(token.strip())
+    tp = request.app.state.tp
+    client = request.client.host if request.client else "?"
+    wait_s = tp.login_throttle.retry_after(client)
+    if wait_s:
+        return templates.TemplateResponse(
+            request, "login.html", {"next": next, "page": "login",
+                                    "error": f"Too many failed logins from this address; try again in {wait_s:.0f} s."},
+            status_code=429, headers={"Retry-After": str(int(wait_s) + 1)})
+    caller = tp.caller(token.strip()) if not token.strip().startswith(auth.SESSION_PREFIX) else None
     if caller is None or caller.role != "user":
+        tp.login_throttle.failed(client)
         return templates.TemplateResponse(
             request, "login.html", {"next": next, "page": "login",
                                     "error": "That token is not valid. It is in the server's data directory, file 'token'."},
             status_code=401)
+
+    def start(s):
+        from server.models import Token
+        return auth.new_session(s, s.get(Token, caller.token_id), tp.settings.session_ttl_s)
+    secret = tp.db.write_sync(start)
     target = next if next.startswith("/") and not next.startswith("//") else "/"
     resp = RedirectResponse(target, status_code=303)
-    resp.set_cookie(auth.COOKIE, token.strip(), httponly=True, samesite="strict", max_age=30 * 86400)
+    resp.set_cookie(auth.COOKIE, secret, httponly=True, samesite="strict",
+                    max_age=int(tp.settings.session_ttl_s), secure=request.url.scheme == "https")
     return resp
 
 
 @router.get("/logout")
-def logout():
+def logout(request: Request):
+    secret = request.cookies.get(auth.COOKIE, "")
+    if secret.startswith(auth.SESSION_PREFIX):
+        tp = request.app.state.tp
+        tp.db.write_sync(lambda s: auth.revoke_session(s, secret))
+        tp.forget(secret)
     resp = RedirectResponse("/login", status_code=303)
     resp.delete_cookie(auth.COOKIE)
     return resp
