@@ -173,17 +173,45 @@
     const note = $("clone-note"); note.hidden = false;
     note.replaceChildren("Settings copied from ", TP.el("a", { href: `/jobs/${j.id}`, text: `${j.name} #${j.id}` }), ` (${j.state}). Change what you like and submit.`);
   }
-  const sel = $("clone-from");
-  const clone = form.dataset.clone;
-  TP.api("/api/jobs?limit=100").then((d) => {
-    for (const j of d.jobs) sel.append(TP.el("option", { value: j.id, text: `#${j.id} ${j.name} (${j.state})` }));
-    if (clone) sel.value = clone;
-  });
-  sel.addEventListener("change", async () => {
-    if (!sel.value) { form.reset(); $("clone-note").hidden = true; $("f-extra").value = ""; history.replaceState(null, "", "/submit"); return; }
-    fill(await TP.api(`/api/jobs/${sel.value}`));
-    history.replaceState(null, "", `/submit?clone=${sel.value}`);
-  });
-  if (clone) TP.api(`/api/jobs/${clone}`).then(fill).catch((e) => { errBox.textContent = `Cannot clone job ${clone}: ${e.message}`; });
+  // "Start from job": any job, by #id or a name fragment; the list suggests matches as you type.
+  // (The id to clone sits on this input, not on the form: form.dataset would be the form's
+  // <input name="dataset">, which shadows the DOM property.)
+  const pickBox = $("clone-from"), options = $("clone-options");
+  const clone = pickBox.getAttribute("data-clone");
+  let suggestSeq = 0, suggestTimer = null;
+  async function suggest() {
+    const my = ++suggestSeq, q = pickBox.value.trim();
+    const p = new URLSearchParams({ limit: 20 }); if (q && !/^#\d+ /.test(q)) p.set("q", q);
+    const d = await TP.api(`/api/jobs?${p}`);
+    if (my !== suggestSeq) return;
+    options.replaceChildren(...d.jobs.map((j) => TP.el("option", { value: `#${j.id} ${j.name}`, text: j.state })));
+  }
+  function defaults() {
+    form.reset(); $("clone-note").hidden = true; $("f-extra").value = ""; errBox.textContent = "";
+    history.replaceState(null, "", "/submit");
+  }
+  async function pick() {
+    const q = pickBox.value.trim();
+    if (!q) return defaults();
+    let id = (/^#?\s*(\d+)(\s|$)/.exec(q) || [])[1];
+    try {
+      if (!id) { // a name: the one job that has it, or the newest that contains it
+        const d = await TP.api(`/api/jobs?${new URLSearchParams({ q, limit: 50 })}`);
+        const exact = d.jobs.filter((j) => j.name === q);
+        const hit = exact.length ? exact[0] : d.jobs[0];
+        if (!hit) { errBox.textContent = `No job matches “${q}”. Type its #id or part of its name.`; return; }
+        id = hit.id;
+      }
+      const j = await TP.api(`/api/jobs/${id}`);
+      errBox.textContent = "";
+      fill(j);
+      pickBox.value = `#${j.id} ${j.name}`;
+      history.replaceState(null, "", `/submit?clone=${j.id}`);
+    } catch (e) { errBox.textContent = e.status === 404 ? `There is no job #${id}.` : `Cannot clone job ${id}: ${e.message}`; }
+  }
+  pickBox.addEventListener("input", () => { clearTimeout(suggestTimer); suggestTimer = setTimeout(suggest, 150); });
+  pickBox.addEventListener("change", pick); // Enter, leaving the box, or choosing a suggestion
+  suggest();
+  if (clone) { pickBox.value = `#${clone}`; pick(); }
   TP.live([], () => {}, null); // the header's live dot and alert badge
 })();
