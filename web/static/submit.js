@@ -94,7 +94,7 @@
       showError(e);
       status.textContent = "";
       const fe = (e.errors || []).find((x) => x.field) || {};
-      status.replaceChildren(TP.el("span", { id: "analysis-error", class: "error", text: `Analysis failed: ${fe.field && fe.field !== "body" ? fe.field + ": " : ""}${fe.message || e.message}` }));
+      status.replaceChildren(TP.el("span", { id: "analysis-error", class: "error", text: `Analysis failed: ${fe.message || e.message}` }));
     }
     finally { clearInterval(timer); btn.disabled = false; btn.textContent = "Analyze dataset"; }
   });
