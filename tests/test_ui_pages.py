@@ -70,7 +70,7 @@ def test_clone_and_edit_fills_the_form_and_any_job_can_be_picked(server, browser
     assert d.find_element(By.NAME, "max_steps").get_attribute("value") == "3"
     box.clear()
     box.send_keys("#99999", Keys.ENTER)
-    until(d, 15, lambda d: "no job #99999" in text(d, "#form-error"), "a missing job is not named")
+    until(d, 15, lambda d: "no job #99999" in text(d, "#clone-error"), "a missing job is not named")
     shot(d, "submit-pick")
     assert not [e for e in console_errors(d) if "99999" not in e], console_errors(d)
 

@@ -197,7 +197,7 @@
   // "Start from job": any job, by #id or a name fragment; the list suggests matches as you type.
   // (The id to clone sits on this input, not on the form: form.dataset would be the form's
   // <input name="dataset">, which shadows the DOM property.)
-  const pickBox = $("clone-from"), options = $("clone-options");
+  const pickBox = $("clone-from"), options = $("clone-options"), pickErr = $("clone-error");
   const clone = pickBox.getAttribute("data-clone");
   let suggestSeq = 0, suggestTimer = null;
   async function suggest() {
@@ -208,7 +208,7 @@
     options.replaceChildren(...d.jobs.map((j) => TP.el("option", { value: `#${j.id} ${j.name}`, text: j.state })));
   }
   function defaults() {
-    form.reset(); $("clone-note").hidden = true; $("f-extra").value = ""; errBox.textContent = "";
+    form.reset(); $("clone-note").hidden = true; $("f-extra").value = ""; pickErr.textContent = "";
     history.replaceState(null, "", "/submit");
   }
   async function pick() {
@@ -220,15 +220,15 @@
         const d = await TP.api(`/api/jobs?${new URLSearchParams({ q, limit: 50 })}`);
         const exact = d.jobs.filter((j) => j.name === q);
         const hit = exact.length ? exact[0] : d.jobs[0];
-        if (!hit) { errBox.textContent = `No job matches “${q}”. Type its #id or part of its name.`; return; }
+        if (!hit) { pickErr.textContent = `No job matches “${q}”. Type its #id or part of its name.`; return; }
         id = hit.id;
       }
       const j = await TP.api(`/api/jobs/${id}`);
-      errBox.textContent = "";
+      pickErr.textContent = "";
       fill(j);
       pickBox.value = `#${j.id} ${j.name}`;
       history.replaceState(null, "", `/submit?clone=${j.id}`);
-    } catch (e) { errBox.textContent = e.status === 404 ? `There is no job #${id}.` : `Cannot clone job ${id}: ${e.message}`; }
+    } catch (e) { pickErr.textContent = e.status === 404 ? `There is no job #${id}.` : `Cannot clone job ${id}: ${e.message}`; }
   }
   pickBox.addEventListener("input", () => { clearTimeout(suggestTimer); suggestTimer = setTimeout(suggest, 150); });
   pickBox.addEventListener("change", pick); // Enter, leaving the box, or choosing a suggestion
