@@ -39,7 +39,7 @@ def test_clone_and_edit_fills_the_form_and_any_job_can_be_picked(server, browser
     with server.client() as c:
         src = c.post("/api/jobs", json={"name": "source", "learning_rate": 0.001, "max_steps": 7, "seed": 42,
                                         "padding": "dynamic", "lora": {"rank": 4}}).json()
-        for i in range(105):  # the old dropdown listed only the 100 newest
+        for i in range(205):  # the old dropdown listed only the 100 newest, the compare picker 200
             c.post("/api/jobs", json={"name": f"filler-{i}", "max_steps": 3}).raise_for_status()
     login(d, server)
 
@@ -73,6 +73,18 @@ def test_clone_and_edit_fills_the_form_and_any_job_can_be_picked(server, browser
     until(d, 15, lambda d: "no job #99999" in text(d, "#clone-error"), "a missing job is not named")
     shot(d, "submit-pick")
     assert not [e for e in console_errors(d) if "99999" not in e], console_errors(d)
+
+    # the compare page's picker finds it too, by id or by name, though it lists only the 200 newest
+    d.get(f"{server.url}/compare")
+    until(d, 15, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-pick input")) >= 200, "compare picker not filled")
+    d.find_element(By.ID, "pick-search").send_keys(f"#{src['id']}")
+    until(d, 15, lambda d: [e.get_attribute("value") for e in d.find_elements(By.CSS_SELECTOR, "#compare-pick input")] == [str(src["id"])],
+          "compare cannot find the oldest job by id")
+    d.find_element(By.ID, "pick-search").clear()
+    d.find_element(By.ID, "pick-search").send_keys("sourc")
+    until(d, 15, lambda d: str(src["id"]) in [e.get_attribute("value") for e in d.find_elements(By.CSS_SELECTOR, "#compare-pick input")],
+          "compare cannot find the oldest job by name")
+    assert not console_errors(d), console_errors(d)
 
 
 def test_jobs_list_search_by_hash_id_worker_and_no_worker_notice(server, browser):
