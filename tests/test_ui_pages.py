@@ -141,6 +141,8 @@ def test_missing_job_page_and_docs_offline(server, browser):
     with server.client() as c:
         assert c.get("/jobs/99999").status_code == 404
         assert c.get("/jobs/9223372036854775807").status_code == 404
+        r = c.get("/jobs/abc<b>")
+        assert r.status_code == 404 and "No such job" in r.text and "<b>" not in r.text
         assert c.get("/redoc").status_code == 404  # it would need a CDN
 
     d.get(server.url + "/docs")

@@ -66,12 +66,15 @@ def job_exists(request: Request, job_id: int) -> bool:
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: int):
-    # A job that does not exist gets a page saying so (404), not an empty job page that never fills.
-    if logged_in(request) and not job_exists(request, job_id):
+def job_page(request: Request, job_id: str):
+    # A job that does not exist gets a page saying so (404), not an empty job page that never fills
+    # (nor, for /jobs/abc, a JSON validation error).
+    number = int(job_id) if job_id.isascii() and job_id.isdigit() and len(job_id) < 30 else None
+    if logged_in(request) and (number is None or not job_exists(request, number)):
+        shown = f"#{number}" if number is not None else f"“{job_id[:40]}”"
         return page(request, "not_found.html", status_code=404,
-                    message=f"There is no job #{job_id}.", hint="It may never have existed, or the database was reset.")
-    return page(request, "job.html", job_id=job_id)
+                    message=f"There is no job {shown}.", hint="It may never have existed, or the database was reset.")
+    return page(request, "job.html", job_id=number)
 
 
 # The submit form, one entry per JobSpec setting: (name, label, kind, help). Defaults and extra help
