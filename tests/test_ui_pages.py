@@ -74,6 +74,13 @@ def test_clone_and_edit_fills_the_form_and_any_job_can_be_picked(server, browser
     shot(d, "submit-pick")
     assert not [e for e in console_errors(d) if "99999" not in e], console_errors(d)
 
+    d.set_window_size(390, 844)  # phone width: the picker fits, nothing scrolls sideways
+    d.get(f"{server.url}/submit?clone={src['id']}")
+    until(d, 20, lambda d: d.find_element(By.ID, "clone-note").is_displayed(), "no 'settings copied' note on a phone")
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+    shot(d, "submit-clone-phone")
+    d.set_window_size(1280, 800)
+
     # the compare page's picker finds it too, by id or by name, though it lists only the 200 newest
     d.get(f"{server.url}/compare")
     until(d, 15, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-pick input")) >= 200, "compare picker not filled")
