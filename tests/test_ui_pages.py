@@ -193,6 +193,10 @@ def test_analysis_table_and_failed_reanalysis(server, browser):
     dyn = d.find_element(By.CSS_SELECTOR, 'tr[data-layout="dynamic"]').text
     assert dyn.split()[-2] != "100", dyn  # dynamic padding computes less than padding to max length
     shot(d, "submit-analysis-same-tokens", full=True)
+    d.set_window_size(1280, 1000)
+    d.execute_script("window.scrollTo(0, 0)")
+    shot(d, "submit-analysis-top")  # docs/screenshots/submit.png
+    d.set_window_size(1280, 800)
 
     ds = d.find_element(By.NAME, "dataset")
     ds.clear()
