@@ -9,7 +9,8 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from server import auth
@@ -101,7 +102,9 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
             await tp.webhooks.stop()
             db.close()
 
-    app = FastAPI(title="tokenpulse", version="0.1.0", lifespan=lifespan,
+    # /docs is served from our own copy of Swagger UI (web/static/vendor), never a CDN: it works on a
+    # machine without internet. ReDoc would need a CDN too, so it is off.
+    app = FastAPI(title="tokenpulse", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Run, watch and control model training.")
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(OverflowError, out_of_range)
@@ -114,6 +117,14 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     @app.get("/api/health", tags=["meta"])
     def health() -> dict:
         return {"ok": True}
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url, title="tokenpulse API",
+            swagger_js_url="/static/vendor/swagger-ui-bundle.js", swagger_css_url="/static/vendor/swagger-ui.css",
+            swagger_favicon_url="/static/vendor/swagger-ui-favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None})  # the validator badge would call validator.swagger.io
 
     from web.pages import router as pages_router
     app.include_router(pages_router)

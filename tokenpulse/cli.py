@@ -306,13 +306,18 @@ def cmd_analyze(args) -> int:
     from rich.table import Table
     console = _console()
     p = a.get("percentiles", {})
-    console.print(f"{a['num_examples']:,} examples" + (f" (sampled {a['sample_size']:,})" if a.get("sampled") else ""))
-    console.print("token length: " + ", ".join(f"{k} {v}" for k, v in p.items()))
+    console.print(f"{a['examples']:,} examples" + (f" (lengths from a sample of {a['sample_size']:,})" if a.get("sampled") else ""))
+    console.print("token length: " + ", ".join(f"{k} {v:,.0f}" for k, v in p.items()))
     console.print(f"[bold]recommended max_seq_length: {a['recommended_max_seq_length']}[/] "
-                  f"(truncates {a.get('truncated_examples', 0):,} examples)")
-    table = Table("strategy", "padding waste", "real tokens / step")
-    for name, s in a.get("strategies", {}).items():
-        table.add_row(name, f"{100 * s['padding_fraction']:.1f} %", f"{s['real_tokens_per_step']:,.0f}")
+                  f"(at {a['max_seq_length']} it truncates {a.get('truncated', 0):,} example{'' if a.get('truncated') == 1 else 's'})")
+    # every layout at the same real tokens per step, as training runs them: only the padding differs
+    table = Table("layout", "padding", "computed/step", "per real token", "vs max_length",
+                  title=f"Each layout at {a.get('real_tokens_per_step', 0):,.0f} real tokens per optimizer step",
+                  caption="tokens computed (padding included) per step and per real token; "
+                          "compute relative to padding every row to max_length")
+    for name, s in a.get("layouts", {}).items():
+        table.add_row(name, f"{100 * s['padding_frac']:.1f} %", f"{s['padded_tokens_per_step']:,.0f}",
+                      f"{s['computed_per_real_token']:.2f}", f"{100 * s['compute_vs_max_length']:.0f} %")
     console.print(table)
     return 0
 

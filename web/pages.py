@@ -20,10 +20,10 @@ def logged_in(request: Request) -> bool:
     return caller is not None and caller.role == "user"
 
 
-def page(request: Request, name: str, **ctx):
+def page(request: Request, name: str, status_code: int = 200, **ctx):
     if not logged_in(request):
         return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
-    return templates.TemplateResponse(request, name, {"page": name.removesuffix(".html"), **ctx})
+    return templates.TemplateResponse(request, name, {"page": name.removesuffix(".html"), **ctx}, status_code=status_code)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -77,9 +77,24 @@ def jobs_page(request: Request):
     return page(request, "jobs.html")
 
 
+def job_exists(request: Request, job_id: int) -> bool:
+    from server.models import Job
+    if not 0 < job_id < 2 ** 63:
+        return False
+    with request.app.state.tp.db.read() as s:
+        return s.get(Job, job_id) is not None
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: int):
-    return page(request, "job.html", job_id=job_id)
+def job_page(request: Request, job_id: str):
+    # A job that does not exist gets a page saying so (404), not an empty job page that never fills
+    # (nor, for /jobs/abc, a JSON validation error).
+    number = int(job_id) if job_id.isascii() and job_id.isdigit() and len(job_id) < 30 else None
+    if logged_in(request) and (number is None or not job_exists(request, number)):
+        shown = f"#{number}" if number is not None else f"“{job_id[:40]}”"
+        return page(request, "not_found.html", status_code=404,
+                    message=f"There is no job {shown}.", hint="It may never have existed, or the database was reset.")
+    return page(request, "job.html", job_id=number)
 
 
 # The submit form, one entry per JobSpec setting: (name, label, kind, help). Defaults and extra help
