@@ -10,13 +10,13 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from server import auth
+from server import auth, prometheus
 from server.api import agents, alerts, datasets, jobs, tokens, ws
 from server.db import Database, upgrade_to_head
-from server.deps import App
+from server.deps import App, AppDep, UserDep
 from server.hub import Hub
 from server.reaper import reaper_loop
 from server.settings import Settings
@@ -113,6 +113,13 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     for r in (jobs.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
         app.include_router(r)
+
+    @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+    def metrics(_: UserDep, tp: AppDep) -> PlainTextResponse:
+        """Prometheus metrics: jobs, agents and open alerts by state, points and events stored,
+        writer queue depth, websocket clients. Scrape with a user token (bearer)."""
+        return PlainTextResponse(prometheus.exposition(tp), media_type=prometheus.CONTENT_TYPE)
 
     @app.get("/api/health", tags=["meta"])
     def health() -> dict:

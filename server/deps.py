@@ -10,6 +10,7 @@ from fastapi import Depends, HTTPException, Request, WebSocket
 from server import auth
 from server.db import Database
 from server.hub import Hub
+from server.prometheus import ServerStats
 from server.settings import Settings
 
 
@@ -30,6 +31,7 @@ class App:
     webhooks: object = None
     started_at: float = field(default_factory=time.time)  # leases count from here after a restart
     login_throttle: auth.LoginThrottle = field(default_factory=auth.LoginThrottle)
+    stats: ServerStats = field(default_factory=ServerStats)  # counters /metrics exposes
 
     def caller(self, token: str) -> Optional[Caller]:
         h = auth.hash_token(token)

@@ -95,6 +95,19 @@ def cmd_server(args) -> int:
     return serve(Settings(**overrides))
 
 
+def cmd_db(args) -> int:
+    """`tokenpulse db backup OUT`: an online backup of the store (the server may keep running)."""
+    from server.backup import BackupError, backup
+    from server.settings import Settings
+    settings = Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    try:
+        _console().print(backup(settings.db_url, Path(args.out)))
+    except BackupError as e:
+        _console().print(f"[red]backup failed[/]: {e}")
+        return 1
+    return 0
+
+
 def cmd_agent(args) -> int:
     from worker.agent import Agent
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
@@ -402,6 +415,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     t = tsub.add_parser("revoke", help="refuse a token from now on")
     t.add_argument("id", type=int)
     p.set_defaults(fn=cmd_tokens)
+
+    p = sub.add_parser("db", help="database operations: backup")
+    dsub = p.add_subparsers(dest="db_cmd", required=True)
+    d = dsub.add_parser("backup", help="an online backup (SQLite: a checked copy; PostgreSQL: pg_dump)")
+    d.add_argument("out", help="file to write")
+    d.add_argument("--data-dir", type=Path, help="the server's data directory (default: TOKENPULSE_DATA_DIR "
+                                                  "or ./tokenpulse-data); TOKENPULSE_DATABASE_URL is honoured")
+    d.set_defaults(fn=cmd_db)
 
     p = sub.add_parser("analyze", help="token length analysis and recommended max_seq_length")
     p.add_argument("spec", nargs="?", help="job spec file (model, dataset, fields)")
