@@ -131,6 +131,7 @@ def test_job_page_figures_charts_and_final_state(server_factory, browser, tmp_pa
           "tokens/s and ETA not marked stale during a stall")
     assert "stalled: no progress" in d.find_element(By.ID, "eta").get_attribute("title")
     assert "stale" in d.find_element(By.ID, "tps").get_attribute("class")
+    js(d, "window.scrollTo(0, 0)")
     shot(d, "job-stale")
     seq = post_events(agent, aid, jid, seq, [("alert", {"kind": "stalled", "message": "progressing again", "clear": True}, time.time())])
     until(d, 10, lambda d: not d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag"), "still stale after the stall cleared")
@@ -146,6 +147,8 @@ def test_job_page_figures_charts_and_final_state(server_factory, browser, tmp_pa
     until(d, 15, lambda d: text(d, "#job-state") == "completed", "not completed")
     until(d, 5, lambda d: text(d, "#phase-text") == "completed · 100 steps · final model saved", "final phase line")
     assert not d.find_element(By.ID, "phase-progress").is_displayed()
+    xs = "const u = TPJOB.charts['chart-loss']; return [u.data[0].length, u.scales.x.max]"
+    until(d, 5, lambda d: js(d, xs) == [100, 100], "the last points are not drawn (a shorter series set every chart's x range)")
     assert text(d, "#elapsed-label") == "Ran for" and text(d, "#lr") == "0" and text(d, "#eta") == "–"
     assert not d.find_elements(By.CSS_SELECTOR, ".stale-tag")
     shot(d, "job-completed-final", full=True)
@@ -179,7 +182,8 @@ def test_job_page_log_stack_pause_cancel(agent_server, browser):
                                         text(d, "#phase-text")), "paused phase line")
     assert text(d, "#elapsed-label") == "Ran for"
     d.find_element(By.ID, "resume").click()
-    until(d, 120, lambda d: text(d, "#job-state") == "running", "not running after resume")
+    until(d, 120, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"),
+          "not training after resume")
     d.find_element(By.ID, "cancel").click()
     d.find_element(By.ID, "cancel-confirm").click()
     until(d, 60, lambda d: text(d, "#job-state") == "cancelled", "not cancelled")

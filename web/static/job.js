@@ -17,7 +17,10 @@
   // Small numbers (learning rates): "3.00e-4", and a plain "0" rather than "0.00e+0".
   const small = (x, d = 2) => (x === null || x === undefined || !isFinite(x) ? "–" : Number(x) === 0 ? "0"
     : Math.abs(x) >= 1e-3 && Math.abs(x) < 1e4 ? String(Number(Number(x).toPrecision(d + 1))) : Number(x).toExponential(d));
-  const fmtLr = (u, v) => v.map((x) => (x === null ? "" : small(x, 1)));
+  const fmtLr = (u, v) => { // as few digits as keep neighbouring ticks apart
+    for (let d = 1; d < 6; d++) { const out = v.map((x) => (x === null ? "" : small(x, d).replace(/\.?0+e/, "e"))); if (new Set(out).size === out.length) return out; }
+    return v.map((x) => (x === null ? "" : small(x, 6)));
+  };
   const CHARTS = {
     "chart-loss": { keys: ["loss"], labels: ["loss"], smooth: true, value: (v) => TP.sig(v) },
     "chart-tps": { keys: ["padded_tokens_per_s", "tokens_per_s"], labels: ["padded", "real"], colors: ["#f97316", "#2563eb"], dash: [[5, 4], null], unit: "tok/s", axis: fmtTps, value: (v) => TP.compact(v, "tok/s") },
@@ -94,7 +97,11 @@
     return cols;
   }
 
-  let syncing = false;
+  // Every chart shows the same x range: the whole run, or the user's zoom. uPlot reports scale
+  // changes after the draw (not while we set them), so a change is the user's zoom only when it is
+  // not the range we last set ourselves (expectX).
+  let syncing = false, expectX = null;
+  const sameRange = (a, b) => a && b && Math.abs(a.min - b.min) < 1e-9 * (1 + Math.abs(a.min)) && Math.abs(a.max - b.max) < 1e-9 * (1 + Math.abs(a.max));
   function makeChart(id, spec, data) {
     const box = $(id);
     const time = xMode() === "time";
@@ -114,6 +121,8 @@
         setScale: [(u, key) => {
           if (key !== "x" || syncing || resetting) return;
           const { min, max } = u.scales.x;
+          if (min === null || max === null || sameRange({ min, max }, expectX)) return;
+          expectX = { min, max };
           syncing = true;
           for (const c of Object.values(charts)) if (c !== u) c.setScale("x", { min, max });
           syncing = false;
@@ -267,6 +276,9 @@
     requestAnimationFrame(() => { drawPending = false; drawCharts(true); if (!zoomed) noteDownsampled(null); });
   }
   function drawCharts(keepScale) {
+    const full = fullRange();
+    const tx = zoomed && keepScale ? zoomed : full && full[1] > full[0] ? { min: full[0], max: full[1] } : null;
+    expectX = tx;
     for (const [id, full] of Object.entries(CHARTS)) {
       const spec = activeSpec(full);
       const box = $(id);
@@ -276,12 +288,12 @@
       const data = chartData(spec);
       box.dataset.points = data[0].length;
       box.dataset.series = spec.labels.join(",");
-      if (!charts[id]) { box.replaceChildren(); syncing = true; try { charts[id] = makeChart(id, spec, data); } finally { syncing = false; } if (zoomed) charts[id].setScale("x", zoomed); summarize(id, spec, charts[id]); continue; }
-      // Data updates never count as a user's zoom: only a drag (or a double-click) does.
+      if (!charts[id]) { box.replaceChildren(); syncing = true; try { charts[id] = makeChart(id, spec, data); if (tx) charts[id].setScale("x", tx); } finally { syncing = false; } summarize(id, spec, charts[id]); continue; }
+      // Data updates never count as a user's zoom: only a drag (or a double-click, or a key) does.
       syncing = true;
       try {
         if (zoomed && keepScale) { charts[id].setData(data, false); charts[id].setScale("x", zoomed); }
-        else charts[id].setData(data, true);
+        else { charts[id].setData(data, true); if (tx) charts[id].setScale("x", tx); }
       } finally { syncing = false; }
       summarize(id, spec, charts[id]);
     }
@@ -603,6 +615,9 @@
       for (const e of f.events) { onEvent(e); if (e.kind === "metrics") metrics = true; if (e.kind === "state") state = true; }
       if (metrics) scheduleDraw();
       if (job && job.state === "starting") showSummary({ state: "running", started_at: job.started_at || f.events[0].t }); // the first event makes it running
+      // Events while this page still holds "queued": its REST snapshot was older than the claim's
+      // frame (both in flight at a connect). Ask again rather than stay "queued" for the whole run.
+      else if (job && job.state === "queued" && !state) refill();
       if (state) refill();
     } else if (f.type === "job" && f.job.id === jobId) {
       const was = job && job.state;
