@@ -42,35 +42,46 @@ def number(s: str) -> float:
     return float(m.group(1).replace(",", "")) * (1000 if m.group(2) else 1)
 
 
-def test_job_page_figures_charts_and_final_state(server_factory, browser, tmp_path):
-    server = server_factory(agent_lost_after_s=600)  # the stand-in agent sends no heartbeats
-    d = browser
-    agent = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.agent_token}"})
-    aid = agent.post("/api/agents", json={"name": "fake", "host": "h"}).json()["id"]
-    with server.client() as c:
-        jid = c.post("/api/jobs", json={"name": "figures", "max_steps": 100}).json()["id"]
-    assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
-    d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
-    login(d, server)
-    d.get(f"{server.url}/jobs/{jid}")
-    until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on") and text(d, "#job-state"), "page not live")
+class FakeRun:
+    """A job claimed by a stand-in agent that speaks the real agent protocol, with 80 logged steps
+    posted on a CPU: speed alternating between two values every step, a loss with one spike at
+    step 40, RSS but no CUDA memory, an MFU against a CPU peak. The page is open on it."""
 
-    # 80 logged steps on a CPU: speed that alternates between two values every step, a loss with
-    # one spike, RSS but no CUDA memory, an MFU against a CPU peak.
-    t0 = time.time() - 80
-    evs = [("info", {"device": "cpu", "reason": "no accelerator found"}, t0),
-           ("info", {"peak_flops": 1.6e11, "flops_per_token": 6.5e6, "reason": "MFU is measured against a matmul"}, t0),
-           ("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, t0)]
-    for s in range(1, 81):
-        fast = s % 2 == 0
-        evs.append(("metrics", {"step": s, "values": {
-            "loss": 1000.0 if s == 40 else 5 - s / 40, "lr": 3e-4 * (100 - s) / 100, "grad_norm": 1.0, "rss_mb": 500.0 + s,
-            "tokens_per_s": 3000.0 if fast else 1000.0, "padded_tokens_per_s": 3300.0 if fast else 1100.0,
-            "step_time_s": 0.1 if fast else 0.3, "eta_s": (100 - s) * (0.1 if fast else 0.3), "mfu": 0.7}}, t0 + s))
-        evs.append(("phase", {"name": "training", "done": s, "total": 100, "unit": "steps"}, t0 + s))
-    seq = post_events(agent, aid, jid, 0, evs)
-    until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-points") == "80", "80 loss points")
+    def __init__(self, server_factory, d, tmp_path, name: str):
+        server = server_factory(agent_lost_after_s=600)  # the stand-in agent sends no heartbeats
+        agent = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.agent_token}"})
+        aid = agent.post("/api/agents", json={"name": "fake", "host": "h"}).json()["id"]
+        with server.client() as c:
+            jid = c.post("/api/jobs", json={"name": name, "max_steps": 100}).json()["id"]
+        assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
+        d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+        login(d, server)
+        d.get(f"{server.url}/jobs/{jid}")
+        until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on") and text(d, "#job-state"), "page not live")
 
+        t0 = time.time() - 80
+        evs = [("info", {"device": "cpu", "reason": "no accelerator found"}, t0),
+               ("info", {"peak_flops": 1.6e11, "flops_per_token": 6.5e6, "reason": "MFU is measured against a matmul"}, t0),
+               ("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, t0)]
+        for s in range(1, 81):
+            fast = s % 2 == 0
+            evs.append(("metrics", {"step": s, "values": {
+                "loss": 1000.0 if s == 40 else 5 - s / 40, "lr": 3e-4 * (100 - s) / 100, "grad_norm": 1.0, "rss_mb": 500.0 + s,
+                "tokens_per_s": 3000.0 if fast else 1000.0, "padded_tokens_per_s": 3300.0 if fast else 1100.0,
+                "step_time_s": 0.1 if fast else 0.3, "eta_s": (100 - s) * (0.1 if fast else 0.3), "mfu": 0.7}}, t0 + s))
+            evs.append(("phase", {"name": "training", "done": s, "total": 100, "unit": "steps"}, t0 + s))
+        seq = post_events(agent, aid, jid, 0, evs)
+        until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-points") == "80", "80 loss points")
+        self.d, self.agent, self.aid, self.jid, self.seq, self.t0 = d, agent, aid, jid, seq, t0
+
+    def post(self, events: list[tuple]) -> None:
+        self.seq = post_events(self.agent, self.aid, self.jid, self.seq, events)
+
+
+def test_live_speed_smoothed_mfu_caveat_and_only_existing_series(server_factory, browser, tmp_path):
+    """Issue 11 #19: tokens/s and ETA are smoothed; MFU on a CPU says it is rough; no "CUDA peak" on a CPU run."""
+    run = FakeRun(server_factory, browser, tmp_path, "speed")
+    d = run.d
     # 19: smoothed tokens/s and ETA (the raw values swing 1,000 <-> 3,000 tok/s and 6 s <-> 18 s)
     until(d, 10, lambda d: "tok/s" in text(d, "#tps"), "tokens/s shown")
     tps = number(text(d, "#tps"))
@@ -83,7 +94,14 @@ def test_job_page_figures_charts_and_final_state(server_factory, browser, tmp_pa
     assert "other processes" in d.find_element(By.CSS_SELECTOR, "#mfu .caveat").get_attribute("title")
     assert d.find_element(By.ID, "chart-mem").get_attribute("data-series") == "process RSS"
     assert "CUDA" not in text(d, "#chart-mem")
+    assert not console_errors(d), console_errors(d)
 
+
+def test_chart_log_clip_wallclock_keyboard_export_and_text(server_factory, browser, tmp_path):
+    """Issue 11 #20: log scale, outlier clipping, a wall-clock x axis, keyboard zoom, CSV and PNG
+    export, a text alternative for each chart."""
+    run = FakeRun(server_factory, browser, tmp_path, "charts")
+    d, jid, t0 = run.d, run.jid, run.t0
     # 20: text alternative, outlier clipping, log scale, keyboard zoom, wall-clock axis
     summary = d.find_element(By.ID, "chart-loss-summary").get_attribute("textContent")
     assert summary.startswith("Loss: 80 points from step 1 to step 80.") and "highest 1000 (step 40)" in summary, summary
@@ -123,19 +141,32 @@ def test_job_page_figures_charts_and_final_state(server_factory, browser, tmp_pa
     png = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-mem.png")), None), 10, "the PNG download")
     wait_for(lambda: png.stat().st_size > 1000, 10, "a complete PNG")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not console_errors(d), console_errors(d)
 
+
+def test_stall_marks_speed_and_eta_stale(server_factory, browser, tmp_path):
+    """Issue 11 #15: during a stall tokens/s and ETA keep their last values, marked stale with the reason."""
+    run = FakeRun(server_factory, browser, tmp_path, "stall")
+    d = run.d
     # 15: a stall marks tokens/s and ETA stale, with the reason; recovery clears it
-    seq = post_events(agent, aid, jid, seq, [("alert", {"kind": "stalled", "severity": "critical",
-                                                         "message": "stalled: no progress in 'training' for 60 s"}, time.time())])
+    run.post([("alert", {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 60 s"},
+               time.time())])
     until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag") and d.find_elements(By.CSS_SELECTOR, "#eta .stale-tag"),
           "tokens/s and ETA not marked stale during a stall")
     assert "stalled: no progress" in d.find_element(By.ID, "eta").get_attribute("title")
     assert "stale" in d.find_element(By.ID, "tps").get_attribute("class")
     js(d, "window.scrollTo(0, 0)")
     shot(d, "job-stale")
-    seq = post_events(agent, aid, jid, seq, [("alert", {"kind": "stalled", "message": "progressing again", "clear": True}, time.time())])
+    run.post([("alert", {"kind": "stalled", "message": "progressing again", "clear": True}, time.time())])
     until(d, 10, lambda d: not d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag"), "still stale after the stall cleared")
+    assert not console_errors(d), console_errors(d)
 
+
+def test_completed_job_final_phase_line(server_factory, browser, tmp_path):
+    """Issue 11 #14: a completed job says so (not "saving 1/1 · path"), "Ran for", lr 0 as "0"; the
+    last points are drawn."""
+    run = FakeRun(server_factory, browser, tmp_path, "final")
+    d = run.d
     # 14: the end of the run: no stale "saving 1/1 · path", "Ran for", a learning rate of 0 as "0"
     now = time.time()
     evs = [("metrics", {"step": s, "values": {"loss": 3.0, "lr": 3e-4 * (100 - s) / 100, "tokens_per_s": 2000.0}}, now) for s in range(81, 101)]
@@ -143,7 +174,7 @@ def test_job_page_figures_charts_and_final_state(server_factory, browser, tmp_pa
             ("phase", {"name": "saving", "done": 1, "total": 1, "detail": "/tmp/out/final"}, now),
             ("checkpoint", {"step": 100, "path": "/tmp/out/final", "final": True}, now),
             ("state", {"state": "completed", "reason": "trained 100 steps", "exit_code": 0}, now)]
-    post_events(agent, aid, jid, seq, evs)
+    run.post(evs)
     until(d, 15, lambda d: text(d, "#job-state") == "completed", "not completed")
     until(d, 5, lambda d: text(d, "#phase-text") == "completed · 100 steps · final model saved", "final phase line")
     assert not d.find_element(By.ID, "phase-progress").is_displayed()

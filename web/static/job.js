@@ -18,7 +18,7 @@
   const small = (x, d = 2) => (x === null || x === undefined || !isFinite(x) ? "–" : Number(x) === 0 ? "0"
     : Math.abs(x) >= 1e-3 && Math.abs(x) < 1e4 ? String(Number(Number(x).toPrecision(d + 1))) : Number(x).toExponential(d));
   const fmtLr = (u, v) => { // as few digits as keep neighbouring ticks apart
-    for (let d = 1; d < 6; d++) { const out = v.map((x) => (x === null ? "" : small(x, d).replace(/\.?0+e/, "e"))); if (new Set(out).size === out.length) return out; }
+    for (let d = 1; d < 6; d++) { const out = v.map((x) => (x === null ? "" : small(x, d).replace(/\.?0+e/, "e"))); const shown = out.filter((x) => x !== ""); if (new Set(shown).size === shown.length) return out; }
     return v.map((x) => (x === null ? "" : small(x, 6)));
   };
   const CHARTS = {
