@@ -74,6 +74,8 @@ class Emitter:
                     return "training"
                 return f"training {_n(total)} steps" if not done else f"training from step {_n(done)} of {_n(total)}"
             finished = total is not None and done is not None and done >= total
+            if finished and name == "saving":
+                return None  # the checkpoint line that follows says where
             key = (name, "end" if finished else "start")
             if key == self._said_phase and not d.get("detail"):
                 return None
