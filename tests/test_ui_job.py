@@ -169,7 +169,8 @@ def test_completed_job_final_phase_line(server_factory, browser, tmp_path):
     d = run.d
     # 14: the end of the run: no stale "saving 1/1 · path", "Ran for", a learning rate of 0 as "0"
     now = time.time()
-    evs = [("metrics", {"step": s, "values": {"loss": 3.0, "lr": 3e-4 * (100 - s) / 100, "tokens_per_s": 2000.0}}, now) for s in range(81, 101)]
+    evs = [("metrics", {"step": s, "values": {"loss": 3.0, "lr": 3e-4 * (100 - s) / 100, "tokens_per_s": 2000.0}}, now)
+           for s in range(81, 101)]
     evs += [("phase", {"name": "saving", "detail": "final model"}, now),
             ("phase", {"name": "saving", "done": 1, "total": 1, "detail": "/tmp/out/final"}, now),
             ("checkpoint", {"step": 100, "path": "/tmp/out/final", "final": True}, now),
