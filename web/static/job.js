@@ -113,7 +113,7 @@
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
       scales: { x: { time }, y: { distr: logY() ? 3 : 1, range: (u, lo, hi) => yRange(u, lo, hi) } },
-      axes: [time ? { label: "wall clock", labelSize: 18, size: 36 } : { label: "step", labelSize: 18, size: 36, incrs: TP.STEP_INCRS, values: (u, v) => v.map(TP.axis) },
+      axes: [time ? { label: "wall clock", labelSize: 18, size: 50 } : { label: "step", labelSize: 18, size: 36, incrs: TP.STEP_INCRS, values: (u, v) => v.map(TP.axis) },
         { label: spec.unit || "", labelSize: spec.unit ? 18 : 0, size: 64, values: spec.axis }],
       cursor: { drag: { x: true, y: false, setScale: true }, sync: { key: `job${jobId}`, setSeries: false } },
       legend: { live: true },
