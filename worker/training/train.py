@@ -41,7 +41,7 @@ def read_spec(path: Path) -> JobSpec:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    em = Emitter()
+    em = Emitter(narrate=True)  # stdout: a readable account, relayed by the agent as the job's log
     from .controls import Controls
     controls = Controls().install()
     try:
