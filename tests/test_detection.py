@@ -66,7 +66,7 @@ def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
     s = server_factory()
     s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
     with s.client() as c:
-        jid = submit(c, fault={"hang_at_step": 8})
+        jid = submit(c, name=s.plan_fault("hangs", hang_at_step=8))
         wait_step(c, jid, 8)
         # the timeout is learned from this job's step times (3 s floor on an idle machine; more
         # when the machine is busy): wait long enough for either, then judge against its own.
@@ -80,7 +80,7 @@ def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
         assert "_fault_hang" in a["stack"], a["stack"][:3000]
         assert "stuck at _fault_hang (" in a["message"], a["message"]
         assert ("py-spy dump" if tool == "py-spy" else "faulthandler dump") in a["stack"]
-        assert "before_step" in a["stack"]  # the caller's frame too: the exact line it is stuck on
+        assert "loop.py" in a["stack"]  # the callers' frames too: the loop line it is stuck on
         c.post(f"/api/jobs/{jid}/cancel")
         job = s.wait_job(jid, timeout=30)
         assert job["state"] == "cancelled"
@@ -91,7 +91,7 @@ def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
 def test_slow_data_phase_reporting_progress_is_not_stalled(agent_server):
     s = agent_server
     with s.client() as c:
-        jid = submit(c, max_steps=3, fault={"slow_data_s": 10})  # > 3x the 3 s stall timeout
+        jid = submit(c, max_steps=3, name=s.plan_fault("slow-data", slow_data_s=10))  # > 3x the 3 s stall timeout
         job = s.wait_job(jid, timeout=120)
         assert job["state"] == "completed", job
         assert alerts(c, jid, "stalled") == []
@@ -146,7 +146,7 @@ def test_throughput_falling_5x_raises_slow_then_clears(agent_server):
     s = agent_server
     with s.client() as c:
         # per-job slow_factor 3 (default 4): a busy machine must not shrink the 5x under the bar
-        jid = submit(c, max_steps=45, fault={"slow_after_step": 22, "slow_factor": 5},
+        jid = submit(c, max_steps=45, name=s.plan_fault("slows", slow_after_step=22, slow_factor=5),
                      stall={**FAST["stall"], "slow_factor": 3})
         a = wait_for(lambda: alerts(c, jid, "slow"), 120, "a slow alert", every=0.5)[0]
         assert "throughput fell" in a["message"], a["message"]
@@ -209,7 +209,7 @@ def test_webhook_gets_each_alert_once_with_retries_after_500(server_factory):
         s = server_factory(webhooks=[rx.url], webhook_retries=3, webhook_timeout_s=2)
         s.start_agent("a1", env=ONE_THREAD)
         with s.client() as c:
-            jid = submit(c, fault={"crash_at_step": 2})
+            jid = submit(c, name=s.plan_fault("crashes", crash_at_step=2))
             job = s.wait_job(jid, timeout=60)
             assert job["state"] == "failed"
             wait_for(lambda: [b for code, b in rx.bodies if code == 200], 10, "a delivered webhook")

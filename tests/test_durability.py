@@ -85,7 +85,7 @@ def test_pause_then_resume_on_another_agent_continues_exactly(server_factory):
     srv = server_factory()
     a1 = srv.start_agent("a1")
     with srv.client() as c:
-        jid = c.post("/api/jobs", json={**SPEC, "name": "paused", "fault": {"step_sleep_s": 0.3}}).json()["id"]
+        jid = c.post("/api/jobs", json={**SPEC, "name": srv.plan_fault("paused", step_sleep_s=0.3)}).json()["id"]
         wait_for(lambda: (job(c, jid)["step"] or 0) >= 4, 90, "4 steps")
         assert c.post(f"/api/jobs/{jid}/pause").status_code == 200
         j = srv.wait_job(jid, timeout=60)
@@ -117,7 +117,8 @@ def test_pause_then_resume_on_another_agent_continues_exactly(server_factory):
 def test_kill9_training_process_resumes_from_newest_complete_checkpoint(server_factory):
     srv = server_factory()
     agent = srv.start_agent("a1")
-    spec = {**SPEC, "max_steps": 14, "checkpoint_every": 4, "keep_checkpoints": 2, "fault": {"step_sleep_s": 0.15}}
+    spec = {**SPEC, "max_steps": 14, "checkpoint_every": 4, "keep_checkpoints": 2,
+            "name": srv.plan_fault("slow", step_sleep_s=0.15)}
     with srv.client() as c:
         jid = c.post("/api/jobs", json=spec).json()["id"]
         j = wait_for(lambda: (lambda x: x if (x["step"] or 0) >= 10 and x["checkpoint"] else None)(job(c, jid)),
@@ -154,7 +155,7 @@ def test_kill9_training_process_resumes_from_newest_complete_checkpoint(server_f
 def test_kill9_agent_lease_expires_and_another_agent_finishes(server_factory):
     srv = server_factory(agent_lost_after_s=5, reaper_every_s=0.5)
     a1 = srv.start_agent("a1")
-    spec = {**SPEC, "max_steps": 14, "checkpoint_every": 4, "fault": {"step_sleep_s": 0.15}}
+    spec = {**SPEC, "max_steps": 14, "checkpoint_every": 4, "name": srv.plan_fault("slow", step_sleep_s=0.15)}
     with srv.client() as c:
         jid = c.post("/api/jobs", json=spec).json()["id"]
         wait_for(lambda: (lambda x: (x["step"] or 0) >= 6 and x["checkpoint"])(job(c, jid)), 90, "a checkpoint")
@@ -186,7 +187,7 @@ def test_agent_shutdown_checkpoints_and_requeues_its_job(server_factory):
     srv = server_factory()
     a1 = srv.start_agent("a1")
     with srv.client() as c:
-        jid = c.post("/api/jobs", json={**SPEC, "max_steps": 10, "fault": {"step_sleep_s": 0.2}}).json()["id"]
+        jid = c.post("/api/jobs", json={**SPEC, "max_steps": 10, "name": srv.plan_fault("slow", step_sleep_s=0.2)}).json()["id"]
         wait_for(lambda: (job(c, jid)["step"] or 0) >= 3, 90, "3 steps", show=lambda: why(job(c, jid)))
         a1.send_signal(signal.SIGTERM)  # systemd stopping the agent: not a reason to cancel anybody's job
         a1.wait(60)
@@ -205,7 +206,7 @@ def test_agent_shutdown_checkpoints_and_requeues_its_job(server_factory):
 def test_kill9_server_mid_run_every_point_stored_exactly_once(server_factory):
     srv = server_factory()
     srv.start_agent("a1")
-    spec = {**SPEC, "max_steps": 16, "fault": {"step_sleep_s": 0.1}}
+    spec = {**SPEC, "max_steps": 16, "name": srv.plan_fault("slow", step_sleep_s=0.1)}
     with srv.client() as c:
         jid = c.post("/api/jobs", json=spec).json()["id"]
         wait_for(lambda: (job(c, jid)["step"] or 0) >= 4, 90, "4 steps")
@@ -315,7 +316,7 @@ def test_nan_loss_stops_with_alert_naming_the_step(server_factory):
     srv = server_factory()
     srv.start_agent("a1")
     with srv.client() as c:
-        jid = c.post("/api/jobs", json={**SPEC, "max_steps": 4, "fault": {"nan_at_step": 2}}).json()["id"]
+        jid = c.post("/api/jobs", json={**SPEC, "max_steps": 4, "name": srv.plan_fault("nan", nan_at_step=2)}).json()["id"]
         j = srv.wait_job(jid, states=("completed", "failed"), timeout=90)
         alerts = c.get("/api/alerts", params={"job_id": jid}).json()
     assert j["state"] == "failed" and j["failure"] == "nan" and len(j["attempts"]) == 1, j

@@ -182,7 +182,7 @@ def test_ui_end_to_end(agent_server, browser):
 
     # -- cancel a slow job from its page --
     with server.client() as c:
-        slow = c.post("/api/jobs", json={"name": "slow", "max_steps": 2000, "fault": {"step_sleep_s": 0.2}, **FAST}).json()
+        slow = c.post("/api/jobs", json={"name": server.plan_fault("slow", step_sleep_s=0.2), "max_steps": 2000, **FAST}).json()
     d.get(f"{server.url}/jobs/{slow['id']}")
     until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"),
           "the slow job is not training")
@@ -222,7 +222,7 @@ def test_reconnect_fills_gap(server_factory, browser):
     d = browser
     login(d, server)
     with server.client() as c:
-        job = c.post("/api/jobs", json={"name": "restart", "max_steps": 40, "fault": {"step_sleep_s": 0.1}, **FAST}).json()
+        job = c.post("/api/jobs", json={"name": server.plan_fault("restart", step_sleep_s=0.1), "max_steps": 40, **FAST}).json()
     d.get(f"{server.url}/jobs/{job['id']}")
     until(d, 180, lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 3,
           "no chart points before the restart")
@@ -232,7 +232,8 @@ def test_reconnect_fills_gap(server_factory, browser):
     server.start()
     wait(d, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"))
     until(d, 180, lambda d: text(d, "#job-state") == "completed", "not completed after the restart")
-    time.sleep(1)
+    until(d, 30, lambda d: (d.execute_script("return TPJOB.series.loss.step") or [0])[-1] == 40,
+          "the chart never reached the last step")
     steps = d.execute_script("return TPJOB.series.loss.step")
     assert steps == list(range(steps[0], steps[0] + len(steps))), f"hole in the chart: {steps}"
     assert steps[-1] == 40
@@ -241,16 +242,42 @@ def test_reconnect_fills_gap(server_factory, browser):
     assert not errs, errs
 
 
-def test_submit_form_covers_every_jobspec_field():
-    """The submit form has an input (with help text) for every JobSpec setting; only test-only fault
-    injection is left to the extra-JSON box."""
+def test_submit_form_covers_every_jobspec_field(server):
+    """The submit page has a hand-written input (label and help) for every JobSpec setting. Checked
+    against the hand-written FORM table and the page as served; form_fields() also gives a catch-all
+    input to any field the table lacks, so checking its output alone could never fail."""
+    from html.parser import HTMLParser
+
     from tokenpulse.protocol import JobSpec, LoraSpec, StallSpec
-    from web.pages import form_fields
-    fields = {f["name"]: f for g in form_fields() for f in g["fields"]}
-    want = {n for n in JobSpec.model_fields if n not in ("lora", "stall", "fault")}
+    from web.pages import FORM
+    want = {n for n in JobSpec.model_fields if n not in ("lora", "stall")}
     want |= {f"lora.{n}" for n in LoraSpec.model_fields} | {f"stall.{n}" for n in StallSpec.model_fields}
-    assert want <= set(fields), want - set(fields)
-    assert all(f["help"] for f in fields.values())
+    written = {name: help_text for _, _, fields in FORM for name, _, _, help_text in fields}
+    assert want <= set(written), f"JobSpec fields without a hand-written form entry: {want - set(written)}"
+    assert all(written.values()), [n for n, h in written.items() if not h]
+
+    class Inputs(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.inputs, self.helps, self._help = {}, {}, None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag in ("input", "select", "textarea") and a.get("name"):
+                self.inputs[a["name"]] = a.get("aria-describedby")
+            self._help = a["id"] if tag == "span" and "help" in (a.get("class") or "") else None
+
+        def handle_data(self, data):
+            if self._help:
+                self.helps[self._help] = self.helps.get(self._help, "") + data.strip()
+
+    with server.client() as c:
+        r = c.get("/submit")
+    assert r.status_code == 200 and 'id="submit-form"' in r.text, r.text[:500]
+    page = Inputs()
+    page.feed(r.text)
+    assert want <= set(page.inputs), f"no input on the page for {want - set(page.inputs)}"
+    assert all(page.helps.get(page.inputs[n]) for n in want), [n for n in want if not page.helps.get(page.inputs[n])]
 
 
 def test_alert_banner_stack_ack_and_notification(server, browser):

@@ -44,4 +44,4 @@ def build_demo(src: Path, dest: Path, n: int = 1500, vocab_size: int = 2048, see
 
 if __name__ == "__main__":
     src = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data/fortunes.jsonl")
-    build_demo(src, Path(__file__).resolve().parent.parent / "tokenpulse" / "demo")
+    build_demo(src, Path(__file__).resolve().parents[2] / "tokenpulse" / "demo")

@@ -14,7 +14,7 @@ from tokenpulse.protocol import BUILTIN_DATASET, JobSpec
 
 from .errors import SpecError
 
-DEMO_DIR = Path(__file__).resolve().parent.parent / "tokenpulse" / "demo"
+DEMO_DIR = Path(__file__).resolve().parents[2] / "tokenpulse" / "demo"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 
 
