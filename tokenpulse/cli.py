@@ -288,14 +288,15 @@ def cmd_analyze(args) -> int:
         return 0
     from rich.table import Table
     console = _console()
+    # Keys as worker/training/analysis.py's analyze_lengths returns them (tests/test_cli.py runs this).
     p = a.get("percentiles", {})
-    console.print(f"{a['num_examples']:,} examples" + (f" (sampled {a['sample_size']:,})" if a.get("sampled") else ""))
-    console.print("token length: " + ", ".join(f"{k} {v}" for k, v in p.items()))
+    console.print(f"{a['examples']:,} examples" + (f" (sampled {a['sample_size']:,})" if a.get("sampled") else ""))
+    console.print("token length: " + ", ".join(f"{k} {v:,.0f}" for k, v in p.items()))
     console.print(f"[bold]recommended max_seq_length: {a['recommended_max_seq_length']}[/] "
-                  f"(truncates {a.get('truncated_examples', 0):,} examples)")
-    table = Table("strategy", "padding waste", "real tokens / step")
-    for name, s in a.get("strategies", {}).items():
-        table.add_row(name, f"{100 * s['padding_fraction']:.1f} %", f"{s['real_tokens_per_step']:,.0f}")
+                  f"(covers {a['length_coverage']:g} % of examples; {a.get('truncated', 0):,} longer are truncated)")
+    table = Table("layout", "padding waste", "real tokens / step")
+    for name, s in a.get("layouts", {}).items():
+        table.add_row(name, f"{100 * s['padding_frac']:.1f} %", f"{s['real_tokens_per_step']:,.0f}")
     console.print(table)
     return 0
 
