@@ -411,6 +411,7 @@ def test_fault_plan_is_read_from_the_environment_by_job_name(tmp_path):
     assert plan_for("hangs", env).hang_at_step == 8
     assert plan_for("other", env).step_sleep_s == 0.5 and plan_for(None, env).hang_at_step is None
     assert plan_for("hangs", {}) is None
+    assert plan_for("hangs", {PLAN_ENV: str(tmp_path / "not-written-yet.json")}) is None
     plan.write_text(json.dumps({"hangs": {"hang_at_stpe": 8}}))
     with pytest.raises(ValidationError):
         plan_for("hangs", env)

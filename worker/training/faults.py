@@ -7,7 +7,7 @@ file mapping a job's name to the faults that job gets, e.g.
     {"hangs": {"hang_at_step": 8}, "slow": {"step_sleep_s": 0.2}, "*": {...}}
 
 ("*" applies to every job not named). The file is read when a training process starts, so a test may
-write it after the agent is up. Training code calls `Faults.at(point, ...)`, the one hook.
+write it after the agent is up; a file that does not exist (yet) is an empty plan. Training code calls `Faults.at(point, ...)`, the one hook.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class Fault(BaseModel):
 def plan_for(job_name: Optional[str], environ=os.environ) -> Optional[Fault]:
     """The fault planned for this job, or None (no plan, or the job is not in it)."""
     path = environ.get(PLAN_ENV)
-    if not path:
+    if not path or not Path(path).exists():  # tests name the file up front and write it on first use
         return None
     plan = json.loads(Path(path).read_text())
     entry = plan.get(job_name or "", plan.get("*"))
