@@ -122,6 +122,9 @@ def test_two_agents_five_jobs_each_runs_exactly_once(server):
     server.start_agent("a1")
     server.start_agent("a2")
     with server.client() as c:
+        # both registered before the queue fills: on a busy machine one could otherwise run them all
+        wait_for(lambda: sum(a["state"] == "online" for a in c.get("/api/agents").json()) == 2, 120,
+                 "both agents online")
         ids = [c.post("/api/jobs", json={"name": f"j{i}", "max_steps": 8}).json()["id"] for i in range(5)]
         jobs = [server.wait_job(i, timeout=300) for i in ids]
         assert [j["state"] for j in jobs] == ["completed"] * 5
