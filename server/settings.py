@@ -22,7 +22,6 @@ class Settings(BaseSettings):
     # Paths a job may name (model, dataset). Empty: anywhere the server's user can read.
     path_roots: list[Path] = Field(default_factory=list)
     allow_remote_code: bool = False
-    allow_fault_injection: bool = Field(False, description="accept spec.fault (tests and demos only)")
     max_body_bytes: int = 16 * 1024 * 1024
     webhooks: list[str] = Field(default_factory=list, description="URLs that receive alerts as JSON")
     webhook_timeout_s: float = 5.0

@@ -112,8 +112,6 @@ def check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
 
 
 def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
-    if spec.fault is not None and not settings.allow_fault_injection:
-        raise SpecError("fault", "fault injection is disabled on this server (TOKENPULSE_ALLOW_FAULT_INJECTION)")
     if spec.model != BUILTIN_MODEL:
         model = confined(settings, spec.model, "model")
         if not model.is_dir():

@@ -318,6 +318,7 @@ def cmd_analyze(args) -> int:
         return 0
     from rich.table import Table
     console = _console()
+    # Keys as worker/training/analysis.py's analyze_lengths returns them (tests/test_cli.py runs this).
     p = a.get("percentiles", {})
     console.print(f"{a['examples']:,} examples" + (f" (lengths from a sample of {a['sample_size']:,})" if a.get("sampled") else ""))
     console.print("token length: " + ", ".join(f"{k} {v:,.0f}" for k, v in p.items()))

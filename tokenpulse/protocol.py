@@ -55,18 +55,6 @@ class StallSpec(BaseModel):
     slow_periodic_frac: Optional[float] = Field(None, gt=0, le=1, description="periodic pauses costing this share of the time")
 
 
-class FaultSpec(BaseModel):
-    """Test-only fault injection; the server refuses it unless the operator enables it."""
-    model_config = ConfigDict(extra="forbid")
-    hang_at_step: Optional[int] = Field(None, ge=0, description="sleep forever at this step")
-    slow_after_step: Optional[int] = Field(None, ge=0, description="steps get slow_factor x slower from here")
-    slow_factor: float = Field(5.0, ge=1)
-    slow_data_s: Optional[float] = Field(None, ge=0, description="data phase lasts this long, reporting progress")
-    crash_at_step: Optional[int] = Field(None, ge=0, description="exit(3) at this step")
-    nan_at_step: Optional[int] = Field(None, ge=0, description="loss becomes NaN at this step")
-    step_sleep_s: float = Field(0.0, ge=0, description="sleep this long every step (a slow but alive job)")
-
-
 class JobSpec(BaseModel):
     """What a user submits. Every field validated here, so a typo fails at submit, not hours later."""
     # Finite numbers only: JSON's 1e999 / Infinity parse to inf, which JSON cannot store (it became
@@ -113,7 +101,6 @@ class JobSpec(BaseModel):
     priority: int = Field(0, ge=-100, le=100, description="higher runs first")
     max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, lost worker, crash)")
     stall: StallSpec = Field(default_factory=StallSpec)
-    fault: Optional[FaultSpec] = None
 
     @field_validator("model", "dataset")
     @classmethod

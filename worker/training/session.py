@@ -17,8 +17,9 @@ from tokenpulse.protocol import JobSpec
 from . import checkpoint as ckpt
 from .analysis import recommend_max_len
 from .autotune import autotune
-from .controls import Controls, Faults
+from .controls import Controls
 from .errors import EXIT_NAN, EXIT_OK, SpecError
+from .faults import Faults
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
@@ -31,12 +32,13 @@ DEFAULT_ROWS_PER_STEP = 16  # JobSpec: tokens_per_batch defaults to 16 examples'
 
 class Session:
     def __init__(self, spec: JobSpec, out: Path, em, controls: Controls, cache_dir: Optional[Path] = None,
-                 resume: Optional[Path] = None, telemetry: bool = True):
+                 resume: Optional[Path] = None, telemetry: bool = True, faults: Optional[Faults] = None):
         self.spec, self.out, self.em, self.controls = spec, Path(out), em, controls
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.resume = Path(resume) if resume else None
         self.telemetry = telemetry
-        self.faults = Faults(spec.fault)
+        # Test-only faults come from TOKENPULSE_FAULT_PLAN, never from the spec.
+        self.faults = faults if faults is not None else Faults.for_job(spec.name)
         self.result = None  # LoopResult, for callers in-process (tests, benchmark)
 
     # ---- setup -------------------------------------------------------------------------------
@@ -167,7 +169,8 @@ class Session:
         self._model()
         if spec.streaming:
             return self._run_streaming()
-        data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop)
+        data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop,
+                                    faults=self.faults)
         em.info(tokenization_cache="hit" if info["cache_hit"] else "miss", examples=data.n,
                 tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
         if data.n == 0:
@@ -216,7 +219,7 @@ class Session:
             while True:
                 got = False
                 for c in stream_chunks(spec, self.tokenizer, em, chunk_tokens, self.cache_dir,
-                                       self.controls.should_stop):
+                                       self.controls.should_stop, faults=self.faults):
                     got = True
                     yield epoch, c
                 if not got:
