@@ -28,6 +28,8 @@ from worker.agent.child import TrainingProcess, describe_exit
 from worker.agent.outbox import Outbox
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
 from worker.agent.stall import StallConfig, StallDetector, stuck_at
+from worker.agent.stacks import (can_run_handlers, describe_state, find_py_spy, process_state,
+                                  py_spy_dump)
 
 log = logging.getLogger("tokenpulse.agent")
 
@@ -93,12 +95,6 @@ def prune_own_checkpoints(out_dir: Path, resume: Optional[Path]) -> None:
             st = checkpoint_step(p)
             if st is None or st > start:
                 shutil.rmtree(p, ignore_errors=True)
-
-
-def find_py_spy() -> Optional[str]:
-    """py-spy installs beside the interpreter; a venv's bin is often not on PATH."""
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
 @dataclass
@@ -319,7 +315,9 @@ class Agent:
             if rj.process.proc.returncode is not None:
                 return  # it ended while we looked: the exit tells the story
             where = stuck_at(stack)
-            message = v.message + (f"; stuck at {where}" if where else "")
+            state = process_state(rj.process.pid)
+            message = v.message + (f"; stuck at {where}" if where else "") + (
+                "" if can_run_handlers(state) else f"; process state {describe_state(state)}")
             self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
         if rj.slow is None:
@@ -378,28 +376,41 @@ class Agent:
         self.flush_now.set()
 
     async def capture_stack(self, rj: RunningJob) -> str:
-        """Every thread's Python stack: py-spy where it may attach, else faulthandler (SIGUSR1).
-        TOKENPULSE_STACK_TOOL=faulthandler skips py-spy."""
+        """Every thread's Python stack. In order: py-spy (suspends the process for a consistent
+        read); py-spy --nonblocking (reads a process that cannot be suspended: already stopped, or
+        traced); faulthandler by SIGUSR1 (needs the process to run its own handler, so only when it
+        can). TOKENPULSE_STACK_TOOL=faulthandler tries faulthandler first; py-spy --nonblocking is
+        still the fallback when the process could not answer (frozen: an empty dump names nothing)."""
+        pid = rj.process.pid
+        state = process_state(pid)
         spy = find_py_spy()
+        notes = [f"process {pid} state: {describe_state(state)}"]
         if spy and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
-            try:
-                p = await asyncio.create_subprocess_exec(spy, "dump", "--pid", str(rj.process.pid),
-                                                         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-                try:
-                    out, err = await asyncio.wait_for(p.communicate(), 20)
-                except asyncio.TimeoutError:
-                    p.kill()
-                    raise
-                if p.returncode == 0 and out.strip():
-                    return "py-spy dump:\n" + out.decode(errors="replace")
-                log.info("py-spy could not dump job %s (%s); using faulthandler", rj.claim.job_id,
-                         err.decode(errors="replace").strip()[:300])
-            except (OSError, asyncio.TimeoutError):
-                pass
-        # faulthandler writes every thread's stack to stderr; read_output collects the lines. Before
-        # the process's first event its SIGUSR1 handler may not exist yet (the default action kills).
-        if rj.detector.events == 0:
-            return "no stack: py-spy is unavailable and the training process has not started reporting yet"
+            out, why = await py_spy_dump(spy, pid, nonblocking=False)
+            if out:
+                return "py-spy dump:\n" + out
+            notes.append(f"py-spy: {why}")
+        if can_run_handlers(state) and rj.detector.events:
+            lines = await self.faulthandler_dump(rj)
+            if any(x.lstrip().startswith("File ") for x in lines):
+                return "faulthandler dump:\n" + "\n".join(lines)
+            notes.append("faulthandler: the process wrote no stack (it could not run its handler)")
+        elif not rj.detector.events:  # before its first event its SIGUSR1 handler may not exist yet
+            notes.append("faulthandler: not asked (the process has not started reporting yet)")
+        else:
+            notes.append("faulthandler: not asked (a stopped or I/O-blocked process cannot run it)")
+        if spy:
+            out, why = await py_spy_dump(spy, pid, nonblocking=True)
+            if out:
+                return f"py-spy dump (--nonblocking; {'; '.join(notes)}):\n" + out
+            notes.append(f"py-spy --nonblocking: {why}")
+        else:
+            notes.append("py-spy is not installed")
+        log.info("job %s: no stack: %s", rj.claim.job_id, "; ".join(notes))
+        return "no stack: " + "; ".join(notes)
+
+    async def faulthandler_dump(self, rj: RunningJob) -> list[str]:
+        """faulthandler writes every thread's stack to stderr; read_output collects the lines."""
         rj.stack_lines = []
         rj.process.signal(signal.SIGUSR1)
         end, seen, quiet_since = time.monotonic() + 3.0, 0, time.monotonic()
@@ -411,7 +422,7 @@ class Agent:
                     x.startswith(("Current thread", "Thread 0x")) for x in rj.stack_lines):
                 break  # the dump is complete: lines stopped arriving
         lines, rj.stack_lines = rj.stack_lines, None
-        return "faulthandler dump:\n" + "\n".join(lines)
+        return lines
 
     # ---- commands from the server --------------------------------------------------------------
 

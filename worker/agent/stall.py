@@ -231,4 +231,9 @@ def stuck_at(stack: Optional[str]) -> Optional[str]:
                         return nxt
                 if nxt:
                     return nxt  # py-spy: func (path:line)
+    # py-spy names threads only once the threading module is loaded; the main thread's id is the pid
+    pid = next((x.split()[1].rstrip(":") for x in lines if x.startswith("Process ")), None)
+    for i, line in enumerate(lines):
+        if pid and line.startswith(f"Thread {pid} ") and i + 1 < len(lines) and lines[i + 1].strip():
+            return lines[i + 1].strip()
     return None
