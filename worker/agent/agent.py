@@ -135,27 +135,43 @@ class Agent:
         self.agent_id: Optional[int] = None
         self.flush_now = asyncio.Event()
         self.stopping = False
+        self.stopped = asyncio.Event()  # set with stopping, to wake waits that should end
+        self.unreachable_since: Optional[float] = None  # the server has not answered since then
         self.done_jobs = 0
 
     # ---- server calls, each retried until the server answers (it may be restarting) ----------
 
-    async def call(self, method: str, path: str, **kw) -> httpx.Response:
+    async def call(self, method: str, path: str, until_stopped: bool = False, **kw) -> Optional[httpx.Response]:
+        """until_stopped: give up (None) once the agent is stopping: a claim must not keep a stopping
+        agent alive while the server is down."""
         delay = 0.5
         while True:
             try:
                 r = await self.http.request(method, path, **kw)
+                self.unreachable_since = None
                 if r.status_code < 500:
                     return r
                 log.warning("%s %s: server answered %s", method, path, r.status_code)
             except httpx.HTTPError as e:
+                self.unreachable_since = self.unreachable_since or time.monotonic()
                 log.warning("%s %s: %s; retrying", method, path, e)
-            await asyncio.sleep(delay)
+            if until_stopped:
+                try:
+                    await asyncio.wait_for(self.stopped.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+                if self.stopping:
+                    return None
+            else:
+                await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
     async def register(self) -> None:
         r = await self.call("POST", "/api/agents", json={
             "name": self.name, "host": socket.gethostname(), "device": describe_device(),
-            "capacity": self.capacity})
+            "capacity": self.capacity}, until_stopped=True)
+        if r is None:
+            return  # stopped before the server ever answered
         r.raise_for_status()
         self.agent_id = r.json()["id"]
         log.info("registered as agent %s (%s)", self.agent_id, self.name)
@@ -166,6 +182,9 @@ class Agent:
         """Claim and run jobs until stopped (or after max_jobs, or when the queue is empty)."""
         self.outbox.recover()
         await self.register()
+        if self.agent_id is None:
+            await self.http.aclose()
+            return
         loops = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.flush_loop())]
         try:
             while not self.stopping:
@@ -173,7 +192,9 @@ class Agent:
                     if not self.jobs:
                         break
                 elif len(self.jobs) < self.capacity:
-                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim")
+                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim", until_stopped=True)
+                    if r is None:
+                        break
                     if r.status_code == 200:
                         await self.start_job(Claim.model_validate(r.json()))
                         continue
@@ -198,6 +219,10 @@ class Agent:
     async def drain(self, timeout: float = 30) -> None:
         end = time.monotonic() + timeout
         while self.outbox.size() and time.monotonic() < end:
+            if self.unreachable_since is not None and time.monotonic() - self.unreachable_since > 3:
+                # the journal keeps them: the next start of this agent sends them
+                log.warning("server unreachable: %s events stay in the journal", self.outbox.size())
+                return
             self.flush_now.set()
             await asyncio.sleep(0.1)
 
@@ -205,6 +230,7 @@ class Agent:
         """Stop claiming. What runs is not the operator's to cancel: each job checkpoints (as for a
         pause) and goes back to the queue, to resume from that checkpoint here later or elsewhere."""
         self.stopping = True
+        self.stopped.set()
         for rj in self.jobs.values():
             if rj.requested is None:
                 rj.requested = "shutdown"
