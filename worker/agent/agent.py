@@ -25,6 +25,7 @@ import httpx
 from tokenpulse.protocol import Claim
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import TrainingProcess, describe_exit
+from worker.agent.disk import disk_words, probe_writable
 from worker.agent.outbox import Outbox
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
 from worker.agent.stall import StallConfig, StallDetector, stuck_at
@@ -137,6 +138,8 @@ class Agent:
         self.stopping = False
         self.stopped = asyncio.Event()  # set with stopping, to wake waits that should end
         self.unreachable_since: Optional[float] = None  # the server has not answered since then
+        self.disk_error: Optional[str] = None  # the work dir could not be written (a full disk)
+        self.disk_alert: Optional[str] = None  # the disk problem the jobs' alerts name
         self.done_jobs = 0
 
     # ---- server calls, each retried until the server answers (it may be restarting) ----------
@@ -191,7 +194,7 @@ class Agent:
                 if max_jobs is not None and self.done_jobs + len(self.jobs) >= max_jobs:
                     if not self.jobs:
                         break
-                elif len(self.jobs) < self.capacity:
+                elif len(self.jobs) < self.capacity and not self.disk_blocked():
                     r = await self.call("POST", f"/api/agents/{self.agent_id}/claim", until_stopped=True)
                     if r is None:
                         break
@@ -243,10 +246,19 @@ class Agent:
 
     async def start_job(self, claim: Claim) -> None:
         job_dir = self.work_dir / "jobs" / str(claim.job_id)
-        job_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job_dir / "spec.json"
-        spec_path.write_text(claim.spec.model_dump_json(indent=2))
         self.outbox.open_job(claim.job_id, claim.seq_start)
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            spec_path.write_text(claim.spec.model_dump_json(indent=2))
+        except OSError as e:  # a full disk: the job is not ours to fail; back to the queue, no retry spent
+            self.disk_error = disk_words(self.work_dir, e)
+            log.error("job %s: %s; requeued, and no claims until it can be written", claim.job_id, self.disk_error)
+            self.outbox.add(claim.job_id, "state", {"state": "queued", "reason": f"agent {self.name}: "
+                                                    f"{self.disk_error}; requeued"})
+            self.done_jobs += 1
+            self.flush_now.set()
+            return
         resume, resume_note = pick_resume(claim.resume_from, self.resume_roots)
         prune_own_checkpoints(job_dir / "out", resume)
         stall = self.stall_config.merged(claim.spec.stall.model_dump())
@@ -266,6 +278,29 @@ class Agent:
                     asyncio.create_task(self.read_output(rj, proc.proc.stdout, "stdout")),
                     asyncio.create_task(self.read_output(rj, proc.proc.stderr, "stderr")),
                     asyncio.create_task(self.supervise(rj))]
+
+    def disk_blocked(self) -> bool:
+        """No claims while this agent cannot write its work dir: a job would fail for want of space.
+        Each call while blocked probes the disk again, so claims resume once space returns."""
+        if self.disk_error is not None and probe_writable(self.work_dir):
+            log.warning("work dir %s is writable again: claiming jobs", self.work_dir)
+            self.disk_error = None
+        return self.disk_error is not None or self.outbox.disk_error is not None
+
+    def watch_disk(self) -> None:
+        """Name a full disk on every job this agent runs (an alert), and say when it is over."""
+        problem = self.outbox.disk_error or self.disk_error
+        if problem and self.disk_alert is None:
+            self.disk_alert = problem
+            for rj in self.jobs.values():
+                self.emit(rj, "alert", {"kind": "disk_full", "severity": "critical", "message": (
+                    f"agent {self.name}: {problem}; its events are kept in memory and still sent, "
+                    "and it claims no new job until space returns")})
+        elif not problem and self.disk_alert is not None:
+            self.disk_alert = None
+            for rj in self.jobs.values():
+                self.emit(rj, "alert", {"kind": "disk_full", "clear": True,
+                                        "message": f"agent {self.name}: its disk is writable again"})
 
     def emit(self, rj: RunningJob, kind: str, data: dict, t: Optional[float] = None) -> None:
         self.outbox.add(rj.claim.job_id, kind, data, t)
@@ -363,6 +398,8 @@ class Agent:
     def close_alerts(self, rj: RunningJob, verdict: dict) -> None:
         """The process is gone: open stalled/slow alerts close (saying how it ended); a crash alerts."""
         how = f"the training process ended ({verdict.get('state')})"
+        if self.disk_alert is not None:
+            self.emit(rj, "alert", {"kind": "disk_full", "message": how, "clear": True})
         if rj.detector.stalled:
             self.emit(rj, "alert", {"kind": "stalled", "message": how, "clear": True})
         if rj.slow is not None and rj.slow.open_keys:
@@ -519,6 +556,8 @@ class Agent:
                 pass
             self.flush_now.clear()
             try:
+                self.outbox.retry_journal()
+                self.watch_disk()
                 while self.outbox.size():
                     batch = self.outbox.batch()
                     if not await self.send(batch):

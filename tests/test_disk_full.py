@@ -1,0 +1,49 @@
+"""A full disk, made real: a small tmpfs (tests/smallfs.py) under the agent's work dir or the
+server's data dir, filled to the last byte, then freed. Named, alerted, never wedged, recovered."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import wait_for
+from smallfs import fill, small_fs
+
+LONG = {"max_steps": 5000, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
+        "max_retries": 0}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def job(c, jid: int) -> dict:
+    return c.get(f"/api/jobs/{jid}").json()
+
+
+def alerts(c, jid: int, kind: str) -> list[dict]:
+    return c.get("/api/alerts", params={"job_id": jid, "kind": kind}).json()
+
+
+def test_agent_disk_full_is_alerted_never_wedges_and_recovers(server):
+    with small_fs(server.data_dir.parent / "work-a1", "16m") as work:
+        agent = server.start_agent("a1", env=ONE_THREAD)
+        with server.client() as c:
+            jid = c.post("/api/jobs", json=LONG).json()["id"]
+            wait_for(lambda: (job(c, jid).get("step") or 0) >= 3, 120, "training steps")
+            filler = fill(work)
+            a = wait_for(lambda: alerts(c, jid, "disk_full"), 60, "a disk_full alert")[0]
+            assert a["severity"] == "critical" and "no space left on the device of" in a["message"], a
+            step = job(c, jid)["step"]
+            wait_for(lambda: job(c, jid)["step"] >= step + 3, 60, "training to go on, its events still sent")
+            assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+            ended = server.wait_job(jid, timeout=60)  # before: the job stayed running; cancel did nothing
+            assert ended["state"] == "cancelled", ended
+            log = (server.data_dir.parent / "agent-a1.log").read_text()
+            assert "journal: no space left on the device of" in log
+            assert agent.poll() is None
+            filler.unlink()  # space returns: the next job is claimed and runs
+            jid2 = c.post("/api/jobs", json={**LONG, "max_steps": 4}).json()["id"]
+            done = server.wait_job(jid2, timeout=120)
+            assert done["state"] == "completed", done
+            assert not [a for a in alerts(c, jid, "disk_full") if a["state"] == "open"]
+        assert not list((work / "journal").glob("*.jsonl")) or all(
+            all(json.loads(x) for x in p.read_text().splitlines()) for p in (work / "journal").glob("*.jsonl"))
+
