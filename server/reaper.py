@@ -3,7 +3,8 @@
 
 An agent is lost after `agent_lost_after_s` without a heartbeat, counted from the later of its last
 heartbeat and this server's start: a server restart gives every agent a full lease to reconnect
-instead of failing all running jobs at once.
+instead of failing all running jobs at once. The end of a database write stall (server/db.py
+`stalled_at`) counts like a start: heartbeats that could not be stored are not the agents' fault.
 """
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ async def reaper_loop(tp) -> None:
     while True:
         await asyncio.sleep(tp.settings.reaper_every_s)
         try:
-            frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s, started_at))
+            # A database write stall (another process's lock, a full disk) kept heartbeats from being
+            # stored: it is the server's silence, not the agents'. Leases restart after it, as after a start.
+            frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s,
+                                                      max(started_at, tp.db.stalled_at)))
             for topic, payload, droppable in frames:
                 tp.hub.publish(topic, payload, droppable)
                 if payload.get("type") == "alert" and tp.webhooks is not None:

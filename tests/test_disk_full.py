@@ -3,10 +3,11 @@ server's data dir, filled to the last byte, then freed. Named, alerted, never we
 from __future__ import annotations
 
 import json
+import time
 
-import pytest
+import httpx
 
-from conftest import wait_for
+from conftest import make_server, wait_for
 from smallfs import fill, small_fs
 
 LONG = {"max_steps": 5000, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
@@ -47,3 +48,40 @@ def test_agent_disk_full_is_alerted_never_wedges_and_recovers(server):
         assert not list((work / "journal").glob("*.jsonl")) or all(
             all(json.loads(x) for x in p.read_text().splitlines()) for p in (work / "journal").glob("*.jsonl"))
 
+
+
+def test_server_disk_full_answers_507_naming_it_and_recovers_losing_nothing(tmp_path):
+    s = make_server(tmp_path)
+    with small_fs(s.data_dir, "24m") as data:
+        try:
+            s.start()
+            s.start_agent("a1", env=ONE_THREAD)
+            with s.client() as c:
+                jid = c.post("/api/jobs", json=LONG).json()["id"]
+                wait_for(lambda: (job(c, jid).get("step") or 0) >= 3, 120, "training steps")
+                filler = fill(data)
+                agent_log = s.data_dir.parent / "agent-a1.log"
+                # SQLite rewrites its WAL in place while it can: writes fail once it must grow
+                wait_for(lambda: "answered 507" in agent_log.read_text(), 90, "the agent's events to be refused 507")
+                with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {s.agent_token}"}) as ac:
+                    hb = wait_for(lambda: (lambda r: r if r.status_code != 200 else None)(ac.post(
+                        "/api/agents/1/heartbeat", json={"jobs": {str(jid): time.time()}})), 30, "a heartbeat refused")
+                    assert hb.status_code == 507 and "disk is full" in hb.text, (hb.status_code, hb.text)
+                r = c.post("/api/jobs", json=LONG)
+                assert r.status_code == 507 and "disk is full" in r.json()["detail"], (r.status_code, r.text)
+                assert "tokenpulse.db" in r.json()["detail"] and int(r.headers["retry-after"]) > 0
+                step_when_full = job(c, jid)["step"]
+
+                filler.unlink()  # space returns: the agent's journaled events all arrive, none twice
+                wait_for(lambda: job(c, jid)["step"] >= step_when_full + 5, 120, "progress stored again")
+                assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+                ended = s.wait_job(jid, timeout=60)
+                assert ended["state"] == "cancelled" and ended["attempt"] == 1, ended  # never lost, never retried
+                steps = c.get(f"/api/jobs/{jid}/metrics", params={"keys": ["loss"], "max_points": 100000}).json()["series"]["loss"]["step"]
+                assert steps == list(range(steps[0], steps[0] + len(steps))), "a gap in the stored loss series"
+                assert c.get("/api/agents").json()[0]["state"] == "online"
+        finally:
+            for a in s.agents:
+                a.terminate()
+                a.wait(30)
+            s.kill()

@@ -68,7 +68,8 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
     def beat(s):
         known_agent(s, agent_id, caller)
         commands, frames = ingest.heartbeat(s, agent_id, hb.jobs)
-        for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s, tp.started_at):
+        for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
+                                     max(tp.started_at, tp.db.stalled_at)):
             summary = store.job_summary(job)
             frames += [("jobs", {"type": "job", "job": summary}, False),
                        (f"job:{job.id}", {"type": "job", "job": summary}, False)]

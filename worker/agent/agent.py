@@ -98,6 +98,21 @@ def prune_own_checkpoints(out_dir: Path, resume: Optional[Path]) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+def retry_after(r: httpx.Response) -> Optional[float]:
+    """The server's Retry-After in seconds (bounded to a minute), when it sent one."""
+    try:
+        return min(max(float(r.headers["retry-after"]), 0.1), 60.0)
+    except (KeyError, ValueError):
+        return None
+
+
+def detail(r: httpx.Response) -> str:
+    try:
+        return str(r.json().get("detail"))[:300]
+    except ValueError:
+        return r.text[:300]
+
+
 @dataclass
 class RunningJob:
     claim: Claim
@@ -154,7 +169,13 @@ class Agent:
                 self.unreachable_since = None
                 if r.status_code < 500:
                     return r
-                log.warning("%s %s: server answered %s", method, path, r.status_code)
+                wait = retry_after(r)
+                if wait is not None:  # 503 (database locked) / 507 (its disk full): it says when to retry
+                    log.warning("%s %s: server answered %s (%s); retrying in %.0f s", method, path,
+                                r.status_code, detail(r), wait)
+                    delay = wait
+                else:
+                    log.warning("%s %s: server answered %s", method, path, r.status_code)
             except httpx.HTTPError as e:
                 self.unreachable_since = self.unreachable_since or time.monotonic()
                 log.warning("%s %s: %s; retrying", method, path, e)
