@@ -74,6 +74,7 @@ class Database:
         self.Session = sessionmaker(self.engine, expire_on_commit=False)
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self.stalled_at = 0.0  # when a write last ended stalled or failed (see _note_stall)
+        self.in_stall = False  # the last write failed in the database (locked, disk full)
         self._order = itertools.count()
         self._writer = threading.Thread(target=self._run, name="db-writer", daemon=True)
         self._writer.start()
@@ -138,8 +139,15 @@ class Database:
         database (locked past the busy timeout, a full disk) means heartbeats could not be stored
         meanwhile: the reaper counts agents' leases from the end of such a stall."""
         now = time.time()
-        if failed or now - getattr(fut, "queued_at", now) > STALL_S:
-            self.stalled_at = now
+        if failed:
+            self.in_stall, self.stalled_at = True, now
+        elif self.in_stall or now - getattr(fut, "queued_at", now) > STALL_S:
+            self.in_stall, self.stalled_at = False, now
+
+    def stall_ended_at(self) -> float:
+        """When the latest write stall ended: now while the last write failed (the stall goes on,
+        or the write asking is the first through after it), else the end of the latest one (0: never)."""
+        return time.time() if self.in_stall else self.stalled_at
 
     def _yield(self, s: Session) -> None:
         """For a long bulk write, between its chunks (s.info["yield"]()): commit what it has done,

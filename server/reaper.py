@@ -50,15 +50,20 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
     return frames
 
 
+def lease_origin(db, started_at: float) -> float:
+    """Where leases count from: the server's start, or the end of the latest database write stall
+    (another process's lock, a full disk) if later. Heartbeats that arrived but could not be stored
+    are the server's silence, not the agents': each gets a full lease after it, as after a start."""
+    return max(started_at, db.stall_ended_at())
+
+
 async def reaper_loop(tp) -> None:
     started_at = time.time()
     while True:
         await asyncio.sleep(tp.settings.reaper_every_s)
         try:
-            # A database write stall (another process's lock, a full disk) kept heartbeats from being
-            # stored: it is the server's silence, not the agents'. Leases restart after it, as after a start.
             frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s,
-                                                      max(started_at, tp.db.stalled_at)))
+                                                      lease_origin(tp.db, started_at)))
             for topic, payload, droppable in frames:
                 tp.hub.publish(topic, payload, droppable)
                 if payload.get("type") == "alert" and tp.webhooks is not None:
