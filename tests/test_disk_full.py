@@ -85,3 +85,31 @@ def test_server_disk_full_answers_507_naming_it_and_recovers_losing_nothing(tmp_
                 a.terminate()
                 a.wait(30)
             s.kill()
+
+
+def test_disk_full_while_saving_a_checkpoint_is_named_alerted_final_and_keeps_what_is_stored(server):
+    from worker.checkpoint_layout import checkpoint_step, list_checkpoints
+    # job 1's output dir (checkpoints) on its own small disk; the agent's journal and cache elsewhere
+    with small_fs(server.data_dir.parent / "work-a1" / "jobs" / "1" / "out", "64m") as out:
+        server.start_agent("a1", env=ONE_THREAD)
+        with server.client() as c:
+            jid = c.post("/api/jobs", json={**LONG, "checkpoint_every": 3, "max_retries": 2}).json()["id"]
+            assert jid == 1
+            first = wait_for(lambda: job(c, jid).get("checkpoint"), 120, "a first checkpoint")
+            filler = fill(out)
+            ended = server.wait_job(jid, timeout=120)
+            assert ended["state"] == "failed" and ended["failure"] == "disk_full", ended
+            assert "no space left on the disk of" in ended["reason"], ended["reason"]
+            assert "while saving a checkpoint at step" in ended["reason"], ended["reason"]
+            assert "mounted at " + str(out) in ended["reason"], ended["reason"]
+            assert ended["attempt"] == 1 and len(ended["attempts"]) == 1, ended  # not retried
+            a = alerts(c, jid, "disk_full")
+            assert a and a[0]["severity"] == "critical" and "while saving a checkpoint" in a[0]["message"]
+            assert not alerts(c, jid, "crashed")
+            # what was stored stays: complete checkpoints (the first among them or a newer one), no torn one
+            kept = list_checkpoints(out)
+            assert kept and all(checkpoint_step(p) is not None for p in kept), kept
+            assert f"the newest complete checkpoint is kept: {kept[-1]}" in ended["reason"]
+            assert checkpoint_step(kept[-1]) >= checkpoint_step(__import__("pathlib").Path(first))
+            assert not [p for p in (out / "checkpoints").iterdir() if p not in kept]
+            filler.unlink()
