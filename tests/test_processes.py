@@ -71,3 +71,26 @@ def test_an_agent_stopped_while_its_server_is_down_exits_promptly(server):
     t0 = time.monotonic()
     agent.wait(30)  # before: the claim loop retried forever, and SIGTERM did nothing
     assert time.monotonic() - t0 < 15
+
+
+def test_kill9_of_up_stops_its_embedded_agent(tmp_path):
+    port, data = free_port(), tmp_path / "data"
+    up = subprocess.Popen([sys.executable, "-m", "tokenpulse.cli", "up", "--data-dir", str(data),
+                           "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _health(f"http://127.0.0.1:{port}"), 60, "the server")
+        agents = wait_for(lambda: [p for p in psutil.Process(up.pid).children() if " agent " in " ".join(p.cmdline())],
+                          30, "the embedded agent")
+        up.kill()
+        up.wait()
+        # SIGTERM from the kernel; with no server to talk to it exits at once
+        wait_for(lambda: not alive(agents[0].pid), 30, "the orphaned agent to exit")
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for p in psutil.process_iter():
+            try:
+                if str(data) in " ".join(p.cmdline()):
+                    p.kill()
+            except psutil.Error:
+                pass

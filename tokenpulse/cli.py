@@ -60,7 +60,8 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "tokenpulse.cli", "agent", "--server", url,
                  "--token-file", str(settings.data_dir / "agent_token"),
-                 "--work-dir", str(settings.data_dir / f"agent-{i}")]))
+                 "--work-dir", str(settings.data_dir / f"agent-{i}")],
+                preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None))
         if embedded_agents:
             console.print(f"{embedded_agents} embedded worker(s) started; Ctrl-C stops everything")
             stop_family_on_signals(server, agents, console)
@@ -84,6 +85,17 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
                 p.send_signal(signal.SIGTERM)
         wait_all(agents, 30)
     return 0
+
+
+def _stop_with_parent() -> None:
+    """In an embedded agent, before exec: when `tokenpulse up` dies (kill -9 included) the kernel
+    sends the agent SIGTERM, so it stops (checkpointing its jobs) instead of living on to join
+    whatever server starts next on the port."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def stop_family_on_signals(server, agents: list[subprocess.Popen], console) -> None:

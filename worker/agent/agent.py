@@ -469,7 +469,9 @@ class Agent:
         state = process_state(pid)
         spy = find_py_spy()
         notes = [f"process {pid} state: {describe_state(state)}"]
-        if spy and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
+        # py-spy's suspending dump waits for the process to stop: one in uninterruptible I/O never
+        # does (it would cost the whole timeout), one already stopped makes it fail at once
+        if spy and can_run_handlers(state) and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
             out, why = await py_spy_dump(spy, pid, nonblocking=False)
             if out:
                 return "py-spy dump:\n" + out
