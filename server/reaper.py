@@ -18,6 +18,7 @@ from sqlalchemy import select
 from server import store
 from server.ingest import alert_dict, upsert_alert
 from server.models import Agent, Job
+from server.storage_errors import clear_outages
 from tokenpulse.protocol import ACTIVE_STATES, JobState
 
 log = logging.getLogger("tokenpulse.reaper")
@@ -64,6 +65,7 @@ async def reaper_loop(tp) -> None:
         try:
             frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s,
                                                       lease_origin(tp.db, started_at)))
+            clear_outages(tp)  # this pass was written: a full disk or a lock is over
             for topic, payload, droppable in frames:
                 tp.hub.publish(topic, payload, droppable)
                 if payload.get("type") == "alert" and tp.webhooks is not None:

@@ -56,6 +56,9 @@ def storage_error_handler(db_path: Optional[str]):
             log.exception("database error on %s %s", request.method, request.url.path, exc_info=exc)
             return JSONResponse({"detail": "internal database error"}, status_code=500)
         _log_once_in_a_while(kind, f"{request.method} {request.url.path}: {message}")
+        tp = getattr(request.app.state, "tp", None)
+        if tp is not None:
+            open_outage(tp, kind, message)
         return JSONResponse({"detail": message}, status_code=status, headers={"Retry-After": str(retry)})
     return handler
 
@@ -65,3 +68,26 @@ def install(app, db_url: str) -> None:
     handler = storage_error_handler(make_url(db_url).database if db_url.startswith("sqlite") else None)
     app.add_exception_handler(OperationalError, handler)
     app.add_exception_handler(sqlite3.OperationalError, handler)
+
+
+def open_outage(tp, kind: str, message: str) -> None:
+    """The database cannot store an alert about itself: webhooks carry it (once per outage)."""
+    if kind in tp.db.outages:
+        return
+    alert = {"id": f"server-db-{kind}-{int(time.time())}", "job_id": None, "kind": "disk_full" if kind == "full"
+             else "database_locked", "severity": "critical" if kind == "full" else "warning",
+             "state": "open", "message": message, "created_at": time.time()}
+    tp.db.outages[kind] = alert
+    if tp.webhooks is not None:
+        tp.webhooks.send(alert)
+
+
+def clear_outages(tp) -> None:
+    """Called by the reaper after each pass that went through: writes work again."""
+    if not tp.db.outages or tp.db.in_stall:
+        return
+    for alert in tp.db.outages.values():
+        log.warning("database writable again (%s over)", alert["kind"])
+        if tp.webhooks is not None:
+            tp.webhooks.send({**alert, "state": "cleared", "message": "the server stores writes again"})
+    tp.db.outages.clear()

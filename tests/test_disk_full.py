@@ -51,7 +51,9 @@ def test_agent_disk_full_is_alerted_never_wedges_and_recovers(server):
 
 
 def test_server_disk_full_answers_507_naming_it_and_recovers_losing_nothing(tmp_path):
-    s = make_server(tmp_path)
+    from test_detection import Receiver
+    rx = Receiver(fail_first=0)
+    s = make_server(tmp_path, webhooks=[rx.url])
     with small_fs(s.data_dir, "24m") as data:
         try:
             s.start()
@@ -71,6 +73,8 @@ def test_server_disk_full_answers_507_naming_it_and_recovers_losing_nothing(tmp_
                 assert r.status_code == 507 and "disk is full" in r.json()["detail"], (r.status_code, r.text)
                 assert "tokenpulse.db" in r.json()["detail"] and int(r.headers["retry-after"]) > 0
                 step_when_full = job(c, jid)["step"]
+                hook = wait_for(lambda: [b for _, b in rx.bodies if b["kind"] == "disk_full"], 30, "a webhook")
+                assert hook[0]["state"] == "open" and "disk is full" in hook[0]["text"], hook  # it cannot store it
 
                 filler.unlink()  # space returns: the agent's journaled events all arrive, none twice
                 wait_for(lambda: job(c, jid)["step"] >= step_when_full + 5, 120, "progress stored again")
@@ -80,7 +84,10 @@ def test_server_disk_full_answers_507_naming_it_and_recovers_losing_nothing(tmp_
                 steps = c.get(f"/api/jobs/{jid}/metrics", params={"keys": ["loss"], "max_points": 100000}).json()["series"]["loss"]["step"]
                 assert steps == list(range(steps[0], steps[0] + len(steps))), "a gap in the stored loss series"
                 assert c.get("/api/agents").json()[0]["state"] == "online"
+                wait_for(lambda: [b for _, b in rx.bodies if b["kind"] == "disk_full" and b["state"] == "cleared"],
+                         30, "the webhook saying it is over")
         finally:
+            rx.close()
             for a in s.agents:
                 a.terminate()
                 a.wait(30)
