@@ -120,3 +120,22 @@ def test_disk_full_while_saving_a_checkpoint_is_named_alerted_final_and_keeps_wh
             assert checkpoint_step(kept[-1]) >= checkpoint_step(__import__("pathlib").Path(first))
             assert not [p for p in (out / "checkpoints").iterdir() if p not in kept]
             filler.unlink()
+
+
+def test_an_agent_whose_disk_is_full_requeues_what_it_claims_and_claims_again_once_freed(server):
+    with small_fs(server.data_dir.parent / "work-a1", "16m") as work:
+        agent = server.start_agent("a1", env=ONE_THREAD)
+        with server.client() as c:
+            wait_for(lambda: c.get("/api/agents").json(), 60, "the agent to register")
+            filler = fill(work)
+            jid = c.post("/api/jobs", json={**LONG, "max_steps": 4}).json()["id"]
+            j = wait_for(lambda: (lambda j: j if j["state"] == "queued" and j["attempts"] else None)(job(c, jid)),
+                         60, "the job back in the queue")
+            assert "no space left on the device of" in j["reason"] and "requeued" in j["reason"], j
+            assert j["attempts"][0]["outcome"] == "queued", j  # no retry spent
+            log = server.data_dir.parent / "agent-a1.log"
+            wait_for(lambda: "no claims until it can be written" in log.read_text(), 10, "the agent to say why")
+            filler.unlink()
+            done = server.wait_job(jid, timeout=120)
+            assert done["state"] == "completed", done
+            assert agent.poll() is None
