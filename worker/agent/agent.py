@@ -28,7 +28,7 @@ from worker.agent.child import TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
 from worker.agent.outbox import Outbox
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
-from worker.agent.stall import StallConfig, StallDetector, stuck_at
+from worker.agent.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
 from worker.agent.stacks import (can_run_handlers, describe_state, find_py_spy, process_state,
                                   py_spy_dump)
 
@@ -398,8 +398,10 @@ class Agent:
                 return  # it ended while we looked: the exit tells the story
             where = stuck_at(stack)
             state = process_state(rj.process.pid)
-            message = v.message + (f"; stuck at {where}" if where else "") + (
-                "" if can_run_handlers(state) else f"; process state {describe_state(state)}")
+            message = v.message
+            if not can_run_handlers(state):  # its alive thread spoke a moment ago, but it is frozen now
+                message = message.replace(ALIVE_CLAUSE, "") + f"; process state {describe_state(state)}"
+            message += f"; stuck at {where}" if where else ""
             self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
         if rj.slow is None:

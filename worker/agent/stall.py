@@ -205,10 +205,13 @@ class StallDetector:
             alive = (f"; the process has also said nothing for {quiet:.0f} s (its alive thread is silent: "
                      f"frozen, a deadlock holding the GIL, SIGSTOP, or uninterruptible I/O)")
         else:
-            alive = "; the process is alive (its alive thread still reports) but its work does not move"
+            alive = ALIVE_CLAUSE
         return Verdict("stalled", f"stalled: no progress in {self.where()} for {silent:.0f} s (timeout "
                        f"{limit:.0f} s: {self.explain_timeout()}){alive}",
                        silent_s=silent, timeout_s=limit, phase=self.phase)
+
+
+ALIVE_CLAUSE = "; the process is alive (its alive thread still reports) but its work does not move"
 
 
 def stuck_at(stack: Optional[str]) -> Optional[str]:
