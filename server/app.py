@@ -13,7 +13,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from server import auth, prometheus
+from server import auth, prometheus, storage_errors
 from server.api import agents, alerts, datasets, jobs, tokens, ws
 from server.db import Database, upgrade_to_head
 from server.deps import App, AppDep, UserDep
@@ -88,7 +88,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         upgrade_to_head(settings.db_url)
-        db = Database(settings.db_url)
+        db = Database(settings.db_url, settings.busy_timeout_s)
         db.write_sync(lambda s: auth.ensure_initial_tokens(s, settings.data_dir))
         tp = App(settings=settings, db=db, hub=Hub(settings.ws_queue_frames),
                  webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries))
@@ -108,6 +108,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
                   description="Run, watch and control model training.")
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(OverflowError, out_of_range)
+    storage_errors.install(app, settings.db_url)  # disk full: 507; locked past the busy timeout: 503
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 

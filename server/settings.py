@@ -19,6 +19,8 @@ class Settings(BaseSettings):
 
     agent_lost_after_s: float = Field(30.0, description="an agent silent this long is lost")
     reaper_every_s: float = 2.0
+    busy_timeout_s: float = Field(30.0, gt=0, description="how long a write waits for another process's "
+                                  "lock on the SQLite file before answering 503")
     # Paths a job may name (model, dataset). Empty: anywhere the server's user can read.
     path_roots: list[Path] = Field(default_factory=list)
     allow_remote_code: bool = False

@@ -31,8 +31,11 @@ TRANSITIONS: dict[JobState, set[JobState]] = {
 # Failure policy. Worth another attempt (resuming from the newest checkpoint): a crash, a killed
 # process, a lost worker, a stall the agent gave up on; out of memory too, with half the micro-batch.
 RETRYABLE = {"oom", "crash", "lost", "signal", "hang"}
-# Never retried, whatever the agent asks: a bad spec or a non-finite loss would only fail again.
-FINAL_FAILURES = {"spec", "nan"}
+# Never retried, whatever the agent asks: a bad spec or a non-finite loss would only fail again; so
+# would a full disk (disk_full: the same agent, the same output dir), and each retry would first
+# write more onto it. The reason names the disk and the newest checkpoint kept: free space, then
+# clone the job or resume from there.
+FINAL_FAILURES = {"spec", "nan", "disk_full"}
 
 
 class TransitionError(Exception):

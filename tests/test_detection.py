@@ -297,3 +297,27 @@ def test_reaper_gives_every_agent_a_full_lease_after_a_server_start(tmp_path):
         assert s.scalars(select(Agent)).one().state == "online"
         frames = reap(s, 30, started_at=now - 31, now=now)  # a full lease passed: lost
         assert frames and frames[0][1]["agent"]["state"] == "lost"
+
+
+@pytest.mark.parametrize("tool", ["py-spy", "faulthandler"])
+def test_a_stopped_training_process_gets_a_stack_read_from_outside(server_factory, tool):
+    """SIGSTOP: the process can run neither its alive thread nor its faulthandler. py-spy's default
+    dump cannot suspend an already stopped process; the stack must still name the line it stopped on."""
+    s = server_factory()
+    agent = s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
+    with s.client() as c:
+        jid = submit(c)
+        wait_step(c, jid, 5)
+        pid = wait_for(lambda: training_pids(agent), 30, "the training process")[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            a = wait_for(lambda: alerts(c, jid, "stalled"), 90, "a stalled alert")[0]
+            assert "process state T (stopped" in a["message"] and "still reports" not in a["message"], a["message"]
+            where = re.search(r"stuck at (\S+) \((\S+\.py):(\d+)\)", a["message"])
+            assert where, (a["message"], a["stack"][:3000])
+            path, line = where.group(2), int(where.group(3))
+            assert os.path.isfile(path) and 0 < line <= len(open(path).read().splitlines()), where.group(0)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+        assert s.wait_job(jid)["state"] == "failed"

@@ -60,9 +60,11 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "tokenpulse.cli", "agent", "--server", url,
                  "--token-file", str(settings.data_dir / "agent_token"),
-                 "--work-dir", str(settings.data_dir / f"agent-{i}")]))
+                 "--work-dir", str(settings.data_dir / f"agent-{i}")],
+                preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None))
         if embedded_agents:
             console.print(f"{embedded_agents} embedded worker(s) started; Ctrl-C stops everything")
+            stop_family_on_signals(server, agents, console)
         if demo:
             job = Client(url, token).submit({"name": "demo"})
             console.print(f"demo job submitted: {url}/jobs/{job['id']}")
@@ -77,15 +79,66 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
         run(main())
     except KeyboardInterrupt:
         pass
-    finally:
+    finally:  # the server ended some other way (an error): its agents must not outlive it
         for p in agents:
-            p.send_signal(signal.SIGTERM)
-        for p in agents:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        wait_all(agents, 30)
     return 0
+
+
+def _stop_with_parent() -> None:
+    """In an embedded agent, before exec: when `tokenpulse up` dies (kill -9 included) the kernel
+    sends the agent SIGTERM, so it stops (checkpointing its jobs) instead of living on to join
+    whatever server starts next on the port."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def stop_family_on_signals(server, agents: list[subprocess.Popen], console) -> None:
+    """SIGTERM/SIGINT stop the whole family, agents first: each checkpoints its jobs and reports them
+    requeued while the server still listens; then the server stops. (uvicorn's own handlers would
+    stop the server at once and re-raise SIGTERM, killing this process before it stops its agents:
+    they lived on, and joined whatever server started next on the port.) A second signal kills the
+    agents (their training processes die with them) and stops the server at once."""
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task] = []
+
+    async def stop_agents_then_server() -> None:
+        for p in agents:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        # an agent gives each job up to 60 s to checkpoint, then up to 30 s to send what is left
+        await asyncio.to_thread(wait_all, agents, 120)
+        server.should_exit = True
+
+    def on_signal(signum, frame) -> None:
+        if not stopping:
+            console.print(f"{signal.Signals(signum).name}: stopping the workers (their jobs checkpoint and "
+                          "requeue), then the server; again to stop at once")
+            stopping.append(loop.create_task(stop_agents_then_server()))
+        else:
+            for p in agents:
+                if p.poll() is None:
+                    p.kill()
+            server.should_exit = server.force_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: loop.call_soon_threadsafe(on_signal, signum, frame))
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Wait for every process, up to timeout in all; SIGKILL whatever is left."""
+    end = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def cmd_server(args) -> int:

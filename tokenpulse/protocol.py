@@ -171,7 +171,7 @@ class StateData(BaseModel):
     exit_code: Optional[int] = None
     signal: Optional[str] = None
     retry: bool = False  # the agent asks for a requeue (policy decides)
-    failure: Optional[str] = None  # oom, nan, crash, lost, spec, hang...
+    failure: Optional[str] = None  # oom, nan, crash, lost, spec, hang, disk_full...
 
 
 class AlertData(BaseModel):

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from server import ingest, store
 from server.deps import AgentDep, AppDep, UserDep
 from server.models import Agent, Event as EventRow, Job
+from server.reaper import lease_origin
 from tokenpulse.protocol import AgentHello, AgentReply, Claim, EventBatch, JobSpec
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
@@ -68,7 +69,8 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
     def beat(s):
         known_agent(s, agent_id, caller)
         commands, frames = ingest.heartbeat(s, agent_id, hb.jobs)
-        for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s, tp.started_at):
+        for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
+                                     lease_origin(tp.db, tp.started_at)):
             summary = store.job_summary(job)
             frames += [("jobs", {"type": "job", "job": summary}, False),
                        (f"job:{job.id}", {"type": "job", "job": summary}, False)]

@@ -25,9 +25,12 @@ import httpx
 from tokenpulse.protocol import Claim
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import TrainingProcess, describe_exit
+from worker.agent.disk import disk_words, probe_writable
 from worker.agent.outbox import Outbox
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
-from worker.agent.stall import StallConfig, StallDetector, stuck_at
+from worker.agent.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
+from worker.agent.stacks import (can_run_handlers, describe_state, find_py_spy, process_state,
+                                  py_spy_dump)
 
 log = logging.getLogger("tokenpulse.agent")
 
@@ -95,10 +98,19 @@ def prune_own_checkpoints(out_dir: Path, resume: Optional[Path]) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def find_py_spy() -> Optional[str]:
-    """py-spy installs beside the interpreter; a venv's bin is often not on PATH."""
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.is_file() else shutil.which("py-spy")
+def retry_after(r: httpx.Response) -> Optional[float]:
+    """The server's Retry-After in seconds (bounded to a minute), when it sent one."""
+    try:
+        return min(max(float(r.headers["retry-after"]), 0.1), 60.0)
+    except (KeyError, ValueError):
+        return None
+
+
+def detail(r: httpx.Response) -> str:
+    try:
+        return str(r.json().get("detail"))[:300]
+    except ValueError:
+        return r.text[:300]
 
 
 @dataclass
@@ -139,27 +151,51 @@ class Agent:
         self.agent_id: Optional[int] = None
         self.flush_now = asyncio.Event()
         self.stopping = False
+        self.stopped = asyncio.Event()  # set with stopping, to wake waits that should end
+        self.unreachable_since: Optional[float] = None  # the server has not answered since then
+        self.disk_error: Optional[str] = None  # the work dir could not be written (a full disk)
+        self.disk_alert: Optional[str] = None  # the disk problem the jobs' alerts name
         self.done_jobs = 0
 
     # ---- server calls, each retried until the server answers (it may be restarting) ----------
 
-    async def call(self, method: str, path: str, **kw) -> httpx.Response:
+    async def call(self, method: str, path: str, until_stopped: bool = False, **kw) -> Optional[httpx.Response]:
+        """until_stopped: give up (None) once the agent is stopping: a claim must not keep a stopping
+        agent alive while the server is down."""
         delay = 0.5
         while True:
             try:
                 r = await self.http.request(method, path, **kw)
+                self.unreachable_since = None
                 if r.status_code < 500:
                     return r
-                log.warning("%s %s: server answered %s", method, path, r.status_code)
+                wait = retry_after(r)
+                if wait is not None:  # 503 (database locked) / 507 (its disk full): it says when to retry
+                    log.warning("%s %s: server answered %s (%s); retrying in %.0f s", method, path,
+                                r.status_code, detail(r), wait)
+                    delay = wait
+                else:
+                    log.warning("%s %s: server answered %s", method, path, r.status_code)
             except httpx.HTTPError as e:
+                self.unreachable_since = self.unreachable_since or time.monotonic()
                 log.warning("%s %s: %s; retrying", method, path, e)
-            await asyncio.sleep(delay)
+            if until_stopped:
+                try:
+                    await asyncio.wait_for(self.stopped.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+                if self.stopping:
+                    return None
+            else:
+                await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
     async def register(self) -> None:
         r = await self.call("POST", "/api/agents", json={
             "name": self.name, "host": socket.gethostname(), "device": describe_device(),
-            "capacity": self.capacity})
+            "capacity": self.capacity}, until_stopped=True)
+        if r is None:
+            return  # stopped before the server ever answered
         r.raise_for_status()
         self.agent_id = r.json()["id"]
         log.info("registered as agent %s (%s)", self.agent_id, self.name)
@@ -170,14 +206,19 @@ class Agent:
         """Claim and run jobs until stopped (or after max_jobs, or when the queue is empty)."""
         self.outbox.recover()
         await self.register()
+        if self.agent_id is None:
+            await self.http.aclose()
+            return
         loops = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.flush_loop())]
         try:
             while not self.stopping:
                 if max_jobs is not None and self.done_jobs + len(self.jobs) >= max_jobs:
                     if not self.jobs:
                         break
-                elif len(self.jobs) < self.capacity:
-                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim")
+                elif len(self.jobs) < self.capacity and not self.disk_blocked():
+                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim", until_stopped=True)
+                    if r is None:
+                        break
                     if r.status_code == 200:
                         await self.start_job(Claim.model_validate(r.json()))
                         continue
@@ -202,6 +243,10 @@ class Agent:
     async def drain(self, timeout: float = 30) -> None:
         end = time.monotonic() + timeout
         while self.outbox.size() and time.monotonic() < end:
+            if self.unreachable_since is not None and time.monotonic() - self.unreachable_since > 3:
+                # the journal keeps them: the next start of this agent sends them
+                log.warning("server unreachable: %s events stay in the journal", self.outbox.size())
+                return
             self.flush_now.set()
             await asyncio.sleep(0.1)
 
@@ -209,6 +254,7 @@ class Agent:
         """Stop claiming. What runs is not the operator's to cancel: each job checkpoints (as for a
         pause) and goes back to the queue, to resume from that checkpoint here later or elsewhere."""
         self.stopping = True
+        self.stopped.set()
         for rj in self.jobs.values():
             if rj.requested is None:
                 rj.requested = "shutdown"
@@ -221,10 +267,19 @@ class Agent:
 
     async def start_job(self, claim: Claim) -> None:
         job_dir = self.work_dir / "jobs" / str(claim.job_id)
-        job_dir.mkdir(parents=True, exist_ok=True)
         spec_path = job_dir / "spec.json"
-        spec_path.write_text(claim.spec.model_dump_json(indent=2))
         self.outbox.open_job(claim.job_id, claim.seq_start)
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            spec_path.write_text(claim.spec.model_dump_json(indent=2))
+        except OSError as e:  # a full disk: the job is not ours to fail; back to the queue, no retry spent
+            self.disk_error = disk_words(self.work_dir, e)
+            log.error("job %s: %s; requeued, and no claims until it can be written", claim.job_id, self.disk_error)
+            self.outbox.add(claim.job_id, "state", {"state": "queued", "reason": f"agent {self.name}: "
+                                                    f"{self.disk_error}; requeued"})
+            self.done_jobs += 1
+            self.flush_now.set()
+            return
         resume, resume_note = pick_resume(claim.resume_from, self.resume_roots)
         prune_own_checkpoints(job_dir / "out", resume)
         stall = self.stall_config.merged(claim.spec.stall.model_dump())
@@ -244,6 +299,29 @@ class Agent:
                     asyncio.create_task(self.read_output(rj, proc.proc.stdout, "stdout")),
                     asyncio.create_task(self.read_output(rj, proc.proc.stderr, "stderr")),
                     asyncio.create_task(self.supervise(rj))]
+
+    def disk_blocked(self) -> bool:
+        """No claims while this agent cannot write its work dir: a job would fail for want of space.
+        Each call while blocked probes the disk again, so claims resume once space returns."""
+        if self.disk_error is not None and probe_writable(self.work_dir):
+            log.warning("work dir %s is writable again: claiming jobs", self.work_dir)
+            self.disk_error = None
+        return self.disk_error is not None or self.outbox.disk_error is not None
+
+    def watch_disk(self) -> None:
+        """Name a full disk on every job this agent runs (an alert), and say when it is over."""
+        problem = self.outbox.disk_error or self.disk_error
+        if problem and self.disk_alert is None:
+            self.disk_alert = problem
+            for rj in self.jobs.values():
+                self.emit(rj, "alert", {"kind": "disk_full", "severity": "critical", "message": (
+                    f"agent {self.name}: {problem}; its events are kept in memory and still sent, "
+                    "and it claims no new job until space returns")})
+        elif not problem and self.disk_alert is not None:
+            self.disk_alert = None
+            for rj in self.jobs.values():
+                self.emit(rj, "alert", {"kind": "disk_full", "clear": True,
+                                        "message": f"agent {self.name}: its disk is writable again"})
 
     def emit(self, rj: RunningJob, kind: str, data: dict, t: Optional[float] = None) -> None:
         self.outbox.add(rj.claim.job_id, kind, data, t)
@@ -319,7 +397,11 @@ class Agent:
             if rj.process.proc.returncode is not None:
                 return  # it ended while we looked: the exit tells the story
             where = stuck_at(stack)
-            message = v.message + (f"; stuck at {where}" if where else "")
+            state = process_state(rj.process.pid)
+            message = v.message
+            if not can_run_handlers(state):  # its alive thread spoke a moment ago, but it is frozen now
+                message = message.replace(ALIVE_CLAUSE, "") + f"; process state {describe_state(state)}"
+            message += f"; stuck at {where}" if where else ""
             self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
         if rj.slow is None:
@@ -339,6 +421,8 @@ class Agent:
     def close_alerts(self, rj: RunningJob, verdict: dict) -> None:
         """The process is gone: open stalled/slow alerts close (saying how it ended); a crash alerts."""
         how = f"the training process ended ({verdict.get('state')})"
+        if self.disk_alert is not None:
+            self.emit(rj, "alert", {"kind": "disk_full", "message": how, "clear": True})
         if rj.detector.stalled:
             self.emit(rj, "alert", {"kind": "stalled", "message": how, "clear": True})
         if rj.slow is not None and rj.slow.open_keys:
@@ -378,28 +462,43 @@ class Agent:
         self.flush_now.set()
 
     async def capture_stack(self, rj: RunningJob) -> str:
-        """Every thread's Python stack: py-spy where it may attach, else faulthandler (SIGUSR1).
-        TOKENPULSE_STACK_TOOL=faulthandler skips py-spy."""
+        """Every thread's Python stack. In order: py-spy (suspends the process for a consistent
+        read); py-spy --nonblocking (reads a process that cannot be suspended: already stopped, or
+        traced); faulthandler by SIGUSR1 (needs the process to run its own handler, so only when it
+        can). TOKENPULSE_STACK_TOOL=faulthandler tries faulthandler first; py-spy --nonblocking is
+        still the fallback when the process could not answer (frozen: an empty dump names nothing)."""
+        pid = rj.process.pid
+        state = process_state(pid)
         spy = find_py_spy()
-        if spy and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
-            try:
-                p = await asyncio.create_subprocess_exec(spy, "dump", "--pid", str(rj.process.pid),
-                                                         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-                try:
-                    out, err = await asyncio.wait_for(p.communicate(), 20)
-                except asyncio.TimeoutError:
-                    p.kill()
-                    raise
-                if p.returncode == 0 and out.strip():
-                    return "py-spy dump:\n" + out.decode(errors="replace")
-                log.info("py-spy could not dump job %s (%s); using faulthandler", rj.claim.job_id,
-                         err.decode(errors="replace").strip()[:300])
-            except (OSError, asyncio.TimeoutError):
-                pass
-        # faulthandler writes every thread's stack to stderr; read_output collects the lines. Before
-        # the process's first event its SIGUSR1 handler may not exist yet (the default action kills).
-        if rj.detector.events == 0:
-            return "no stack: py-spy is unavailable and the training process has not started reporting yet"
+        notes = [f"process {pid} state: {describe_state(state)}"]
+        # py-spy's suspending dump waits for the process to stop: one in uninterruptible I/O never
+        # does (it would cost the whole timeout), one already stopped makes it fail at once
+        if spy and can_run_handlers(state) and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
+            out, why = await py_spy_dump(spy, pid, nonblocking=False)
+            if out:
+                return "py-spy dump:\n" + out
+            notes.append(f"py-spy: {why}")
+        if can_run_handlers(state) and rj.detector.events:
+            lines = await self.faulthandler_dump(rj)
+            if any(x.lstrip().startswith("File ") for x in lines):
+                return "faulthandler dump:\n" + "\n".join(lines)
+            notes.append("faulthandler: the process wrote no stack (it could not run its handler)")
+        elif not rj.detector.events:  # before its first event its SIGUSR1 handler may not exist yet
+            notes.append("faulthandler: not asked (the process has not started reporting yet)")
+        else:
+            notes.append("faulthandler: not asked (a stopped or I/O-blocked process cannot run it)")
+        if spy:
+            out, why = await py_spy_dump(spy, pid, nonblocking=True)
+            if out:
+                return f"py-spy dump (--nonblocking; {'; '.join(notes)}):\n" + out
+            notes.append(f"py-spy --nonblocking: {why}")
+        else:
+            notes.append("py-spy is not installed")
+        log.info("job %s: no stack: %s", rj.claim.job_id, "; ".join(notes))
+        return "no stack: " + "; ".join(notes)
+
+    async def faulthandler_dump(self, rj: RunningJob) -> list[str]:
+        """faulthandler writes every thread's stack to stderr; read_output collects the lines."""
         rj.stack_lines = []
         rj.process.signal(signal.SIGUSR1)
         end, seen, quiet_since = time.monotonic() + 3.0, 0, time.monotonic()
@@ -411,7 +510,7 @@ class Agent:
                     x.startswith(("Current thread", "Thread 0x")) for x in rj.stack_lines):
                 break  # the dump is complete: lines stopped arriving
         lines, rj.stack_lines = rj.stack_lines, None
-        return "faulthandler dump:\n" + "\n".join(lines)
+        return lines
 
     # ---- commands from the server --------------------------------------------------------------
 
@@ -482,6 +581,8 @@ class Agent:
                 pass
             self.flush_now.clear()
             try:
+                self.outbox.retry_journal()
+                self.watch_disk()
                 while self.outbox.size():
                     batch = self.outbox.batch()
                     if not await self.send(batch):

@@ -18,7 +18,8 @@ from . import checkpoint as ckpt
 from .analysis import recommend_max_len
 from .autotune import autotune
 from .controls import Controls
-from .errors import EXIT_NAN, EXIT_OK, SpecError
+from .diskspace import looks_like_disk_full
+from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
 from .faults import Faults
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
@@ -293,10 +294,15 @@ class Session:
 
         def save(st: LoopState) -> Path:
             em.phase("saving", detail=f"checkpoint at step {st.step}")
-            p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
-                          {"data_pos": st.data_pos, "epoch": st.epoch, "layout": lay.to_dict(), "precision": precision,
-                           "total_steps": total, "spec": spec.model_dump(mode="json")},
-                          keep=spec.keep_checkpoints, scaler=scaler)
+            try:
+                p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
+                              {"data_pos": st.data_pos, "epoch": st.epoch, "layout": lay.to_dict(),
+                               "precision": precision, "total_steps": total, "spec": spec.model_dump(mode="json")},
+                              keep=spec.keep_checkpoints, scaler=scaler)
+            except OSError as e:
+                if is_disk_full(e):
+                    raise DiskFull(self.out, f"saving a checkpoint at step {st.step}", e) from e
+                raise
             em.emit("checkpoint", step=st.step, path=str(p), final=False)
             last_ckpt["t"] = time.monotonic()
             return p
@@ -327,13 +333,20 @@ class Session:
         final = self.out / "final"
         tmp = self.out / ".tmp-final"
         shutil.rmtree(tmp, ignore_errors=True)
-        if hasattr(model, "merge_and_unload") and not (spec.lora and spec.lora.load_in_4bit):
-            # LoRA: final/ is the merged model (loads with from_pretrained alone); the adapter beside it.
-            model.save_pretrained(tmp / "adapter")
-            model.merge_and_unload().save_pretrained(tmp)
-        else:
-            model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
+        try:
+            if hasattr(model, "merge_and_unload") and not (spec.lora and spec.lora.load_in_4bit):
+                # LoRA: final/ is the merged model (loads with from_pretrained alone); the adapter beside it.
+                model.save_pretrained(tmp / "adapter")
+                model.merge_and_unload().save_pretrained(tmp)
+            else:
+                model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+        except Exception as e:
+            full = looks_like_disk_full(e, self.out)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if full:
+                raise DiskFull(self.out, "saving the final model", e) from e
+            raise
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         em.phase("saving", done=1, total=1, detail=str(final))
