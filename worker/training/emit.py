@@ -8,6 +8,12 @@ With narrate=True (the training process) the emitter also writes a human-readabl
 stdout: each phase as it starts and ends, every automatic choice with its reason, a step line
 (loss, lr, tokens/s, ETA) about twenty times per run and at least every 30 s, checkpoints, alerts
 and the final state. The agent relays stdout and stderr as `log` events: this is the job's Log.
+
+Under torchrun (WORLD_SIZE > 1) every rank writes to the same pipe, opened by path
+(TOKENPULSE_EVENT_PATH, a FIFO: torchrun closes inherited descriptors); each line is one write below
+PIPE_BUF, so lines never interleave, and carries `rank`. Ranks other than 0 send only what is theirs:
+alive (with their step, step time and memory), their own identity (`info` with `rank`), alerts and
+how they ended; rank 0 tells the job's story.
 """
 from __future__ import annotations
 
@@ -25,6 +31,12 @@ class Emitter:
     def __init__(self, fd: Optional[int] = None, alive_every: float = 1.0, narrate: bool = False):
         env_fd = os.environ.get("TOKENPULSE_EVENT_FD")
         fd = fd if fd is not None else (int(env_fd) if env_fd else None)
+        if fd is None and os.environ.get("TOKENPULSE_EVENT_PATH"):
+            fd = os.open(os.environ["TOKENPULSE_EVENT_PATH"], os.O_WRONLY)
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.rank: Optional[int] = int(os.environ.get("RANK", "0")) if world > 1 else None
+        narrate = narrate and not self.rank  # one readable account per job: rank 0's
+        self.rank_step: Optional[dict] = None  # this rank's step and busy time, set by the loop
         self._out = os.fdopen(fd, "w", buffering=1) if fd is not None else None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -44,7 +56,12 @@ class Emitter:
         model = DATA_MODELS.get(kind)
         if model is not None:  # validate here, so a bad event fails in the process that made it
             data = model.model_validate(data).model_dump(exclude_none=True, mode="json")
-        line = json.dumps({"kind": kind, "t": time.time(), "data": data}, allow_nan=False)
+        if self.rank and not (kind in ("alive", "state", "alert") or kind == "info" and "rank" in data):
+            return  # a rank other than 0: the job's story is rank 0's
+        ev = {"kind": kind, "t": time.time(), "data": data}
+        if self.rank is not None:
+            ev["rank"] = self.rank
+        line = json.dumps(ev, allow_nan=False)
         with self._lock:
             if self._out is not None:
                 try:
@@ -140,11 +157,18 @@ class Emitter:
         self.emit("info", **data)
 
     def _alive_loop(self, every: float) -> None:
+        proc = None
+        if self.rank is not None:
+            import psutil
+            proc = psutil.Process()
         while not self._stop.wait(every):
+            extra = {}
+            if proc is not None:  # per-rank telemetry for the rank table and the straggler check
+                extra = {**(self.rank_step or {}), "rss_mb": round(proc.memory_info().rss / 2 ** 20, 1)}
             if self.step_done is None:
-                self.emit("alive", phase=self.phase_name)
+                self.emit("alive", phase=self.phase_name, **extra)
             else:  # steps between metric points are progress too (log_every > 1, a slow first log)
-                self.emit("alive", phase=self.phase_name, step=self.step_done)
+                self.emit("alive", phase=self.phase_name, step=self.step_done, **extra)
 
     def close(self) -> None:
         self._stop.set()
