@@ -101,6 +101,10 @@ class JobSpec(BaseModel):
     priority: int = Field(0, ge=-100, le=100, description="higher runs first")
     max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, lost worker, crash)")
     stall: StallSpec = Field(default_factory=StallSpec)
+    nproc_per_node: int = Field(1, ge=1, le=64, description="training processes (ranks) per machine: "
+                                "more than 1 runs DistributedDataParallel under torchrun")
+    nnodes: int = Field(1, ge=1, le=16, description="machines (agents) that run the job together, "
+                        "claimed as one gang")
 
     @field_validator("model", "dataset")
     @classmethod

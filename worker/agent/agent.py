@@ -26,6 +26,8 @@ from tokenpulse.protocol import Claim
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
+from worker.agent import gangwatch
+from worker.agent.launch import Gang, command, is_distributed, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
 from worker.agent.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
@@ -126,6 +128,7 @@ class RunningJob:
     born: float = field(default_factory=time.time)  # alive_at moves past this at the child's first event
     stack_lines: Optional[list] = None  # collecting a faulthandler dump
     tasks: list = field(default_factory=list)
+    gang: Optional[gangwatch.GangState] = None  # a distributed job: its ranks (torchrun)
 
 
 class Agent:
@@ -283,9 +286,17 @@ class Agent:
         resume, resume_note = pick_resume(claim.resume_from, self.resume_roots)
         prune_own_checkpoints(job_dir / "out", resume)
         stall = self.stall_config.merged(claim.spec.stall.model_dump())
-        proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None)
+        argv, fifo = None, None
+        if is_distributed(claim.spec):  # torchrun around the training process, one event FIFO for all ranks
+            argv = command(claim.spec, training_args(spec_path, job_dir / "out", self.work_dir / "cache",
+                                                     str(resume) if resume else None),
+                           Gang(run_id=f"tokenpulse-{claim.job_id}-{claim.attempt}"))
+            fifo = job_dir / "events.fifo"
+        proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None,
+                               command=argv, fifo=fifo)
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
-                        slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16))
+                        slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16),
+                        gang=gangwatch.GangState() if fifo else None)
         self.jobs[claim.job_id] = rj
         self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}: {resume_note}", "stream": "agent"})
         try:
@@ -337,11 +348,21 @@ class Agent:
             try:
                 ev = json.loads(line)
                 kind, data, t = ev["kind"], ev.get("data", {}), float(ev.get("t", time.time()))
+                rank = ev.get("rank")
+                rank = int(rank) if rank is not None else None
             except (ValueError, KeyError, TypeError):
                 self.emit(rj, "log", {"line": f"bad event line: {line[:200]!r}", "stream": "agent"})
                 continue
             now = time.time()
             rj.alive_at = now
+            if rank is not None and rj.gang is not None:
+                rj.gang.observe(rank, kind, data, t, now)
+                if rank != 0:  # other ranks: their identity and alerts are stored; the rest is theirs
+                    if kind == "alert":
+                        self.emit(rj, kind, {**data, "message": f"rank {rank}: {data.get('message', '')}"[:8192]}, t)
+                    elif kind == "info":
+                        self.emit(rj, kind, data, t)
+                    continue
             recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
             if recovered is not None:
                 self.emit(rj, "alert", {"kind": "stalled", "message": recovered.message, "clear": True})
@@ -375,12 +396,19 @@ class Agent:
                 pass
             if proc.proc.returncode is not None:
                 break
+            if rj.gang is not None:
+                self.watch_gang(rj)
             try:
                 await self.detect(rj, time.time())
             except Exception:  # detection must never take supervision down with it
                 log.exception("job %s: detection failed", rj.claim.job_id)
+        if rj.gang is not None:  # no rank outlives its launcher; then the event FIFO can end
+            proc.kill_all()
+            proc.release_pipe()
         await asyncio.gather(*rj.tasks[:3], return_exceptions=True)  # drain pipes: last lines, last events
         verdict = self.judge_exit(rj, proc.proc.returncode)
+        if rj.gang is not None and rj.requested is None:
+            verdict = gangwatch.judge(rj.gang, verdict, list(proc.tail))
         if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal"):
             d = rj.detector
             ago = time.time() - d.last_progress if d.last_progress else 0
@@ -390,9 +418,29 @@ class Agent:
         self.emit(rj, "state", verdict)
         self.finish(rj.claim.job_id)
 
+    def watch_gang(self, rj: RunningJob) -> None:
+        """A rank that ended without finishing takes the whole gang down within seconds."""
+        g, now = rj.gang, time.time()
+        line = gangwatch.watch_deaths(g, rj.process.ranks(), now)
+        if line is not None:
+            self.emit(rj, "log", {"line": f"agent: {line}", "stream": "agent"})
+        if g.down_at is not None and not g.killed and now - g.down_at >= gangwatch.DEATH_GRACE_S:
+            g.killed = True
+            rj.process.kill_all()
+        v = g.board.check_straggler()
+        if v is not None:
+            kind, message = v
+            self.emit(rj, "alert", {"kind": "slow", "severity": "warning", "message": message,
+                                    "clear": kind == "slow_clear"})
+
     async def detect(self, rj: RunningJob, now: float) -> None:
         v = rj.detector.check(now)
-        if v is not None and v.kind == "stalled":
+        if v is not None and v.kind == "stalled" and rj.gang is not None:
+            where, stack = await gangwatch.stalled_message(rj.gang, rj.process.ranks())
+            if rj.process.proc.returncode is None:
+                self.emit(rj, "alert", {"kind": "stalled", "severity": "critical",
+                                        "message": f"{v.message}; {where}"[:8192], "stack": stack[-199_000:]})
+        elif v is not None and v.kind == "stalled":
             stack = await self.capture_stack(rj)
             if rj.process.proc.returncode is not None:
                 return  # it ended while we looked: the exit tells the story
@@ -521,7 +569,8 @@ class Agent:
                 continue
             action = c["action"]
             if action == "stack":
-                stack = await self.capture_stack(rj)
+                stack = (await gangwatch.stalled_message(rj.gang, rj.process.ranks()))[1] if rj.gang \
+                    else await self.capture_stack(rj)
                 self.emit(rj, "log", {"line": stack[:8000], "stream": "agent"})
             elif action in ("cancel", "pause") and (rj.requested is None or (action, rj.requested) == ("cancel", "pause")):
                 rj.requested = action
@@ -545,7 +594,12 @@ class Agent:
         while True:
             try:
                 jobs = {str(jid): rj.alive_at for jid, rj in self.jobs.items()}
-                r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json={"jobs": jobs})
+                body: dict = {"jobs": jobs}
+                ranks = {str(jid): rj.gang.board.rows() for jid, rj in self.jobs.items()
+                         if rj.gang is not None and rj.gang.board.ranks}
+                if ranks:  # per-rank telemetry: the job's rank table
+                    body["ranks"] = ranks
+                r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json=body)
                 if r.status_code == 200:
                     await self.handle(r.json().get("commands", []))
             except Exception:

@@ -18,7 +18,6 @@ import signal
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
 
 import torch
 import torch.distributed as dist

@@ -1,0 +1,56 @@
+"""The command line that starts a job: the training process alone, or torchrun's elastic launcher
+around it when the job asks for several processes (nproc_per_node) or machines (nnodes).
+
+torchrun, not a home-made launcher: it sets RANK/WORLD_SIZE/LOCAL_RANK, runs the c10d rendezvous
+and tears the local group down when a rank fails. `--max-restarts 0`: a failed rank fails the attempt
+and tokenpulse's retry policy (from the newest checkpoint) applies to the job as a whole.
+"""
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from tokenpulse.protocol import JobSpec
+
+
+@dataclass
+class Gang:
+    """Where this agent's share of a job sits: its node rank and the rendezvous endpoint."""
+    node_rank: int = 0
+    endpoint: Optional[str] = None  # host:port of node rank 0's rendezvous store
+    run_id: str = "tokenpulse"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def is_distributed(spec: JobSpec) -> bool:
+    return spec.nproc_per_node > 1 or spec.nnodes > 1
+
+
+def training_args(spec_path: Path, out_dir: Path, cache_dir: Path, resume: Optional[str]) -> list[str]:
+    args = ["-m", "worker.training.train", "--spec", str(spec_path), "--out", str(out_dir),
+            "--cache-dir", str(cache_dir)]
+    return args + (["--resume", resume] if resume else [])
+
+
+def command(spec: JobSpec, train: list[str], gang: Optional[Gang] = None) -> list[str]:
+    """argv for the job: `python -u <train>` or `python -u -m torch.distributed.run ... <train>`."""
+    if not is_distributed(spec):
+        return [sys.executable, "-u", *train]
+    gang = gang or Gang()
+    endpoint = gang.endpoint or f"127.0.0.1:{free_port()}"
+    return [sys.executable, "-u", "-m", "torch.distributed.run",
+            "--nproc-per-node", str(spec.nproc_per_node), "--nnodes", str(spec.nnodes),
+            "--node-rank", str(gang.node_rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", gang.run_id,
+            # node rank 0 hosts the rendezvous store (the hostname heuristic cannot tell two agents
+            # on one machine apart)
+            "--rdzv-conf", f"is_host={'true' if gang.node_rank == 0 else 'false'}",
+            "--max-restarts", "0", "--monitor-interval", "0.5", *train]
