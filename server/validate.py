@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from server.settings import Settings
-from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, JobSpec
+from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, CommandSpec, JobSpec
 
 DATA_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet", ".txt"}
 
@@ -49,7 +49,21 @@ def needs_remote_code(model_dir: Path) -> bool:
     return False
 
 
-def check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
+def check_command(spec: CommandSpec, settings: Settings) -> CommandSpec:
+    """A command's working directory is confined like dataset paths: resolved, under path_roots, an
+    existing directory (on the server's machine; the agent checks again on its own)."""
+    if spec.cwd is None:
+        return spec
+    cwd = confined(settings, spec.cwd, "cwd")
+    if not cwd.is_dir():
+        raise SpecError("cwd", f"working directory {spec.cwd!r} " + (
+            "is not a directory" if cwd.exists() else "does not exist"))
+    return spec.model_copy(update={"cwd": str(cwd)})
+
+
+def check_spec(spec, settings: Settings):
+    if isinstance(spec, CommandSpec):
+        return check_command(spec, settings)
     if spec.fault is not None and not settings.allow_fault_injection:
         raise SpecError("fault", "fault injection is disabled on this server (TOKENPULSE_ALLOW_FAULT_INJECTION)")
     if spec.model != BUILTIN_MODEL:

@@ -149,6 +149,7 @@
 
   // ---- clone from an earlier job -----------------------------------------------------------------
   function fill(j) {
+    if (j.kind === "command") return; // the Command form fills itself (submit_command.js)
     form.reset();
     const lora = j.spec.lora;
     form.elements["lora.enabled"].checked = !!lora;
