@@ -478,6 +478,8 @@ class Agent:
         self.finish(rj.claim.job_id)
 
     async def detect(self, rj: RunningJob, now: float) -> None:
+        if rj.command is not None and rj.detector.events == 0:
+            return  # a command that reports nothing (not instrumented): no progress to judge it by
         v = rj.detector.check(now)
         if v is not None and v.kind == "stalled":
             stack = await self.capture_stack(rj)
