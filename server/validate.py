@@ -57,7 +57,8 @@ def check_command(spec: CommandSpec, settings: Settings) -> CommandSpec:
     cwd = confined(settings, spec.cwd, "cwd")
     if not cwd.is_dir():
         raise SpecError("cwd", f"working directory {spec.cwd!r} " + (
-            "is not a directory" if cwd.exists() else "does not exist"))
+            "is not a directory" if cwd.exists() else "does not exist on the server's machine") +
+            " (give the directory holding your script, as the workers see it)")
     return spec.model_copy(update={"cwd": str(cwd)})
 
 

@@ -434,3 +434,23 @@ def test_browser_command_mode_submits_and_job_page_shows_the_command(server_fact
         ui.shot(d, "submit-command", full=True)
     finally:
         d.quit()
+
+
+def test_migration_gives_the_initial_user_token_the_commands_scope(tmp_path):
+    """An installation from before command jobs: after the upgrade its first-start user token may
+    submit them (one machine keeps just working); every other token may not."""
+    import sqlite3
+    from alembic import command
+    from server.db import alembic_config, upgrade_to_head
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0003")
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        db.executemany("INSERT INTO tokens (name, role, hash, created_at) VALUES (?, ?, ?, 0)",
+                       [("initial user", "user", "h1"), ("initial agent", "agent", "h2"), ("alice", "user", "h3")])
+        db.execute("INSERT INTO jobs (name, state, spec, priority, created_at, attempt, next_seq) "
+                   "VALUES ('old', 'completed', '{}', 0, 0, 1, 0)")
+    upgrade_to_head(url)
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        assert dict(db.execute("SELECT name, scopes FROM tokens")) == {
+            "initial user": "commands", "initial agent": "", "alice": ""}
+        assert db.execute("SELECT kind FROM jobs").fetchone() == ("train",)

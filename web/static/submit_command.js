@@ -42,7 +42,8 @@
     let first = null;
     const rest = [];
     for (const fe of e.errors || []) {
-      const input = fe.field && form.elements[fe.field.split(".")[0]];
+      // inputs are named by id (c-<field>): their name attributes would clash with the training form's
+      const input = fe.field && $(`c-${fe.field.split(".")[0].replaceAll("_", "-")}`);
       if (!input) { rest.push(fe.field && fe.field !== "body" ? `${fe.field}: ${fe.message}` : fe.message); continue; }
       input.classList.add("invalid"); input.setAttribute("aria-invalid", "true");
       const id = `${input.id}-error`;
