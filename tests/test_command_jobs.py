@@ -380,6 +380,11 @@ def test_secret_env_values_never_reach_the_server(server_factory, tmp_path):
             assert r.status_code == 200
             answers.append(r.text)
         assert json.loads(answers[1])["spec"]["secret_env"] == ["TP_TEST_SECRET"]  # the name is shown
+        # a secret the worker does not have: refused at start, naming it, not retried
+        missing = submit(c, command=[PY, "secretive.py"], cwd=str(proj), secret_env=["TP_NOT_SET_ANYWHERE"])
+        done = srv.wait_job(missing["id"], timeout=60)
+        assert done["state"] == "failed" and done["failure"] == "spec" and "TP_NOT_SET_ANYWHERE" in done["reason"], done
+        assert len(done["attempts"]) == 1
     assert not any(value in a for a in answers)
     srv.kill()  # the database files, checkpointed and closed
     db_files = list(srv.data_dir.glob("tokenpulse.db*"))
