@@ -394,10 +394,14 @@ def test_secret_env_values_never_reach_the_server(server_factory, tmp_path):
 
 # ---- the browser -------------------------------------------------------------------------------
 
+CHROMIUM = os.environ.get("TOKENPULSE_CHROMIUM", "/usr/bin/chromium")  # as tests/test_ui.py
+CHROMEDRIVER = os.environ.get("TOKENPULSE_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+
+@pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                    reason="needs Debian's chromium and chromedriver (make browser)")
 def test_browser_command_mode_submits_and_job_page_shows_the_command(server_factory, tmp_path):
-    ui = pytest.importorskip("test_ui")
-    if not (Path(ui.CHROMIUM).exists() and Path(ui.CHROMEDRIVER).exists()):
-        pytest.skip("needs Debian's chromium and chromedriver")
+    ui = pytest.importorskip("test_ui")  # its driver, login and screenshot helpers (selenium)
     from selenium.webdriver.common.by import By
     roots = tmp_path / "roots"
     write(roots / "proj" / "hello.py", 'import os\nprint("hello", os.environ["GREETING"], len(os.environ["TP_UI_SECRET"]))\n')
