@@ -18,6 +18,11 @@ from server.settings import Settings
 class Caller:
     role: str
     token_id: int
+    scopes: frozenset = frozenset()
+
+    @property
+    def may_run_commands(self) -> bool:
+        return self.role == "user" and auth.COMMANDS in self.scopes
 
 
 @dataclass
@@ -41,7 +46,7 @@ class App:
             return hit[0]
         with self.db.read() as s:
             row = auth.lookup_any(s, token)
-            caller = Caller(row.role, row.id) if row is not None else None
+            caller = Caller(row.role, row.id, auth.scopes_of(row)) if row is not None else None
         if len(self.token_cache) > 10_000:  # guessed tokens must not grow memory without bound
             self.token_cache.clear()
         self.token_cache[h] = (caller, now + 5.0)  # revocation takes effect within 5 s (at once here)
@@ -107,6 +112,19 @@ async def require_user(request: Request) -> Caller:  # async: no threadpool hop 
     return caller
 
 
+COMMANDS_REFUSED = ("this token may not submit command jobs: a command job runs code on an agent's machine, "
+                    "so it needs a token with the 'commands' scope (the user token made at first start has "
+                    "it; create another with `tokenpulse tokens create NAME --role user --allow-commands`)")
+
+
+async def require_commands(request: Request) -> Caller:
+    """A user token allowed to run code on agents (the 'commands' scope)."""
+    caller = await require_user(request)
+    if not caller.may_run_commands:
+        raise HTTPException(403, COMMANDS_REFUSED)
+    return caller
+
+
 async def require_agent(request: Request) -> Caller:  # async: no threadpool hop (the token check is a cached dict hit)
     caller = _caller(request)
     if caller.role != "agent":
@@ -127,3 +145,4 @@ def websocket_caller(ws: WebSocket) -> Optional[Caller]:
 AppDep = Annotated[App, Depends(get_app)]
 UserDep = Annotated[Caller, Depends(require_user)]
 AgentDep = Annotated[Caller, Depends(require_agent)]
+CommandsDep = Annotated[Caller, Depends(require_commands)]

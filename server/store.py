@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
+from typing import Optional, Union
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from server.models import Agent, Alert, Attempt, Job
-from tokenpulse.protocol import ACTIVE_STATES, FINAL_STATES, JobSpec, JobState
+from tokenpulse.protocol import ACTIVE_STATES, FINAL_STATES, CommandSpec, JobSpec, JobState, load_spec, spec_kind
 
 # Which transitions are legal. Anything else is refused (409), never silently applied.
 TRANSITIONS: dict[JobState, set[JobState]] = {
@@ -42,14 +42,19 @@ class TransitionError(Exception):
     pass
 
 
-def create_job(s: Session, spec: JobSpec, parent_id: Optional[int] = None) -> Job:
-    job = Job(name=spec.name or "", state=JobState.queued.value, spec=spec.model_dump_json(),
-              priority=spec.priority, parent_id=parent_id, created_at=time.time(), attempt=0,
-              next_seq=0, total_steps=spec.max_steps)
+def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optional[int] = None) -> Job:
+    command = isinstance(spec, CommandSpec)
+    job = Job(name=spec.name or (spec.label() if command else ""), state=JobState.queued.value,
+              kind=spec_kind(spec), spec=spec.model_dump_json(), priority=spec.priority, parent_id=parent_id,
+              created_at=time.time(), attempt=0, next_seq=0, total_steps=None if command else spec.max_steps)
     s.add(job)
     s.flush()
     if not job.name:
         job.name = f"job-{job.id}"
+    if command and not s.scalar(select(func.count()).select_from(Agent).where(
+            Agent.state == "online", Agent.accepts_commands.is_(True))):
+        job.reason = ("waiting for an agent that takes command jobs (one started with --allow-commands, "
+                      "as the embedded worker of `tokenpulse up` is); none is online")
     return job
 
 
@@ -93,8 +98,10 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
         Job.agent_id == agent_id, Job.state.in_([x.value for x in ACTIVE_STATES])))
     if running >= agent.capacity:
         return None
+    # Command jobs run code: only agents started with --allow-commands are handed them.
+    kinds = ["train", "command"] if agent.accepts_commands else ["train"]
     while True:
-        candidate = (select(Job.id).where(Job.state == JobState.queued.value)
+        candidate = (select(Job.id).where(Job.state == JobState.queued.value, Job.kind.in_(kinds))
                      .order_by(Job.priority.desc(), Job.id).limit(1).scalar_subquery())
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
                            .values(state=JobState.starting.value, agent_id=agent_id,
@@ -118,7 +125,7 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
 def unusable_spec(job: Job) -> Optional[str]:
     """Why a stored spec cannot be run, or None."""
     try:
-        JobSpec.model_validate_json(job.spec)
+        load_spec(job.kind, job.spec)
     except ValueError as e:  # pydantic's ValidationError is a ValueError
         return "; ".join(f"{'.'.join(map(str, x['loc'])) or 'spec'}: {x['msg']}" for x in e.errors()) \
             if hasattr(e, "errors") else str(e)
@@ -171,11 +178,11 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
     if job.requested_action == "cancel" and state in (JobState.failed, JobState.paused):
         state, reason = JobState.cancelled, f"cancelled by user ({reason})" if reason else "cancelled by user"
     if state == JobState.failed and failure not in FINAL_FAILURES and (retry or failure in RETRYABLE):
-        spec = JobSpec.model_validate_json(job.spec)
+        spec = load_spec(job.kind, job.spec)
         used = retries_used(s, job)
         if used < spec.max_retries:
             note = ""
-            if failure == "oom":
+            if failure == "oom" and isinstance(spec, JobSpec):
                 smaller = halve_micro_batch(spec, json.loads(job.info) if job.info else {})
                 if smaller is None:
                     return _final(s, job, state, f"{reason}; out of memory at micro-batch 1: nothing left to halve",
@@ -186,6 +193,8 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
                 note = f"; retrying with batch_size={spec.batch_size}, grad_accum={spec.grad_accum} from step 0"
             elif job.checkpoint:
                 note = f"; retrying from checkpoint {job.checkpoint}"
+            elif isinstance(spec, CommandSpec):
+                note = "; running the command again"
             else:
                 note = "; retrying from step 0 (no checkpoint yet)"
             why = f"attempt {job.attempt} failed ({failure or 'error'}): {reason or 'no reason given'}"
@@ -220,7 +229,7 @@ def halve_micro_batch(spec: JobSpec, info: Optional[dict] = None) -> Optional[Jo
 def job_summary(job: Job) -> dict:
     """The row a jobs list and a websocket 'job' frame carry."""
     return {
-        "id": job.id, "name": job.name, "state": job.state, "priority": job.priority,
+        "id": job.id, "name": job.name, "kind": job.kind, "state": job.state, "priority": job.priority,
         "parent_id": job.parent_id, "created_at": job.created_at, "started_at": job.started_at,
         "finished_at": job.finished_at, "agent_id": job.agent_id, "attempt": job.attempt,
         "phase": json.loads(job.phase) if job.phase else None, "step": job.step,

@@ -11,7 +11,7 @@ from server import ingest, store
 from server.deps import AgentDep, AppDep, UserDep
 from server.models import Agent, Event as EventRow, Job
 from server.reaper import lease_origin
-from tokenpulse.protocol import AgentHello, AgentReply, Claim, EventBatch, JobSpec
+from tokenpulse.protocol import AgentHello, AgentReply, Claim, EventBatch, load_spec
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 
@@ -23,7 +23,7 @@ class Heartbeat(BaseModel):
 
 def agent_dict(a: Agent, job_ids: list[int]) -> dict:
     return {"id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
-            "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
+            "accepts_commands": bool(a.accepts_commands), "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
 
 
 def publish(tp, frames) -> None:
@@ -36,7 +36,8 @@ async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> dict:
     def add(s):
         now = time.time()
         a = Agent(name=hello.name, host=hello.host, device=hello.device, capacity=hello.capacity,
-                  state="online", created_at=now, seen_at=now, token_id=caller.token_id)
+                  accepts_commands=hello.accepts_commands, state="online", created_at=now, seen_at=now,
+                  token_id=caller.token_id)
         s.add(a)
         s.flush()
         return agent_dict(a, [])
@@ -95,8 +96,8 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep):
     job, summary = got
     tp.hub.publish("jobs", {"type": "job", "job": summary}, False)
     tp.hub.publish(f"job:{job.id}", {"type": "job", "job": summary}, False)
-    return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq,
-                 spec=JobSpec.model_validate_json(job.spec), resume_from=job.checkpoint)
+    return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
+                 spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint)
 
 
 @router.post("/{agent_id}/events", openapi_extra={"requestBody": {"required": True, "content": {

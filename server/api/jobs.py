@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, or_, select
 
 from server import store
-from server.deps import AppDep, UserDep
+from server.deps import COMMANDS_REFUSED, AppDep, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
 from server.series import read_series
 from server.validate import SpecError, check_spec_async
-from tokenpulse.protocol import ACTIVE_STATES, JobSpec, JobState
+from tokenpulse.protocol import ACTIVE_STATES, JOB_KINDS, CommandSpec, JobSpec, JobState
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -26,7 +26,8 @@ class JobList(BaseModel):
 
 class CloneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")  # {"set": ...} instead of "changes" must not clone silently
-    changes: dict = Field(default_factory=dict, description="JobSpec fields to change in the copy")
+    changes: dict = Field(default_factory=dict, description="JobSpec (or, for a command job, CommandSpec) "
+                                                            "fields to change in the copy")
 
 
 def job_detail(job: Job, attempts: list[Attempt]) -> dict:
@@ -47,7 +48,7 @@ def get_job_or_404(s, job_id: int) -> Job:
     return job
 
 
-async def submit(tp, spec: JobSpec, parent_id: Optional[int] = None) -> dict:
+async def submit(tp, spec, parent_id: Optional[int] = None) -> dict:
     try:
         spec = await check_spec_async(spec, tp.settings)
     except SpecError as e:
@@ -65,6 +66,18 @@ async def submit(tp, spec: JobSpec, parent_id: Optional[int] = None) -> dict:
 
 @router.post("", status_code=201)
 async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
+    return await submit(tp, spec)
+
+
+@router.post("/command", status_code=201)
+async def create_command_job(spec: CommandSpec, tp: AppDep, _: CommandsDep) -> dict:
+    """Run your own command (a training script, `accelerate launch ...`, `trl sft ...`) on an agent,
+    supervised like any job: queued, claimed, its output logged, its exit judged, cancellable.
+
+    This is code execution on the agent's machine: the token needs the `commands` scope (403
+    otherwise), and only agents started with --allow-commands take command jobs. `cwd` must lie
+    under the server's path_roots. `secret_env` names variables the agent copies from its own
+    environment: their values never reach the server."""
     return await submit(tp, spec)
 
 
@@ -116,6 +129,11 @@ async def request_action(tp, job_id: int, action: str) -> dict:
         elif action == "pause":
             if state not in ACTIVE_STATES:
                 raise HTTPException(409, f"job {job_id} is {state.value}; only a running job can be paused")
+            if job.kind == "command" and not (json.loads(job.info) if job.info else {}).get("pausable"):
+                raise HTTPException(409, f"job {job_id} is a command job whose process cannot pause: pause "
+                                         "needs a checkpoint to resume from, which tokenpulse takes for Hugging Face "
+                                         "Trainer scripts it instruments (the job reports pausable once its "
+                                         "Trainer starts). Cancel it instead, or let it finish")
             job.requested_action = "pause"
         elif action == "resume":
             if state != JobState.paused:
@@ -156,14 +174,17 @@ async def capture_stack(job_id: int, tp: AppDep, _: UserDep) -> dict:
 
 
 @router.post("/{job_id}/clone", status_code=201)
-async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, _: UserDep) -> dict:
-    """Retry or clone: a new job with the same spec (and any changes), linked to its parent."""
+async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep) -> dict:
+    """Retry or clone: a new job with the same spec (and any changes), linked to its parent. A command
+    job's clone runs code again: it needs a token with the `commands` scope, as a submit does."""
     with tp.db.read() as s:
         parent = get_job_or_404(s, job_id)
-        base = json.loads(parent.spec)
+        base, kind = json.loads(parent.spec), parent.kind
+    if kind == "command" and not caller.may_run_commands:
+        raise HTTPException(403, COMMANDS_REFUSED)
     base.update(body.changes)
     try:
-        spec = JobSpec.model_validate(base)
+        spec = JOB_KINDS[kind].model_validate(base)
     except ValidationError as e:  # the edited settings are a body error (422), like a submit's
         errors = [{"field": ".".join(str(p) for p in x.get("loc", ())) or "changes",
                    "message": str(x.get("msg", "invalid")).removeprefix("Value error, ")} for x in e.errors()]

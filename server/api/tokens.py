@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from server import auth
-from server.deps import AppDep, UserDep
+from server.deps import COMMANDS_REFUSED, AppDep, UserDep
 from server.models import Token
 
 router = APIRouter(prefix="/api/tokens", tags=["tokens"])
@@ -18,16 +18,28 @@ router = APIRouter(prefix="/api/tokens", tags=["tokens"])
 class NewToken(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     role: Literal["user", "agent"]
+    allow_commands: bool = Field(False, description="a user token that may submit command jobs (code "
+                                                    "execution on agents); only such a token may grant it")
 
 
 def token_dict(t: Token) -> dict:
-    return {"id": t.id, "name": t.name, "role": t.role, "created_at": t.created_at, "revoked_at": t.revoked_at}
+    return {"id": t.id, "name": t.name, "role": t.role, "scopes": sorted(auth.scopes_of(t)),
+            "created_at": t.created_at, "revoked_at": t.revoked_at}
 
 
 @router.post("", status_code=201)
-async def create_token(body: NewToken, tp: AppDep, _: UserDep) -> dict:
+async def create_token(body: NewToken, tp: AppDep, caller: UserDep) -> dict:
+    """A new token, shown once. `allow_commands` (user tokens only) lets it submit command jobs; a
+    token can only hand out that right if it has it itself."""
+    if body.allow_commands and body.role != "user":
+        msg = "only user tokens submit jobs; an agent takes command jobs when started with --allow-commands"
+        raise HTTPException(422, {"field": "allow_commands", "message": msg,
+                                  "errors": [{"field": "allow_commands", "message": msg}]})
+    if body.allow_commands and not caller.may_run_commands:
+        raise HTTPException(403, COMMANDS_REFUSED.replace("submit command jobs", "grant the right to submit command jobs"))
+
     def make(s):
-        token = auth.new_token(s, body.name, body.role)
+        token = auth.new_token(s, body.name, body.role, (auth.COMMANDS,) if body.allow_commands else ())
         s.flush()
         row = s.scalar(select(Token).where(Token.hash == auth.hash_token(token)))
         return {**token_dict(row), "token": token}

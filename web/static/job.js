@@ -340,8 +340,10 @@
     const cancelling = req === "cancel";
     $("cancel").hidden = !(active || ["queued", "paused"].includes(job.state)) || cancelling;
     if ($("cancel").hidden) $("cancel-confirm-box").hidden = true;
-    // A stack dump is a look, not a change of course: it never hides Pause.
-    $("pause").hidden = !active || req === "pause" || req === "cancel";
+    // A stack dump is a look, not a change of course: it never hides Pause. A command job pauses
+    // only when its instrumentation said it can (a Trainer script).
+    $("pause").hidden = !active || req === "pause" || req === "cancel" ||
+      (job.kind === "command" && !(job.info && job.info.pausable));
     $("resume").hidden = job.state !== "paused";
     $("stack").hidden = !active;
     $("stack").disabled = req === "stack";
@@ -533,6 +535,19 @@
     }
     box.replaceChildren(TP.el("ul", { class: "choices" }, ...rows));
   }
+  // A command job: what runs where, with which settings; secrets by name only (the server never has them).
+  function showCommand(s) {
+    const quote = (a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replaceAll("'", `'"'"'`)}'`);
+    const row = (k, ...v) => [TP.el("dt", { text: k }), TP.el("dd", {}, ...v)];
+    const env = Object.entries(s.env || {});
+    $("command-info").replaceChildren(
+      ...row("Command", TP.el("code", { id: "command-line", text: s.command.map(quote).join(" ") })),
+      ...row("Working directory", s.cwd ? TP.el("code", { text: s.cwd }) : "a fresh directory per job on the worker"),
+      ...row("Environment", ...(env.length ? env.map(([k, v]) => TP.el("div", {}, TP.el("code", { text: `${k}=${v}` }))) : ["–"])),
+      ...row("Secrets", (s.secret_env || []).length ? `${s.secret_env.join(", ")} (from the worker's environment; values never stored or shown)` : "–"),
+      ...row("Instrumentation", s.instrument === false ? "off" : "on (progress and metrics reported without code changes)"));
+    $("command-box").hidden = false;
+  }
   function showOutput() {
     const box = $("output");
     const items = [];
@@ -597,6 +612,7 @@
     showSummary(j);
     showProgressAge();
     $("config").textContent = JSON.stringify(j.spec, null, 2);
+    if (j.kind === "command") showCommand(j.spec);
     showAttempts(j.attempts);
     infoEvents.length = 0; checkpoints.length = 0;
     for (const e of other.events) (e.kind === "info" ? infoEvents : checkpoints).push(e);

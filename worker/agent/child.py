@@ -1,5 +1,6 @@
-"""One training process, supervised: started in its own session, its event pipe and output read
-line by line, stopped gracefully (a signal, then SIGKILL after a grace period), its exit judged."""
+"""One supervised process (tokenpulse's training process, or a command job's command): started in
+its own session, its event pipe and output read, stopped gracefully (a signal, then SIGKILL of its
+whole process group after a grace period), its exit judged."""
 from __future__ import annotations
 
 import asyncio
@@ -56,16 +57,17 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-class TrainingProcess:
-    def __init__(self, spec_path: Path, out_dir: Path, cache_dir: Path, resume_from: Optional[str],
-                 command: Optional[list[str]] = None, fifo: Optional[Path] = None):
-        self.spec_path, self.out_dir, self.cache_dir = spec_path, out_dir, cache_dir
-        self.resume_from = resume_from
-        self.command = command  # torchrun's, for a distributed job (launch.command)
-        self.fifo = fifo  # the ranks' event pipe, by path (torchrun closes inherited descriptors)
+class Supervised:
+    """What the agent holds of a process it runs: the process, its event pipe, its last output.
+
+    A gang (torchrun and its ranks) gets its event pipe as a FIFO by path (`fifo`): torchrun closes
+    inherited descriptors, and puts each rank in a session of its own."""
+
+    def __init__(self, fifo: Optional[Path] = None):
         self.proc: Optional[asyncio.subprocess.Process] = None
         self.events: Optional[asyncio.StreamReader] = None
         self.tail: deque[str] = deque(maxlen=40)  # last output lines, for the failure reason
+        self.fifo = fifo
         self._hold_fd: Optional[int] = None
 
     @property
@@ -73,44 +75,45 @@ class TrainingProcess:
         return self.fifo is not None
 
     def ranks(self) -> list[int]:
-        """The training processes: torchrun's children for a gang, else the one process."""
+        """The ranks: torchrun's children for a gang, else the one process."""
         if self.proc is None:
             return []
         return children(self.proc.pid) if self.gang else [self.proc.pid]
 
-    async def start(self) -> None:
+    async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None) -> None:
         if self.gang:
-            return await self._start_gang()
+            return await self._spawn_gang(args, env, cwd)
         read_fd, write_fd = os.pipe()
-        args = [sys.executable, "-u", "-m", "worker.training.train", "--spec", str(self.spec_path),
-                "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
-        if self.resume_from:
-            args += ["--resume", self.resume_from]
-        env = {**os.environ, "TOKENPULSE_EVENT_FD": str(write_fd), "PYTHONFAULTHANDLER": "1"}
-        # Own session: a signal for the training process never reaches the agent, and SIGKILL of
-        # the group takes its dataloader workers too.
-        self.proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-            pass_fds=(write_fd,), start_new_session=True, limit=1 << 20,
-            preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
-        os.close(write_fd)
+        env = {**env, "TOKENPULSE_EVENT_FD": str(write_fd)}
+        # Own session: a signal for the process never reaches the agent, and SIGKILL of the group
+        # takes its children (dataloader workers, a launcher's ranks) too.
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd,
+                pass_fds=(write_fd,), start_new_session=True, limit=1 << 20,
+                preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
         loop = asyncio.get_running_loop()
         self.events = asyncio.StreamReader(limit=1 << 24)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), os.fdopen(read_fd, "rb"))
 
-    async def _start_gang(self) -> None:
-        """torchrun and its ranks. Every rank opens the FIFO by path and writes its lines to it; the
-        agent holds a write end itself so the read end sees no EOF before the first rank opens it,
-        and drops it when torchrun exits (then EOF comes once the last rank is gone)."""
+    async def _spawn_gang(self, args: list[str], env: dict, cwd: Optional[Path]) -> None:
+        """Every rank opens the FIFO by path and writes its lines (each below PIPE_BUF: atomic). The
+        agent holds a write end itself, so the read end sees no EOF before the first rank opens it;
+        release_pipe() drops it once the launcher has exited."""
         if self.fifo.exists():
             self.fifo.unlink()
         os.mkfifo(self.fifo, 0o600)
         read_fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
         self._hold_fd = os.open(self.fifo, os.O_WRONLY)
-        env = {**os.environ, "TOKENPULSE_EVENT_PATH": str(self.fifo), "PYTHONFAULTHANDLER": "1"}
-        env.pop("TOKENPULSE_EVENT_FD", None)
+        env = {k: v for k, v in env.items() if k != "TOKENPULSE_EVENT_FD"}
+        env["TOKENPULSE_EVENT_PATH"] = str(self.fifo)
         self.proc = await asyncio.create_subprocess_exec(
-            *self.command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd,
             start_new_session=True, limit=1 << 20,
             preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
         loop = asyncio.get_running_loop()
@@ -123,13 +126,25 @@ class TrainingProcess:
             os.close(self._hold_fd)
             self._hold_fd = None
 
+    def kill_all(self) -> None:
+        """SIGKILL the launcher's group and every process under it: torchrun puts each rank in a
+        session of its own, so the group alone would miss them."""
+        if self.proc is None:
+            return
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def signal(self, sig: int) -> None:
-        """To the training process; for a gang to every rank directly (torchrun forwards only
-        SIGTERM, as a failure, and the ranks agree on a cancel or pause among themselves)."""
+        """To the process; for a gang to every rank directly (torchrun forwards only SIGTERM, as a
+        failure; the ranks agree among themselves on a cancel or pause, at one step)."""
         if self.proc is not None and self.proc.returncode is None:
             for pid in self.ranks():
                 try:
@@ -137,25 +152,19 @@ class TrainingProcess:
                 except ProcessLookupError:
                     pass
 
-    def kill_all(self) -> None:
-        """SIGKILL the launcher's group and every process under it: torchrun puts each rank in a
-        session of its own, so the group alone would miss them."""
-        if self.proc is None:
-            return
-        pids = descendants(self.proc.pid)
-        for pid in [self.proc.pid, *pids]:
+    def signal_group(self, sig: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
             try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
 
     async def stop(self, sig: int, grace_s: float) -> None:
-        """Ask politely (sig), then SIGKILL the whole process group (a gang: every rank) after grace_s."""
+        """Ask politely (sig), then SIGKILL the whole process group after grace_s."""
         self.signal(sig)
+        await self._reap(grace_s)
+
+    async def _reap(self, grace_s: float) -> None:
         try:
             await asyncio.wait_for(self.proc.wait(), grace_s)
         except asyncio.TimeoutError:
@@ -166,3 +175,50 @@ class TrainingProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+class TrainingProcess(Supervised):
+    """tokenpulse's own training process (`python -m worker.training.train`)."""
+
+    def __init__(self, spec_path: Path, out_dir: Path, cache_dir: Path, resume_from: Optional[str],
+                 command: Optional[list[str]] = None, fifo: Optional[Path] = None):
+        super().__init__(fifo)
+        self.spec_path, self.out_dir, self.cache_dir = spec_path, out_dir, cache_dir
+        self.resume_from = resume_from
+        self.command = command  # torchrun's command line for a distributed job (launch.command)
+
+    async def start(self) -> None:
+        args = [sys.executable, "-u", "-m", "worker.training.train", "--spec", str(self.spec_path),
+                "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
+        if self.resume_from:
+            args += ["--resume", self.resume_from]
+        await self.spawn(self.command or args, {**os.environ, "PYTHONFAULTHANDLER": "1"})
+
+
+class CommandProcess(Supervised):
+    """A command job's command, run as given (no shell) in its working directory and environment."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict):
+        super().__init__()
+        self.argv, self.cwd, self.env = argv, cwd, env
+
+    async def start(self) -> None:
+        await self.spawn(self.argv, self.env, self.cwd)
+
+    async def stop(self, sig: int, grace_s: float) -> None:
+        """SIGTERM goes to the whole process group, as Ctrl+C in a terminal reaches every process of
+        the foreground job: a shell script or a launcher (`accelerate launch`, torchrun) and its
+        ranks stop together. Other signals (SIGUSR2: checkpoint and pause) go to the leader only."""
+        if sig == signal.SIGTERM:
+            self.signal_group(sig)
+        else:
+            self.signal(sig)
+        await self._reap(grace_s)
+
+    def kill_leftovers(self) -> None:
+        """The command has exited, but processes it started in its group still hold its output open
+        (a background server, a stray worker): the job is over, so they are killed."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
