@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 
 from server import auth, prometheus, storage_errors
 from server.api import agents, alerts, datasets, jobs, tokens, ws
+from server.api import ranks as ranks_api
 from server.db import Database, upgrade_to_head
 from server.deps import App, AppDep, UserDep
 from server.hub import Hub
@@ -112,7 +113,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    for r in (jobs.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
+    for r in (jobs.router, ranks_api.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse,

@@ -165,3 +165,24 @@ class BrowserSession(Base):
     expires_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
 
+
+
+class JobRank(Base):
+    """One rank of a distributed job, as its agent last reported it (heartbeats): who it is and how
+    far it got. Rows of the current attempt; a new attempt's ranks replace them."""
+    __tablename__ = "job_ranks"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    agent_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    host: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    pid: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    device: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    step_time_s: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    busy_s: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # its own work per step, waits left out
+    rss_mb: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    alive_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    progress_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    exit: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -7,7 +7,8 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
-from server import ingest, store
+from server import ingest, ranks, store
+from server.ranks import RankReport
 from server.deps import AgentDep, AppDep, UserDep
 from server.models import Agent, Event as EventRow, Job
 from server.reaper import lease_origin
@@ -19,6 +20,8 @@ router = APIRouter(prefix="/api/agents", tags=["agents"])
 class Heartbeat(BaseModel):
     # job id -> time the training process last said it was alive
     jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
+    # job id -> its ranks (distributed jobs only): the rank table
+    ranks: dict[int, list[RankReport]] = Field(default_factory=dict, max_length=1000)
 
 
 def agent_dict(a: Agent, job_ids: list[int]) -> dict:
@@ -70,6 +73,8 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
     def beat(s):
         known_agent(s, agent_id, caller)
         commands, frames = ingest.heartbeat(s, agent_id, hb.jobs)
+        if hb.ranks:
+            ranks.store(s, agent_id, hb.ranks)
         for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
                                      lease_origin(tp.db, tp.started_at)):
             summary = store.job_summary(job)

@@ -1,0 +1,40 @@
+"""job_ranks: per-rank telemetry of distributed jobs (host, pid, device, step, step time, memory)
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-11-23
+"""
+from alembic import op
+import sqlalchemy as sa
+
+
+revision = '0006'
+down_revision = '0005'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        'job_ranks',
+        sa.Column('job_id', sa.Integer(), sa.ForeignKey('jobs.id'), nullable=False),
+        sa.Column('rank', sa.Integer(), nullable=False),
+        sa.Column('attempt', sa.Integer(), nullable=False),
+        sa.Column('agent_id', sa.Integer(), nullable=True),
+        sa.Column('host', sa.String(200), nullable=True),
+        sa.Column('pid', sa.Integer(), nullable=True),
+        sa.Column('device', sa.String(200), nullable=True),
+        sa.Column('step', sa.Integer(), nullable=True),
+        sa.Column('step_time_s', sa.Float(), nullable=True),
+        sa.Column('busy_s', sa.Float(), nullable=True),
+        sa.Column('rss_mb', sa.Float(), nullable=True),
+        sa.Column('alive_at', sa.Float(), nullable=True),
+        sa.Column('progress_at', sa.Float(), nullable=True),
+        sa.Column('exit', sa.String(200), nullable=True),
+        sa.Column('updated_at', sa.Float(), nullable=False),
+        sa.PrimaryKeyConstraint('job_id', 'rank'),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table('job_ranks')
