@@ -69,3 +69,83 @@ def test_spec_bounds_process_counts(server):
         assert r.status_code == 422 and "nproc_per_node" in r.text
         r = c.post("/api/jobs", json={"nnodes": 1000})
         assert r.status_code == 422 and "nnodes" in r.text
+
+
+def alerts(c, job_id: int, kind: str) -> list[dict]:
+    return c.get("/api/alerts", params={"job_id": job_id, "kind": kind}).json()
+
+
+def job_step(c, job_id: int) -> int:
+    return c.get(f"/api/jobs/{job_id}").json().get("step") or 0
+
+
+FAST = {"max_steps": 400, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
+        "nproc_per_node": 2, "stall": {"floor_s": 3, "first_step_s": 60}}
+
+
+def test_a_stuck_rank_is_named_with_its_line_and_the_others_collective(server):
+    server.start_agent("a1")
+    with server.client() as c:
+        name = server.plan_fault("stuck", hang_at_step=8, rank=1)
+        jid = c.post("/api/jobs", json={**FAST, "name": name, "max_retries": 0}).json()["id"]
+        wait_for(lambda: job_step(c, jid) >= 8, 180, "the job at step 8")
+        a = wait_for(lambda: alerts(c, jid, "stalled"), 90, "a stalled alert")[0]
+        msg = a["message"]
+        rank1 = next(r for r in ranks_of(c, jid) if r["rank"] == 1)
+        # the odd one out first, with its host, pid and the blocking line; then rank 0's collective
+        assert f"rank 1 ({rank1['host']}, pid {rank1['pid']}) at _fault_hang (" in msg, msg
+        assert "faults.py:" in msg, msg
+        assert "ranks 0 waiting in all_reduce" in msg or "rank 0 (" in msg and "waiting in all_reduce" in msg, msg
+        assert "distributed.py" in msg or "loop.py" in msg, msg
+        assert "==== rank 0 (" in a["stack"] and "==== rank 1 (" in a["stack"], a["stack"][:2000]
+        assert a["created_at"] - time.time() < 5  # open now, while it hangs
+        c.post(f"/api/jobs/{jid}/cancel")
+        assert server.wait_job(jid, timeout=60)["state"] in ("cancelled", "failed")
+
+
+def test_kill_9_of_one_rank_stops_the_gang_and_the_job_resumes_from_its_checkpoint(server):
+    agent = server.start_agent("a1")
+    with server.client() as c:
+        spec = {**FAST, "max_steps": 40, "checkpoint_every": 10, "max_retries": 1, "name": "killed"}
+        jid = c.post("/api/jobs", json=spec).json()["id"]
+        wait_for(lambda: c.get(f"/api/jobs/{jid}").json().get("checkpoint") and job_step(c, jid) >= 14, 180,
+                 "a checkpoint and step 14")
+        rows = ranks_of(c, jid)
+        victim = next(r for r in rows if r["rank"] == 1)
+        others = [r["pid"] for r in rows if r["rank"] != 1]
+        launcher = [p for p in _children(agent.pid) if _is_torchrun(p)]
+        assert launcher, "torchrun under the agent"
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_for(lambda: not any(_alive(p) for p in others + launcher), 10, "the gang stopped within 10 s")
+        stopped_in = time.time() - killed_at
+        job = server.wait_job(jid, timeout=240)
+        assert job["state"] == "completed", job
+        attempts = c.get(f"/api/jobs/{jid}").json()["attempts"]
+        first = attempts[0]
+        assert first["outcome"] == "retried" and first["signal"] == "SIGKILL", first
+        assert f"rank 1 ({victim['host']}, pid {victim['pid']})" in first["reason"], first["reason"]
+        assert attempts[1]["resumed_from"] and "step-" in attempts[1]["resumed_from"]
+        loss = c.get(f"/api/jobs/{jid}/metrics", params={"keys": "loss", "max_points": 100000}).json()["series"]["loss"]
+        assert sorted(loss["step"]) == list(range(1, 41))  # every step stored once
+        assert stopped_in < 10
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+def _is_torchrun(pid: int) -> bool:
+    try:
+        return "torch.distributed.run" in open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
