@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tests.conftest import wait_for
+from conftest import wait_for
+from test_cli import cli, ok
 
 # Both the 1- and the 2-rank run take the same optimizer steps over the same real tokens (fp32, so
 # no autocast rounding); what differs is the order of float sums (gradient all-reduce, split loss).
@@ -47,6 +48,8 @@ def test_two_ranks_match_one_rank_and_show_a_rank_table(server):
         assert [r["rank"] for r in rows] == [0, 1]
         assert rows[0]["pid"] != rows[1]["pid"] and all(r["device"] == "cpu" for r in rows)
         assert all(r["rss_mb"] > 10 and r["step_time_s"] is not None and r["progress_age_s"] is not None for r in rows)
+        out = ok(cli(server, "ranks", str(two)))  # the same table from the CLI
+        assert "2 ranks" in out and all(str(r["pid"]) in out for r in rows), out
         job = server.wait_job(two, timeout=240)
         assert job["state"] == "completed", job
         a, b = losses(c, one), losses(c, two)
