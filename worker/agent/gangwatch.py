@@ -13,7 +13,7 @@ import signal as signal_mod
 from dataclasses import dataclass, field
 from typing import Optional
 
-from worker.agent.ranks import RankBoard, diagnose, torchrun_failure
+from worker.agent.ranks import RankBoard, diagnose, torchrun_failures
 from worker.agent.stacks import find_py_spy, py_spy_dump
 
 DEATH_GRACE_S = 2.0
@@ -75,23 +75,29 @@ def first_failure(g: GangState) -> Optional[tuple[int, dict]]:
 
 
 def judge(g: GangState, verdict: dict, tail: list[str]) -> dict:
-    """The agent's verdict on torchrun's exit, with the failing rank named: a rank that died without
-    a word first (its peers' errors are only the echo of it), else the earliest failed state."""
-    root = torchrun_failure(tail)
-    if g.died is not None or (root is not None and root[0] not in g.states):
-        rank = g.died_rank if g.died is not None else root[0]
+    """The agent's verdict on torchrun's exit, with the failing rank named: a rank that ended without
+    a word first (killed, os._exit: its peers' errors are only the echo of it), else the earliest
+    failed state. Exit codes come from torchrun's failure summary."""
+    failures = torchrun_failures(tail)
+    silent = [r for r in sorted(set(g.board.ranks) | set(failures)) if r not in g.states]
+    rank = g.died_rank if g.died is not None else next((r for r in silent if r in failures), None)
+    if rank is None and g.died is None and silent and verdict.get("state") == "failed":
+        rank = silent[0]
+    if g.died is not None or rank is not None:
         rk = g.board.ranks.get(rank) if rank is not None else None
-        name = g.died or (f"rank {rank} ({rk.host if rk else '?'}, pid {root[2]})")
+        name = g.died or f"rank {rank} ({rk.host if rk else '?'}, pid {rk.pid if rk else '?'})"
         code = sig = None
         how = "ended without reporting"
-        if root is not None and (rank is None or root[0] == rank):
-            if root[1] < 0:
-                sig = signal_mod.Signals(-root[1]).name
+        if rank in failures:
+            exit_code = failures[rank][0]
+            if exit_code < 0:
+                sig = signal_mod.Signals(-exit_code).name
                 how = f"killed by {sig}"
             else:
-                code = root[1]
+                code = exit_code
                 how = f"exited with code {code}"
-        g.board.get(rank if rank is not None else -1).exit = how
+        if rk is not None:
+            rk.exit = how
         return {"state": "failed", "failure": "signal" if sig else "crash", "exit_code": code, "signal": sig,
                 "retry": True, "reason": f"{name} {how}; the gang was stopped" + _others(g, rank)}
     ff = first_failure(g)

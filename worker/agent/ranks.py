@@ -110,12 +110,12 @@ def _main_thread(stack: str) -> list[str]:
     return []
 
 
-def _our_frame(stack: str) -> Optional[str]:
-    """The innermost frame in the job's own code (not torch's): where the rank called in from."""
-    for line in _main_thread(stack):
-        if "site-packages" not in line and "/torch/" not in line and "python3" not in line:
-            return line.strip()
-    return None
+def _our_frames(stack: str, n: int = 2) -> Optional[str]:
+    """The innermost frames in the job's own code (not torch's or the interpreter's): where the rank
+    called the collective from, e.g. "agree (distributed.py:111) < run (loop.py:150)"."""
+    own = [x.strip() for x in _main_thread(stack)
+           if "site-packages" not in x and "/torch/" not in x and "/lib/python3" not in x and x.strip()]
+    return " < ".join(own[:n]) or None
 
 
 def diagnose(stacks: dict[int, str], board: RankBoard) -> str:
@@ -150,9 +150,8 @@ def diagnose(stacks: dict[int, str], board: RankBoard) -> str:
         if w == odd:
             continue
         coll = _collective_in(stacks[rs[0]])
-        ours = _our_frame(stacks[rs[0]])
         if coll:
-            parts.append(f"{who(rs)} waiting in {coll} at {w}" + (f" from {ours}" if ours and ours != w else ""))
+            parts.append(f"{who(rs)} waiting in {coll} at {_our_frames(stacks[rs[0]]) or w}")
         else:
             parts.append(f"{who(rs)} at {w}")
     if odd is None:
@@ -163,9 +162,9 @@ def diagnose(stacks: dict[int, str], board: RankBoard) -> str:
 FAILURE_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", re.S)
 
 
-def torchrun_failure(tail: list[str]) -> Optional[tuple[int, int, int]]:
-    """(rank, exit code, pid) of the root cause from torchrun's failure summary, if it printed one."""
+def torchrun_failures(tail: list[str]) -> dict[int, tuple[int, int]]:
+    """rank -> (exit code, pid) for every failed rank in torchrun's failure summary, if it printed one."""
     text = "\n".join(tail)
-    at = text.rfind("Root Cause")
-    m = FAILURE_RE.search(text, at if at >= 0 else 0)
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+    at = text.find("Failures:")
+    at = at if at >= 0 else max(text.find("Root Cause"), 0)
+    return {int(m.group(1)): (int(m.group(2)), int(m.group(3))) for m in FAILURE_RE.finditer(text, at)}
