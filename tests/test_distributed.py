@@ -3,6 +3,7 @@ and its ranks running the training process under DistributedDataParallel."""
 from __future__ import annotations
 
 import os
+import sys
 import signal
 import time
 
@@ -152,3 +153,60 @@ def _alive(pid: int) -> bool:
         return state != "Z"
     except OSError:
         return False
+
+
+# A user's own torch.distributed script (not tokenpulse's worker), reporting over the job's event
+# pipe the way tokenpulse's instrumentation does: each rank reopens the pipe its launcher inherited.
+DDP_SCRIPT = '''
+import json, os, socket, sys, time
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+pipe = os.open(f"/proc/{os.getppid()}/fd/{os.environ['TOKENPULSE_EVENT_FD']}", os.O_WRONLY)
+
+
+def emit(kind, **data):
+    os.write(pipe, (json.dumps({"kind": kind, "t": time.time(), "rank": rank, "data": data}) + "\\n").encode())
+
+
+def wait_for_shard():
+    while True:
+        time.sleep(1)
+
+
+dist.init_process_group("gloo")
+steps = int(os.environ.get("STEPS", "400"))
+for step in range(steps):
+    if rank == int(os.environ.get("HANG_RANK", "-1")) and step == int(os.environ.get("HANG_STEP", "-1")):
+        wait_for_shard()
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    time.sleep(0.05)
+    emit("phase", name="training", done=step + 1, total=steps, unit="steps")
+    emit("alive", step=step + 1)
+'''
+
+
+def test_a_torchrun_command_job_gets_the_rank_table_and_the_stuck_rank_named(server_factory, tmp_path):
+    roots = tmp_path / "roots"
+    (roots / "proj").mkdir(parents=True)
+    (roots / "proj" / "ddp.py").write_text(DDP_SCRIPT)
+    srv = server_factory(path_roots=[str(roots)])
+    srv.start_agent("cmd", "--allow-commands")
+    with srv.client() as c:
+        r = c.post("/api/jobs/command", json={"command": [sys.executable, "ddp.py"], "cwd": str(roots / "proj"),
+                                              "nproc_per_node": 2, "env": {"HANG_RANK": "1", "HANG_STEP": "8"},
+                                              "max_retries": 0, "stall": {"floor_s": 3, "first_step_s": 60}})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        a = wait_for(lambda: alerts(c, jid, "stalled"), 180, "a stalled alert")[0]
+        rows = ranks_of(c, jid)
+        assert [x["rank"] for x in rows] == [0, 1] and all(x["pid"] and x["host"] for x in rows), rows
+        msg = a["message"]
+        assert f"rank 1 ({rows[1]['host']}, pid {rows[1]['pid']}) at wait_for_shard (" in msg and "ddp.py:" in msg, msg
+        assert "waiting in all_reduce at <module> (" in msg, msg
+        c.post(f"/api/jobs/{jid}/cancel")
+        assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
+        r = c.post("/api/jobs/command", json={"command": ["true"], "nnodes": 2})
+        assert r.status_code == 422 and "nnodes" in r.text

@@ -176,6 +176,9 @@ class CommandSpec(BaseModel):
     priority: int = Field(0, ge=-100, le=100, description="higher runs first")
     max_retries: int = Field(2, ge=0, le=20, description="automatic retries (killed by a signal, lost worker)")
     stall: StallSpec = Field(default_factory=StallSpec)
+    nproc_per_node: int = Field(1, ge=1, le=64, description="processes (ranks) per machine: more than 1 runs "
+                                "the command under torchrun (`--no-python`: the command as given, once per rank)")
+    nnodes: int = Field(1, ge=1, le=1, description="machines: command jobs run on one agent")
 
     @field_validator("command", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_
 from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
 from worker.agent import gangwatch
-from worker.agent.launch import Gang, command, is_distributed, training_args
+from worker.agent.launch import Gang, command, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
@@ -396,10 +396,16 @@ class Agent:
         resume, resume_note = command_resume(claim.resume_from, self.resume_roots, cwd)
         hooks = instrumentation_dir() if spec.instrument else None
         env = command_env(os.environ, spec, claim.job_id, resume, hooks)
-        proc = CommandProcess(spec.command, cwd, env)
+        argv = spec.command
+        if is_distributed(spec):  # the command once per rank, under torchrun
+            argv = command(spec, spec.command, Gang(run_id=f"tokenpulse-{claim.job_id}-{claim.attempt}"),
+                           no_python=True)
+        launcher = is_distributed(spec) or launches_ranks(spec.command)
+        proc = CommandProcess(argv, cwd, env, launcher=launcher)
         stall = self.stall_config.merged(spec.stall.model_dump())
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16), cwd=cwd,
+                        gang=gangwatch.GangState() if launcher else None,
                         mask=Masker(os.environ[n] for n in spec.secret_env if n in os.environ))
         self.jobs[claim.job_id] = rj
         how = ("instrumented (startup hook on PYTHONPATH)" if hooks else
@@ -586,7 +592,9 @@ class Agent:
     def watch_gang(self, rj: RunningJob) -> None:
         """A rank that ended without finishing takes the whole gang down within seconds."""
         g, now = rj.gang, time.time()
-        line = gangwatch.watch_deaths(g, rj.process.ranks(), now)
+        pids = rj.process.ranks()
+        gangwatch.identify(g, pids, now)  # ranks that have not said who they are (a command's)
+        line = gangwatch.watch_deaths(g, pids, now)
         if line is not None:
             self.emit(rj, "log", {"line": f"agent: {line}", "stream": "agent"})
         if g.down_at is not None and not g.killed and now - g.down_at >= gangwatch.DEATH_GRACE_S:

@@ -63,16 +63,17 @@ class Supervised:
     A gang (torchrun and its ranks) gets its event pipe as a FIFO by path (`fifo`): torchrun closes
     inherited descriptors, and puts each rank in a session of its own."""
 
-    def __init__(self, fifo: Optional[Path] = None):
+    def __init__(self, fifo: Optional[Path] = None, launcher: bool = False):
         self.proc: Optional[asyncio.subprocess.Process] = None
         self.events: Optional[asyncio.StreamReader] = None
         self.tail: deque[str] = deque(maxlen=40)  # last output lines, for the failure reason
         self.fifo = fifo
+        self.launcher = launcher or fifo is not None  # torchrun: its children are the ranks
         self._hold_fd: Optional[int] = None
 
     @property
     def gang(self) -> bool:
-        return self.fifo is not None
+        return self.launcher
 
     def ranks(self) -> list[int]:
         """The ranks: torchrun's children for a gang, else the one process."""
@@ -81,7 +82,7 @@ class Supervised:
         return children(self.proc.pid) if self.gang else [self.proc.pid]
 
     async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None) -> None:
-        if self.gang:
+        if self.fifo is not None:
             return await self._spawn_gang(args, env, cwd)
         read_fd, write_fd = os.pipe()
         env = {**env, "TOKENPULSE_EVENT_FD": str(write_fd)}
@@ -198,8 +199,9 @@ class TrainingProcess(Supervised):
 class CommandProcess(Supervised):
     """A command job's command, run as given (no shell) in its working directory and environment."""
 
-    def __init__(self, argv: list[str], cwd: Path, env: dict):
-        super().__init__()
+    def __init__(self, argv: list[str], cwd: Path, env: dict, launcher: bool = False):
+        # a torchrun command keeps the inherited pipe: its ranks' reporting hook reopens it by /proc
+        super().__init__(launcher=launcher)
         self.argv, self.cwd, self.env = argv, cwd, env
 
     async def start(self) -> None:

@@ -9,6 +9,7 @@ the gang is SIGKILLed."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import signal as signal_mod
 from dataclasses import dataclass, field
 from typing import Optional
@@ -35,6 +36,23 @@ class GangState:
         self.board.observe(rank, kind, data, now)
         if kind == "state":
             self.states.setdefault(rank, (t, data))
+
+
+def identify(g: GangState, pids: list[int], now: float) -> None:
+    """A rank that has not said who it is (a command job's script) is known from /proc: its RANK
+    from its environment, this host, its pid; so the rank table and the stacks name it too."""
+    for pid in pids:
+        if g.board.by_pid(pid) is not None:
+            continue
+        try:
+            env = dict(x.split("=", 1) for x in open(f"/proc/{pid}/environ").read().split("\0") if "=" in x)
+            rank = int(env["RANK"])
+        except (OSError, KeyError, ValueError):
+            continue
+        rk = g.board.get(rank)
+        if rk.pid is None or rk.pid != pid:
+            rk.pid, rk.host = pid, rk.host or socket.gethostname()
+            rk.alive_at = rk.alive_at or now
 
 
 def watch_deaths(g: GangState, live_pids: list[int], now: float) -> Optional[str]:

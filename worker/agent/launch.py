@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tokenpulse.protocol import JobSpec
 
 
 @dataclass
@@ -30,8 +29,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def is_distributed(spec: JobSpec) -> bool:
-    return spec.nproc_per_node > 1 or spec.nnodes > 1
+def is_distributed(spec) -> bool:
+    return getattr(spec, "nproc_per_node", 1) > 1 or getattr(spec, "nnodes", 1) > 1
+
+
+def launches_ranks(argv: list[str]) -> bool:
+    """A command that is itself a torchrun launch: its children are ranks."""
+    return bool(argv) and (Path(argv[0]).name == "torchrun" or "torch.distributed.run" in argv[:4])
 
 
 def training_args(spec_path: Path, out_dir: Path, cache_dir: Path, resume: Optional[str]) -> list[str]:
@@ -40,10 +44,11 @@ def training_args(spec_path: Path, out_dir: Path, cache_dir: Path, resume: Optio
     return args + (["--resume", resume] if resume else [])
 
 
-def command(spec: JobSpec, train: list[str], gang: Optional[Gang] = None) -> list[str]:
-    """argv for the job: `python -u <train>` or `python -u -m torch.distributed.run ... <train>`."""
+def command(spec, train: list[str], gang: Optional[Gang] = None, no_python: bool = False) -> list[str]:
+    """argv for the job: `python -u <train>` or `python -u -m torch.distributed.run ... <train>`.
+    no_python: `train` is a whole command (a command job's), run as given once per rank."""
     if not is_distributed(spec):
-        return [sys.executable, "-u", *train]
+        return [sys.executable, "-u", *train] if not no_python else list(train)
     gang = gang or Gang()
     endpoint = gang.endpoint or f"127.0.0.1:{free_port()}"
     return [sys.executable, "-u", "-m", "torch.distributed.run",
@@ -53,4 +58,4 @@ def command(spec: JobSpec, train: list[str], gang: Optional[Gang] = None) -> lis
             # node rank 0 hosts the rendezvous store (the hostname heuristic cannot tell two agents
             # on one machine apart)
             "--rdzv-conf", f"is_host={'true' if gang.node_rank == 0 else 'false'}",
-            "--max-restarts", "0", "--monitor-interval", "0.5", *train]
+            "--max-restarts", "0", "--monitor-interval", "0.5", *(["--no-python"] if no_python else []), *train]
