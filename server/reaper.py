@@ -15,7 +15,7 @@ from typing import Optional
 from sqlalchemy import select
 
 from server import store
-from server.ingest import alert_dict, upsert_alert
+from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Agent, Job
 from tokenpulse.protocol import ACTIVE_STATES, JobState
 

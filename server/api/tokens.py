@@ -9,8 +9,10 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from server import auth
-from server.deps import AppDep, UserDep
+from server.context import AppDep
+from server.security import UserDep
 from server.models import Token
+from server.schemas import NewTokenOut, TokenOut
 
 router = APIRouter(prefix="/api/tokens", tags=["tokens"])
 
@@ -25,7 +27,7 @@ def token_dict(t: Token) -> dict:
 
 
 @router.post("", status_code=201)
-async def create_token(body: NewToken, tp: AppDep, _: UserDep) -> dict:
+async def create_token(body: NewToken, tp: AppDep, _: UserDep) -> NewTokenOut:
     def make(s):
         token = auth.new_token(s, body.name, body.role)
         s.flush()
@@ -35,13 +37,13 @@ async def create_token(body: NewToken, tp: AppDep, _: UserDep) -> dict:
 
 
 @router.get("")
-def list_tokens(tp: AppDep, _: UserDep) -> list[dict]:
+def list_tokens(tp: AppDep, _: UserDep) -> list[TokenOut]:
     with tp.db.read() as s:
         return [token_dict(t) for t in s.scalars(select(Token).order_by(Token.id))]
 
 
 @router.post("/{token_id}/revoke")
-async def revoke_token(token_id: int, tp: AppDep, _: UserDep) -> dict:
+async def revoke_token(token_id: int, tp: AppDep, _: UserDep) -> TokenOut:
     def revoke(s):
         t = s.get(Token, token_id)
         if t is None:
