@@ -39,7 +39,8 @@ class JobSummary(BaseModel):
     failure: Optional[str] = Field(description="failure kind of the last attempt: oom, nan, crash, lost, hang, spec...")
     exit_code: Optional[int]
     signal: Optional[str]
-    requested_action: Optional[str] = Field(description="cancel, pause or stack, until the agent acts on it")
+    requested_action: Optional[str] = Field(description="cancel or pause, until the job ends (a cancel wins)")
+    stack_requested: bool = Field(False, description="a stack dump is asked for and the agent has not taken it yet")
     checkpoint: Optional[str] = Field(description="newest checkpoint the server recorded (resumes start here)")
     output_dir: Optional[str] = Field(description="the final model's directory")
 

@@ -93,7 +93,7 @@ REQUEST_RULES = {
                JobState.cancelled: "only queued, paused or running jobs can be cancelled"},
     "pause": {JobState.starting: (JobState.starting, "pause"), JobState.running: (JobState.running, "pause")},
     "resume": {JobState.paused: (JobState.queued, None)},
-    "stack": {JobState.starting: (JobState.starting, "stack"), JobState.running: (JobState.running, "stack")},
+    "stack": {JobState.starting: (JobState.starting, None), JobState.running: (JobState.running, None)},
 }
 REFUSALS = {"pause": "only a running job can be paused", "resume": "only a paused job can be resumed",
             "stack": "it has no process to inspect"}
@@ -250,3 +250,32 @@ def test_a_late_report_for_a_settled_job_changes_nothing(s):
     store.end_attempt(s, job, JobState.completed, "done", None)
     assert store.end_attempt(s, job, JobState.failed, "late", "crash") == JobState.completed
     assert job.reason == "done" and job.failure is None
+
+
+def test_a_cancel_wins_over_later_requests_and_a_stack_request_overwrites_nothing(s):
+    job = running_job(s)
+    store.request_cancel(s, job)
+    store.request_stack(s, job)  # a look at a job being cancelled is fine...
+    assert job.requested_action == "cancel" and job.stack_requested_at is not None  # ...and changes nothing
+    with pytest.raises(store.TransitionError, match="a cancel wins"):
+        store.request_pause(s, job)
+    assert job.requested_action == "cancel"
+    other = running_job(s)
+    store.request_pause(s, other)
+    store.request_cancel(s, other)  # a pause asked first is overridden by a cancel
+    assert other.requested_action == "cancel"
+    store.request_stack(s, other)
+    assert other.requested_action == "cancel"
+
+
+def test_a_stack_request_is_handed_out_once_beside_the_cancel(s):
+    from server.ingest.heartbeats import pending_commands
+    job = running_job(s)
+    store.request_cancel(s, job)
+    store.request_stack(s, job)
+    s.flush()
+    first = {(c.job_id, c.action) for c in pending_commands(s, job.agent_id, [job.id])}
+    assert first == {(job.id, "cancel"), (job.id, "stack")}
+    again = {(c.job_id, c.action) for c in pending_commands(s, job.agent_id, [job.id])}
+    assert again == {(job.id, "cancel")}  # the cancel stays until the job ends; the stack was one-shot
+

@@ -15,11 +15,17 @@ def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Comm
     """Commands for an agent: requested actions on its jobs, and 'cancel' for jobs it runs that are
     no longer its own (reassigned after a lost lease, or deleted)."""
     cur = s.connection().connection.cursor()
-    cmds = [Command(job_id=jid, action=action) for jid, action in cur.execute(
-        "SELECT id, requested_action FROM jobs WHERE agent_id = ? AND requested_action IS NOT NULL", (agent_id,))]
-    stacks = [(c.job_id,) for c in cmds if c.action == "stack"]
-    if stacks:  # one-shot
-        cur.executemany("UPDATE jobs SET requested_action = NULL WHERE id = ? AND requested_action = 'stack'", stacks)
+    cmds, stacks = [], []
+    for jid, action, stack_at in cur.execute(
+            "SELECT id, requested_action, stack_requested_at FROM jobs WHERE agent_id = ? "
+            "AND (requested_action IS NOT NULL OR stack_requested_at IS NOT NULL)", (agent_id,)).fetchall():
+        if action is not None:
+            cmds.append(Command(job_id=jid, action=action))
+        if stack_at is not None:
+            cmds.append(Command(job_id=jid, action="stack"))
+            stacks.append((jid,))
+    if stacks:  # one-shot: handed out once
+        cur.executemany("UPDATE jobs SET stack_requested_at = NULL WHERE id = ?", stacks)
     mine = {c.job_id for c in cmds}
     others = [jid for jid in job_ids if jid not in mine]
     if others:

@@ -346,17 +346,18 @@
       (job.kind === "command" && !(job.info && job.info.pausable));
     $("resume").hidden = job.state !== "paused";
     $("stack").hidden = !active;
-    $("stack").disabled = req === "stack";
-    if (req === "stack" && active) watchStack();
+    $("stack").disabled = !!job.stack_requested;
+    if (job.stack_requested && active) watchStack();
     $("retry").hidden = !final;
     $("retry").textContent = job.state === "completed" ? "Run again" : "Retry";
     if (job.parent_id) $("parent").replaceChildren("cloned from ", TP.el("a", { href: `/jobs/${job.parent_id}`, text: `#${job.parent_id}` }));
     showPhase(job.phase);
     showNumbers(job.last || {});
     const r = $("reason");
-    const why = !active && req === "stack" ? job.reason
-      : req === "stack" ? "stack dump requested; it appears in the log below when the worker has taken it…"
-        : req ? `${req} requested; waiting for the worker…` : job.reason;
+    const why = !active ? job.reason
+      : req ? `${req} requested; waiting for the worker…`
+        : job.stack_requested ? "stack dump requested; it appears in the log below when the worker has taken it…"
+          : job.reason;
     r.hidden = !why;
     r.textContent = why ? `${job.failure ? `[${job.failure}] ` : ""}${why}${job.exit_code !== null && job.exit_code !== undefined ? ` (exit code ${job.exit_code})` : ""}` : "";
     r.className = `reason ${job.state}`;
@@ -658,7 +659,7 @@
     stackWatch = setInterval(async () => {
       try {
         const j = await TP.api(`/api/jobs/${jobId}`);
-        if (j.requested_action !== "stack" || Date.now() > until) { clearInterval(stackWatch); stackWatch = null; showSummary(j); }
+        if (!j.stack_requested || Date.now() > until) { clearInterval(stackWatch); stackWatch = null; showSummary(j); }
       } catch (e) { if (Date.now() > until) { clearInterval(stackWatch); stackWatch = null; } }
     }, 1000);
   }
