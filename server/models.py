@@ -26,7 +26,8 @@ class Job(Base):
     # indexed: heartbeats and event batches look up "this agent's jobs" (pending commands)
     agent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("agents.id"), nullable=True, index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
-    requested_action: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)
+    requested_action: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)  # cancel or pause
+    stack_requested_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # one-shot, apart
     # Live summary, updated by ingest so the jobs list needs no join over metrics.
     phase: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # PhaseData JSON
     step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)

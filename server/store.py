@@ -39,7 +39,7 @@ FINAL_FAILURES = {"spec", "nan", "disk_full"}
 
 
 class TransitionError(Exception):
-    pass
+    """A state change the rules refuse; the API answers 409 with this message (server/errors.py)."""
 
 
 def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optional[int] = None) -> Job:
@@ -74,7 +74,7 @@ def transition(s: Session, job: Job, new: JobState, reason: Optional[str] = None
         if old in ACTIVE_STATES:
             s.execute(update(Attempt).where(Attempt.job_id == job.id, Attempt.attempt == job.attempt)
                       .values(ended_at=now, outcome=new.value, reason=reason))
-        job.requested_action = None
+        job.requested_action = job.stack_requested_at = None
         job.agent_id = None
     if new in FINAL_STATES:
         job.finished_at = now
@@ -84,6 +84,51 @@ def transition(s: Session, job: Job, new: JobState, reason: Optional[str] = None
         if new == JobState.failed:
             where.append(Alert.severity != "critical")
         s.execute(update(Alert).where(*where).values(state="cleared", cleared_at=now, updated_at=now))
+
+
+# ---- what a person asks for -------------------------------------------------------------------
+# A queued or paused job changes state at once; a running one gets a requested action that the
+# agent reads from its next heartbeat or event reply (and the job ends through end_attempt).
+# A requested cancel wins: a later pause is refused, and a stack request (a look, not a change of
+# course) has its own column, so no request ever overwrites another.
+
+def request_cancel(s: Session, job: Job) -> None:
+    state = JobState(job.state)
+    if state in (JobState.queued, JobState.paused):
+        transition(s, job, JobState.cancelled, reason="cancelled by user")
+    elif state in ACTIVE_STATES:
+        job.requested_action = "cancel"
+    else:
+        raise TransitionError(f"job {job.id} is {state.value}; only queued, paused or running jobs can be cancelled")
+
+
+def request_pause(s: Session, job: Job) -> None:
+    if JobState(job.state) not in ACTIVE_STATES:
+        raise TransitionError(f"job {job.id} is {job.state}; only a running job can be paused")
+    if job.requested_action == "cancel":
+        raise TransitionError(f"job {job.id} is being cancelled; a cancel wins over a later pause")
+    if job.kind == "command" and not (json.loads(job.info) if job.info else {}).get("pausable"):
+        raise TransitionError(f"job {job.id} is a command job whose process cannot pause: pause needs a "
+                              "checkpoint to resume from, which tokenpulse takes for Hugging Face Trainer "
+                              "scripts it instruments (the job reports pausable once its Trainer starts). "
+                              "Cancel it instead, or let it finish")
+    job.requested_action = "pause"
+
+
+def request_resume(s: Session, job: Job) -> None:
+    if JobState(job.state) != JobState.paused:
+        raise TransitionError(f"job {job.id} is {job.state}; only a paused job can be resumed")
+    transition(s, job, JobState.queued, reason="resumed by user")
+
+
+def request_stack(s: Session, job: Job) -> None:
+    """Ask the agent for every thread's stack of the training process (one-shot, see pending_commands)."""
+    if JobState(job.state) not in ACTIVE_STATES:
+        raise TransitionError(f"job {job.id} is {job.state}; it has no process to inspect")
+    job.stack_requested_at = time.time()
+
+
+REQUESTS = {"cancel": request_cancel, "pause": request_pause, "resume": request_resume, "stack": request_stack}
 
 
 def claim(s: Session, agent_id: int) -> Optional[Job]:
@@ -236,5 +281,6 @@ def job_summary(job: Job) -> dict:
         "total_steps": job.total_steps, "last": json.loads(job.last) if job.last else {},
         "alive_at": job.alive_at, "reason": job.reason, "failure": job.failure,
         "exit_code": job.exit_code, "signal": job.signal, "requested_action": job.requested_action,
+        "stack_requested": job.stack_requested_at is not None,
         "checkpoint": job.checkpoint, "output_dir": job.output_dir,
     }

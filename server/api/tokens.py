@@ -9,8 +9,11 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from server import auth
-from server.deps import COMMANDS_REFUSED, AppDep, UserDep
+from server.context import AppDep
+from server.errors import unprocessable
+from server.security import COMMANDS_REFUSED, UserDep
 from server.models import Token
+from server.schemas import NewTokenOut, TokenOut
 
 router = APIRouter(prefix="/api/tokens", tags=["tokens"])
 
@@ -28,13 +31,12 @@ def token_dict(t: Token) -> dict:
 
 
 @router.post("", status_code=201)
-async def create_token(body: NewToken, tp: AppDep, caller: UserDep) -> dict:
+async def create_token(body: NewToken, tp: AppDep, caller: UserDep) -> NewTokenOut:
     """A new token, shown once. `allow_commands` (user tokens only) lets it submit command jobs; a
     token can only hand out that right if it has it itself."""
     if body.allow_commands and body.role != "user":
-        msg = "only user tokens submit jobs; an agent takes command jobs when started with --allow-commands"
-        raise HTTPException(422, {"field": "allow_commands", "message": msg,
-                                  "errors": [{"field": "allow_commands", "message": msg}]})
+        raise unprocessable([{"field": "allow_commands", "message": "only user tokens submit jobs; an agent takes "
+                              "command jobs when started with --allow-commands"}])
     if body.allow_commands and not caller.may_run_commands:
         raise HTTPException(403, COMMANDS_REFUSED.replace("submit command jobs", "grant the right to submit command jobs"))
 
@@ -47,13 +49,13 @@ async def create_token(body: NewToken, tp: AppDep, caller: UserDep) -> dict:
 
 
 @router.get("")
-def list_tokens(tp: AppDep, _: UserDep) -> list[dict]:
+def list_tokens(tp: AppDep, _: UserDep) -> list[TokenOut]:
     with tp.db.read() as s:
         return [token_dict(t) for t in s.scalars(select(Token).order_by(Token.id))]
 
 
 @router.post("/{token_id}/revoke")
-async def revoke_token(token_id: int, tp: AppDep, _: UserDep) -> dict:
+async def revoke_token(token_id: int, tp: AppDep, _: UserDep) -> TokenOut:
     def revoke(s):
         t = s.get(Token, token_id)
         if t is None:

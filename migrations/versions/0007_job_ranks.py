@@ -1,15 +1,15 @@
 """job_ranks: per-rank telemetry of distributed jobs (host, pid, device, step, step time, memory)
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-23
 """
 from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0006'
-down_revision = '0005'
+revision = '0007'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 
