@@ -210,3 +210,35 @@ def test_a_torchrun_command_job_gets_the_rank_table_and_the_stuck_rank_named(ser
         assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
         r = c.post("/api/jobs/command", json={"command": ["true"], "nnodes": 2})
         assert r.status_code == 422 and "nnodes" in r.text
+
+
+def test_two_agents_form_one_gang_and_a_third_takes_no_half_of_it(server_factory):
+    srv = server_factory(gang_timeout_s=60)
+    for name in ("g1", "g2", "g3"):
+        srv.start_agent(name, "--address", "127.0.0.1")
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**SPEC, "name": "gang", "nnodes": 2}).json()["id"]
+        rows = wait_for(lambda: (lambda r: r if len(r) == 2 and all(x["step"] for x in r) else None)(ranks_of(c, jid)),
+                        240, "ranks 0 and 1 stepping, one per agent", show=lambda: (ranks_of(c, jid), c.get(f"/api/jobs/{jid}").json()["reason"]))
+        assert rows[0]["agent_id"] != rows[1]["agent_id"], rows
+        agents = {a["id"]: a for a in c.get("/api/agents").json()}
+        gang = {rows[0]["agent_id"], rows[1]["agent_id"]}
+        third = next(a for a in agents.values() if a["id"] not in gang)
+        assert third["jobs"] == []  # the full gang took no third agent
+        job = srv.wait_job(jid, timeout=240)
+        assert job["state"] == "completed", (job["reason"], job["attempts"])
+        assert job["agent_id"] is None and len(job["attempts"]) == 1 and job["attempts"][0]["agent_id"] in gang
+        loss = c.get(f"/api/jobs/{jid}/metrics", params={"keys": "loss", "max_points": 100000}).json()["series"]["loss"]
+        assert sorted(loss["step"]) == list(range(1, SPEC["max_steps"] + 1))
+
+
+def test_a_gang_that_cannot_gather_lets_its_agent_go(server_factory):
+    srv = server_factory(gang_timeout_s=3)
+    srv.start_agent("alone", "--address", "127.0.0.1")
+    with srv.client() as c:
+        big = c.post("/api/jobs", json={**SPEC, "name": "big", "nnodes": 2, "priority": 10}).json()["id"]
+        small = c.post("/api/jobs", json={**SPEC, "name": "small", "max_steps": 3}).json()["id"]
+        # the lone agent joins the gang, is released after the timeout and runs the job it can run
+        assert srv.wait_job(small, timeout=240)["state"] == "completed"
+        job = c.get(f"/api/jobs/{big}").json()
+        assert job["state"] == "queued" and "did not gather within 3 s" in (job["reason"] or ""), job

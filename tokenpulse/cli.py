@@ -174,7 +174,7 @@ def cmd_agent(args) -> int:
     agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity,
                   heartbeat_s=args.heartbeat, grace_s=args.grace,
                   resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None,
-                  allow_commands=args.allow_commands)
+                  allow_commands=args.allow_commands, address=args.address)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -485,6 +485,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--allow-commands", action="store_true",
                    help="take command jobs (tokenpulse run): code execution on this machine, as this user, "
                         "for anyone holding a token with the commands scope. Off unless given")
+    p.add_argument("--address", help="host name or IP the other agents of a multi-node job reach this "
+                   "machine by (its node may host the gang's rendezvous); default: this host's name")
     p.add_argument("--resume-root", action="append", metavar="DIR",
                    help="load checkpoints to resume from only under DIR (repeatable; default: the work "
                         "dir's parent). Put a shared checkpoint filesystem here to resume across machines")

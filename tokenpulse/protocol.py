@@ -368,6 +368,13 @@ class AgentReply(BaseModel):
     commands: list[Command] = Field(default_factory=list)
 
 
+class ClaimRequest(BaseModel):
+    """What an agent offers with a claim: where its node would host a gang's rendezvous."""
+    model_config = ConfigDict(extra="forbid")
+    endpoint: Optional[str] = Field(None, max_length=300, pattern=r"^[A-Za-z0-9.:\[\]_-]+:[0-9]{1,5}$",
+                                    description="host:port reachable by the other agents of a gang")
+
+
 class Claim(BaseModel):
     job_id: int
     attempt: int
@@ -375,6 +382,10 @@ class Claim(BaseModel):
     kind: Literal["train", "command"] = "train"
     spec: Union[JobSpec, CommandSpec]
     resume_from: Optional[str] = None
+    # a multi-node job (nnodes > 1): this agent's node rank and node rank 0's rendezvous endpoint;
+    # only node rank 0's agent reports the job's events (the others run their ranks, heartbeat them)
+    node_rank: int = 0
+    rdzv_endpoint: Optional[str] = None
 
     @model_validator(mode="before")
     @classmethod

@@ -1,4 +1,5 @@
-"""job_ranks: per-rank telemetry of distributed jobs (host, pid, device, step, step time, memory)
+"""job_ranks: per-rank telemetry of distributed jobs (host, pid, device, step, step time, memory);
+gang_members and jobs.nnodes: the agents sharing a multi-node job
 
 Revision ID: 0007
 Revises: 0006
@@ -15,6 +16,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table('jobs') as batch_op:
+        batch_op.add_column(sa.Column('nnodes', sa.Integer(), nullable=False, server_default='1'))
     op.create_table(
         'job_ranks',
         sa.Column('job_id', sa.Integer(), sa.ForeignKey('jobs.id'), nullable=False),
@@ -36,5 +39,23 @@ def upgrade() -> None:
     )
 
 
+    op.create_table(
+        'gang_members',
+        sa.Column('job_id', sa.Integer(), sa.ForeignKey('jobs.id'), nullable=False),
+        sa.Column('attempt', sa.Integer(), nullable=False),
+        sa.Column('node_rank', sa.Integer(), nullable=False),
+        sa.Column('agent_id', sa.Integer(), nullable=False),
+        sa.Column('endpoint', sa.String(300), nullable=True),
+        sa.Column('joined_at', sa.Float(), nullable=False),
+        sa.Column('handed_at', sa.Float(), nullable=True),
+        sa.PrimaryKeyConstraint('job_id', 'attempt', 'node_rank'),
+    )
+    op.create_index('ix_gang_members_agent_id', 'gang_members', ['agent_id'])
+
+
 def downgrade() -> None:
+    op.drop_index('ix_gang_members_agent_id', 'gang_members')
+    op.drop_table('gang_members')
     op.drop_table('job_ranks')
+    with op.batch_alter_table('jobs') as batch_op:
+        batch_op.drop_column('nnodes')

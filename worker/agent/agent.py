@@ -29,7 +29,7 @@ from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_
 from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
 from worker.agent import gangwatch
-from worker.agent.launch import Gang, command, is_distributed, launches_ranks, training_args
+from worker.agent.launch import Gang, command, free_port, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
@@ -203,7 +203,9 @@ class Agent:
                  capacity: int = 1, heartbeat_s: float = 2.0, flush_s: float = 0.25,
                  poll_s: float = 1.0, grace_s: float = 10.0, stall: Optional[StallConfig] = None,
                  resume_roots: Optional[list[Path]] = None, allow_commands: bool = False,
-                 snapshot_s: float = 10.0):
+                 snapshot_s: float = 10.0, address: Optional[str] = None):
+        # where the other agents of a multi-node job reach this one (its node may host the rendezvous)
+        self.address = address or socket.gethostname()
         self.server = server.rstrip("/")
         # Checkpoints this agent will load (torch.load runs pickles): under these directories only,
         # so a path reported by another (possibly compromised) agent token cannot point it anywhere.
@@ -291,11 +293,16 @@ class Agent:
                     if not self.jobs:
                         break
                 elif len(self.jobs) < self.capacity and not self.disk_blocked():
-                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim", until_stopped=True)
+                    # the offer: where this node would host a multi-node job's rendezvous
+                    offer = {"endpoint": f"{self.address}:{free_port('')}"}
+                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim", json=offer, until_stopped=True)
                     if r is None:
                         break
                     if r.status_code == 200:
                         await self.start_job(Claim.model_validate(r.json()))
+                        continue
+                    if r.status_code == 202:  # gathering a multi-node job's gang: ask again soon
+                        await asyncio.sleep(min(self.poll_s, 0.5))
                         continue
                     if r.status_code == 404:  # the server forgot us (new database): register again
                         await self.register()
@@ -368,7 +375,8 @@ class Agent:
         if is_distributed(claim.spec):  # torchrun around the training process, one event FIFO for all ranks
             argv = command(claim.spec, training_args(spec_path, job_dir / "out", self.work_dir / "cache",
                                                      str(resume) if resume else None),
-                           Gang(run_id=f"tokenpulse-{claim.job_id}-{claim.attempt}"))
+                           Gang(node_rank=claim.node_rank, endpoint=claim.rdzv_endpoint,
+                                run_id=f"tokenpulse-{claim.job_id}-{claim.attempt}"))
             fifo = job_dir / "events.fifo"
         proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None,
                                command=argv, fifo=fifo)
@@ -465,6 +473,10 @@ class Agent:
                                         "message": f"agent {self.name}: its disk is writable again"})
 
     def emit(self, rj: RunningJob, kind: str, data: dict, t: Optional[float] = None) -> None:
+        if rj.claim.node_rank:  # a multi-node job's other nodes: node rank 0's agent tells the story
+            if kind in ("state", "alert") or kind == "log" and data.get("stream") == "agent":
+                log.info("job %s (node %s): %s %s", rj.claim.job_id, rj.claim.node_rank, kind, str(data)[:500])
+            return
         self.outbox.add(rj.claim.job_id, kind, data, t)
         if kind in ("state", "alert", "phase"):
             self.flush_now.set()
@@ -791,7 +803,9 @@ class Agent:
     async def heartbeat_loop(self) -> None:
         while True:
             try:
-                jobs = {str(jid): rj.alive_at for jid, rj in self.jobs.items()}
+                # a multi-node job's share on node rank > 0 is node rank 0's agent's job on the server:
+                # only its ranks are reported (a cancel reaches them through rank 0: they agree on it)
+                jobs = {str(jid): rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank}
                 body: dict = {"jobs": jobs}
                 ranks = {str(jid): rj.gang.board.rows() for jid, rj in self.jobs.items()
                          if rj.gang is not None and rj.gang.board.ranks}

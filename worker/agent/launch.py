@@ -51,11 +51,14 @@ def command(spec, train: list[str], gang: Optional[Gang] = None, no_python: bool
         return [sys.executable, "-u", *train] if not no_python else list(train)
     gang = gang or Gang()
     endpoint = gang.endpoint or f"127.0.0.1:{free_port()}"
+    if spec.nnodes > 1:
+        # Static rendezvous: the node ranks the server handed out hold (c10d's dynamic rendezvous
+        # numbers nodes by arrival, and node rank 0's agent, the one reporting the job, must run
+        # global rank 0); node rank 0 hosts the store at its advertised endpoint.
+        rdzv = ["--rdzv-backend", "static", "--rdzv-endpoint", endpoint, "--node-rank", str(gang.node_rank)]
+    else:
+        rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-conf", "is_host=true"]
     return [sys.executable, "-u", "-m", "torch.distributed.run",
-            "--nproc-per-node", str(spec.nproc_per_node), "--nnodes", str(spec.nnodes),
-            "--node-rank", str(gang.node_rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", gang.run_id,
-            # node rank 0 hosts the rendezvous store (the hostname heuristic cannot tell two agents
-            # on one machine apart)
-            "--rdzv-conf", f"is_host={'true' if gang.node_rank == 0 else 'false'}",
-            "--max-restarts", "0", "--monitor-interval", "0.5", *(["--no-python"] if no_python else []), *train]
+            "--nproc-per-node", str(spec.nproc_per_node), "--nnodes", str(spec.nnodes), *rdzv,
+            "--rdzv-id", gang.run_id, "--max-restarts", "0", "--monitor-interval", "0.5",
+            *(["--no-python"] if no_python else []), *train]
