@@ -242,3 +242,19 @@ def test_a_gang_that_cannot_gather_lets_its_agent_go(server_factory):
         assert srv.wait_job(small, timeout=240)["state"] == "completed"
         job = c.get(f"/api/jobs/{big}").json()
         assert job["state"] == "queued" and "did not gather within 3 s" in (job["reason"] or ""), job
+
+
+def test_a_straggling_rank_is_a_slow_alert_naming_rank_and_host(server):
+    server.start_agent("a1")
+    with server.client() as c:
+        name = server.plan_fault("straggler", step_sleep_s=0.6, rank=1)  # rank 1 works 0.6 s more a step
+        jid = c.post("/api/jobs", json={**FAST, "name": name, "max_retries": 0}).json()["id"]
+        a = wait_for(lambda: [x for x in alerts(c, jid, "slow") if "straggler" in x["message"]], 240,
+                     "a straggler alert")[0]
+        rank1 = next(r for r in ranks_of(c, jid) if r["rank"] == 1)
+        assert a["message"].startswith(f"straggler: rank 1 ({rank1['host']}, pid {rank1['pid']}) works "), a["message"]
+        rows = wait_for(lambda: (lambda r: r if all(x["busy_s"] is not None for x in r) else None)(ranks_of(c, jid)),
+                        30, "both ranks' own work per step in the rank table")
+        assert rows[1]["busy_s"] > 0.5 > rows[0]["busy_s"], rows
+        c.post(f"/api/jobs/{jid}/cancel")
+        assert server.wait_job(jid, timeout=60)["state"] == "cancelled"
