@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from server import auth
-from server.api import agents, alerts, datasets, jobs, tokens, ws
+from server.api import agents, alerts, datasets, external, jobs, tokens, ws
 from server.db import Database, upgrade_to_head
 from server.deps import App
 from server.hub import Hub
@@ -108,7 +108,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    for r in (jobs.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
+    for r in (external.router, jobs.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
         app.include_router(r)
 
     @app.get("/api/health", tags=["meta"])

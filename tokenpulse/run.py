@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Optional
 
 from tokenpulse.events import Emitter, open_job_pipe
@@ -65,16 +66,22 @@ def install_pause_handler() -> bool:
 
 # ---- the explicit API ---------------------------------------------------------------------------
 
-def init(name: Optional[str] = None, config: Optional[dict] = None, **kw: Any):
+def init(name: Optional[str] = None, config: Optional[dict] = None, total_steps: Optional[int] = None,
+         stall: Optional[dict] = None):
     """Start reporting. Under an agent: the job's pipe. Started by hand with TOKENPULSE_URL (and
-    TOKENPULSE_TOKEN): an external job on that server. Else events go to stderr. Returns the reporter."""
-    global _reporter
+    TOKENPULSE_TOKEN): an external job on that server, watched by a watchdog process; `stall`
+    overrides its thresholds (worker/agent/stall.py StallConfig: floor_s, factor, first_step_s...).
+    Else events go to stderr. total_steps makes log() report training progress as step n/total.
+    Returns the reporter."""
+    global _reporter, _total_steps
     with _lock:
+        if total_steps is not None:
+            _total_steps = int(total_steps)
         em = reporter()
         if em is None:
             if os.environ.get("TOKENPULSE_URL"):
                 from tokenpulse.remote import RemoteRun
-                em = RemoteRun.start(name=name or _script_name(), config=config or {}, **kw)
+                em = RemoteRun.start(name=name or _script_name(), config=config or {}, stall=stall)
             else:
                 em = Emitter(fd=None, alive_every=0, from_env=False)
             _reporter = em
@@ -95,17 +102,25 @@ def _current():
 
 
 def log(values: dict, step: Optional[int] = None) -> None:
-    """Metrics at a step (default: one past the last logged step)."""
+    """Metrics at a step (default: one past the last logged step). Also the training phase's
+    progress (step n/total), at most once a second: what the stall detector and the UI follow."""
     em = _current()
-    global _last_step
+    global _last_step, _phase_t
     if step is None:
         step = _last_step + 1
-    _last_step = max(_last_step, int(step))
-    em.step_done = int(step)
-    em.metrics(int(step), **{str(k): v for k, v in values.items() if isinstance(v, (int, float))})
+    step = int(step)
+    _last_step = max(_last_step, step)
+    em.step_done = step
+    em.metrics(step, **{str(k): v for k, v in values.items() if isinstance(v, (int, float))})
+    now = time.monotonic()
+    if em.phase_name != "training" or now - _phase_t >= 1.0:
+        _phase_t = now
+        em.phase("training", done=step, total=_total_steps, unit="steps")
 
 
 _last_step = -1
+_phase_t = 0.0
+_total_steps: Optional[int] = None
 
 
 def phase(name: str, done: Optional[float] = None, total: Optional[float] = None,
@@ -118,8 +133,10 @@ def alert(message: str, kind: str = "user", severity: str = "warning", clear: bo
 
 
 def finish(state: str = "completed", reason: Optional[str] = None) -> None:
-    """End the run: completed (default) or failed. Standalone, this ends the external job; under an
-    agent the agent judges the exit itself, so this only says the script's own verdict."""
+    """End the run: completed (default) or failed. Standalone, this ends the external job (and the
+    watchdog sends what is left before it returns); under an agent it is the script's own verdict,
+    which the agent weighs with the exit code. Without finish(), a normal exit counts as completed
+    and an uncaught exception as failed."""
     global _reporter
     with _lock:
         em = _reporter
@@ -129,3 +146,5 @@ def finish(state: str = "completed", reason: Optional[str] = None) -> None:
         if finish_fn is not None:
             finish_fn(state, reason)
             _reporter = None
+        else:
+            em.emit("state", state=state, reason=reason)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import func, or_, select
 
-from server import store
+from server import external, store
 from server.deps import AppDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
 from server.series import read_series
@@ -95,6 +95,9 @@ async def request_action(tp, job_id: int, action: str) -> dict:
     def apply(s):
         job = get_job_or_404(s, job_id)
         state = JobState(job.state)
+        if action in ("pause", "resume") and external.is_external(job):
+            raise HTTPException(409, f"job {job_id} is an external script (started by hand, not by an agent): "
+                                     f"tokenpulse cannot {action} it; cancel stops it")
         if action == "cancel":
             if state in (JobState.queued, JobState.paused):
                 store.transition(s, job, JobState.cancelled, reason="cancelled by user")
