@@ -46,8 +46,9 @@ def test_a_plain_loop_started_by_hand_becomes_an_external_job(server, tmp_path):
         phases = [e["data"] for e in c.get(f"/api/jobs/{job['id']}/events", params={"kinds": ["phase"]}).json()["events"]]
         assert {"name": "preparing data", "done": 20.0, "total": 20.0, "unit": "batches"} in phases
         # an external job has no agent to restart it: pause and resume are refused, clearly
-        r = c.post(f"/api/jobs/{job['id']}/pause")
-        assert r.status_code == 409
+        for refused in ("pause", "resume", "clone"):
+            r = c.post(f"/api/jobs/{job['id']}/{refused}", json={})
+            assert r.status_code == 409 and "external" in r.text, (refused, r.text)
 
 
 def test_a_blocked_loop_raises_a_stalled_alert_naming_the_users_line(server, tmp_path):

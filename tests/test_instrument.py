@@ -120,25 +120,32 @@ def test_trainer_script_reports_phases_metrics_and_checkpoints(tiny_model, tmp_p
     assert "finished at step 6" in job.log()
 
 
-def test_trl_sft_command_reports_the_same(tiny_model, tmp_path):
-    """`trl sft` exactly as its users type it: the same telemetry, nothing changed in TRL."""
+def test_trl_sft_command_reports_the_same_and_pauses_through_its_launcher(tiny_model, tmp_path):
+    """`trl sft` exactly as its users type it: the same telemetry, nothing changed in TRL. Its
+    trainer runs in a child that `accelerate launch` starts; a pause sent to the command (what the
+    agent signals) is passed down to it."""
     data = tmp_path / "data"
     data.mkdir()
-    lines = (DEMO / "demo.jsonl").read_text().splitlines()[:200]
+    lines = (DEMO / "demo.jsonl").read_text().splitlines()[:300]
     (data / "train.jsonl").write_text("\n".join(lines) + "\n")
     job = PipeJob([str(TRL), "sft", "--model_name_or_path", str(tiny_model), "--dataset_name", str(data),
-                   "--output_dir", str(tmp_path / "out"), "--max_steps", "4", "--logging_steps", "1",
+                   "--output_dir", str(tmp_path / "out"), "--max_steps", "500", "--logging_steps", "1",
                    "--report_to", "none", "--use_cpu", "--per_device_train_batch_size", "4",
                    "--max_length", "64", "--save_strategy", "no"], tmp_path)
+    wait_for(lambda: len(job.metric("loss")) >= 3, 240, "three logged steps", show=job.log)
+    job.proc.send_signal(signal.SIGUSR2)
     assert job.wait() == 0, job.log()
     names = [d["name"] for d in job.of("phase")]
     for expected in ("loading model", "tokenizing", "training"):
         assert expected in names, (expected, names)
-    assert [s for s, _ in job.metric("loss")] == [1, 2, 3, 4]
+    steps = [s for s, _ in job.metric("loss")]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 500
     for key in ("lr", "grad_norm", "tokens_per_s", "padded_tokens_per_s", "samples_per_s"):
         assert job.metric(key), key
     assert job.metric("train/mean_token_accuracy"), "TRL's own metrics pass through"
     assert any(d.get("trainer") == "SFTTrainer" and d.get("pausable") for d in job.of("info")), job.of("info")
+    assert [d["state"] for d in job.of("state")] == ["paused"]
+    assert Path(job.of("checkpoint")[-1]["path"]).is_dir()
 
 
 def test_pause_checkpoints_and_resume_continues_at_the_same_step(tiny_model, tmp_path):

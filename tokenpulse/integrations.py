@@ -117,6 +117,7 @@ class TokenPulseCallback(TrainerCallback):
             return
         em = self.em
         run.start_alive()
+        run.trainer_training = True
         pausable = run.install_pause_handler() or run.pause_requested.is_set()
         self._max_steps = state.max_steps
         em.info(pausable=pausable, trainer=self.trainer_name,
@@ -210,6 +211,7 @@ class TokenPulseCallback(TrainerCallback):
         if not self.active:
             return
         self.active = False
+        run.trainer_training = False
         em = self.em
         if self.paused:
             where = f"; resume from {self.checkpoint}" if self.checkpoint else ""

@@ -43,8 +43,36 @@ def start_alive() -> None:
             em.start_alive(1.0)
 
 
+trainer_training = False  # set by TokenPulseCallback while a Trainer trains in this process
+
+
 def _on_pause(signum, frame) -> None:
     pause_requested.set()
+    if not trainer_training:
+        # A launcher (trl sft, accelerate launch) trains in a child: pass the request down.
+        threading.Thread(target=_forward_pause, daemon=True).start()
+
+
+def _forward_pause() -> None:
+    """SIGUSR2 to our child processes that handle it (never to one it would kill: a shell's default
+    action for SIGUSR2 is to die). Linux /proc; elsewhere nothing is forwarded."""
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{pid}/status") as f:
+                caught = next((int(x.split()[1], 16) for x in f if x.startswith("SigCgt:")), 0)
+            if caught & (1 << (signal.SIGUSR2 - 1)):
+                os.kill(pid, signal.SIGUSR2)
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 def install_pause_handler() -> bool:

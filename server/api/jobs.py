@@ -152,6 +152,8 @@ async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, _: UserDep) -> 
     """Retry or clone: a new job with the same spec (and any changes), linked to its parent."""
     with tp.db.read() as s:
         parent = get_job_or_404(s, job_id)
+        if external.is_external(parent):
+            raise HTTPException(409, f"job {job_id} is an external script (started by hand): there is no spec to run again")
         base = json.loads(parent.spec)
     base.update(body.changes)
     try:

@@ -29,8 +29,8 @@ def start() -> None:
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     except (AttributeError, ValueError, RuntimeError, OSError):
         pass
+    run.install_pause_handler()  # in every process: a launcher passes a pause down to its trainer
     if first:
-        run.install_pause_handler()
         run.start_alive()
         argv = " ".join(sys.argv) if sys.argv and sys.argv[0] else "python"
         em.emit_data("phase", {"name": "running", "detail": argv[:1000]})
