@@ -5,7 +5,9 @@ dynamic padding, logging every step so the callback does all its work every step
 processes, alternately without and with the instrumentation (the startup hook on PYTHONPATH and an
 event pipe this benchmark drains, as an agent would), in ABBA order so drift on a shared machine
 hits both alike. Speed is measured inside the script by its own callback over the steps after a
-warm-up, so process start and model loading are left out of both.
+warm-up, so process start and model loading are left out of both: wall-clock steps/s (the goal),
+and CPU seconds per step of the whole process (all its threads: what the instrumentation adds),
+which a busy shared machine disturbs far less than wall time.
 
     .venv/bin/python bench/instrument_overhead.py [--repeats 3] [--steps 80] [--device cpu|cuda]
 """
@@ -38,6 +40,7 @@ SCRIPT = textwrap.dedent('''
     from transformers import (AutoTokenizer, DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM,
                               Trainer, TrainerCallback, TrainingArguments)
     demo, steps, warmup, device, hidden, layers, batch = sys.argv[1], *map(int, sys.argv[2:4]), sys.argv[4], *map(int, sys.argv[5:8])
+    torch.set_num_threads(int(sys.argv[9]))
     tok = AutoTokenizer.from_pretrained(demo)
     texts = [json.loads(l)["text"] for l in open(demo + "/demo.jsonl")]
     ds = Dataset.from_dict({"text": texts}).map(lambda b: tok(b["text"], truncation=True, max_length=128),
@@ -48,16 +51,17 @@ SCRIPT = textwrap.dedent('''
                                          num_key_value_heads=max(1, hidden // 64), max_position_embeddings=256))
 
     class Clock(TrainerCallback):
-        t0 = None
+        t0 = c0 = None
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == warmup:
                 if device == "cuda":
                     torch.cuda.synchronize()
-                Clock.t0 = time.perf_counter()
+                Clock.t0, Clock.c0 = time.perf_counter(), time.process_time()
         def on_train_end(self, args, state, control, **kw):
             if device == "cuda":
                 torch.cuda.synchronize()
-            print("STEPS_PER_S", (state.global_step - warmup) / (time.perf_counter() - Clock.t0), flush=True)
+            n = state.global_step - warmup
+            print("STEPS_PER_S", n / (time.perf_counter() - Clock.t0), (time.process_time() - Clock.c0) / n, flush=True)
 
     args = TrainingArguments(output_dir=sys.argv[8], max_steps=steps, per_device_train_batch_size=batch,
                              learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[],
@@ -68,7 +72,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run_once(script: Path, out: Path, instrumented: bool, a) -> tuple[float, int]:
+def run_once(script: Path, out: Path, instrumented: bool, a) -> tuple[float, float, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENPULSE_")}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(out / "hf"))
     path = [str(ROOT)] + ([hook_dir()] if instrumented else [])
@@ -87,7 +91,7 @@ def run_once(script: Path, out: Path, instrumented: bool, a) -> tuple[float, int
         reader = threading.Thread(target=drain, daemon=True)
         reader.start()
     argv = [sys.executable, str(script), str(ROOT / "tokenpulse" / "demo"), str(a.steps), str(a.warmup), a.device,
-            str(a.hidden), str(a.layers), str(a.batch), str(out / "trainer")]
+            str(a.hidden), str(a.layers), str(a.batch), str(out / "trainer"), str(a.threads)]
     p = subprocess.run(argv, env=env, pass_fds=fds, capture_output=True, text=True)
     if instrumented:
         os.close(w)
@@ -95,7 +99,7 @@ def run_once(script: Path, out: Path, instrumented: bool, a) -> tuple[float, int
     if p.returncode != 0:
         raise SystemExit(f"script failed:\n{p.stderr[-3000:]}")
     line = next(x for x in p.stdout.splitlines() if x.startswith("STEPS_PER_S"))
-    return float(line.split()[1]), events[0]
+    return float(line.split()[1]), float(line.split()[2]), events[0]
 
 
 def main() -> None:
@@ -107,6 +111,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,29 +119,36 @@ def main() -> None:
         script = tmp / "trainer_script.py"
         script.write_text(SCRIPT)
         runs: dict[bool, list[float]] = {False: [], True: []}
+        cpu: dict[bool, list[float]] = {False: [], True: []}
         events = []
         for i in range(a.repeats):
             for instrumented in ((False, True) if i % 2 == 0 else (True, False)):
-                sps, n = run_once(script, tmp, instrumented, a)
+                sps, cps, n = run_once(script, tmp, instrumented, a)
                 runs[instrumented].append(sps)
+                cpu[instrumented].append(cps * 1000)
                 if instrumented:
                     events.append(n)
-                print(f"  run {i + 1} {'with' if instrumented else 'without'} instrumentation: {sps:.2f} steps/s",
-                      flush=True)
-    base, inst = statistics.median(runs[False]), statistics.median(runs[True])
-    ratio = inst / base
+                print(f"  pair {i + 1} {'with' if instrumented else 'without'} instrumentation: {sps:.2f} steps/s, "
+                      f"{cps * 1000:.1f} CPU ms/step", flush=True)
+    med = statistics.median
+    ratio = med(runs[True]) / med(runs[False])
+    cpu_ratio = med(cpu[True]) / med(cpu[False])
+    fmt = lambda xs, f: ", ".join(f.format(x) for x in xs)  # noqa: E731
     print()
     print(f"Trainer script, tiny Llama (hidden {a.hidden}, {a.layers} layers), batch {a.batch}, {a.device}, "
-          f"{a.steps} steps ({a.warmup} warm-up), logging every step, {a.repeats} interleaved pairs")
-    print("| run | steps/s (median) | all runs |")
-    print("|---|---|---|")
-    print(f"| without instrumentation | {base:.2f} | {', '.join(f'{x:.2f}' for x in runs[False])} |")
-    print(f"| with instrumentation | {inst:.2f} | {', '.join(f'{x:.2f}' for x in runs[True])} |")
-    print(f"| ratio (with / without) | {ratio:.3f} | {(1 - ratio) * 100:+.1f}% slower; goal: at most 2% |")
+          f"{a.threads} torch thread(s), {a.steps} steps ({a.warmup} warm-up), logging every step, "
+          f"{a.repeats} interleaved pairs")
+    print("| | steps/s (median) | CPU ms/step (median) | steps/s, all runs | CPU ms/step, all runs |")
+    print("|---|---|---|---|---|")
+    for k, label in ((False, "without instrumentation"), (True, "with instrumentation")):
+        print(f"| {label} | {med(runs[k]):.2f} | {med(cpu[k]):.1f} | {fmt(runs[k], '{:.2f}')} | {fmt(cpu[k], '{:.1f}')} |")
+    print(f"| with / without | {ratio:.3f} ({(1 - ratio) * 100:+.1f}% steps/s) | {cpu_ratio:.3f} "
+          f"({(cpu_ratio - 1) * 100:+.1f}% CPU per step) | goal: at most 2% slower | |")
     print(f"events per instrumented run: {', '.join(map(str, events))}")
     if a.json:
         Path(a.json).write_text(json.dumps({"without": runs[False], "with": runs[True], "ratio": ratio,
-                                            "events": events, "args": vars(a)}, indent=1))
+                                            "cpu_ms_without": cpu[False], "cpu_ms_with": cpu[True],
+                                            "cpu_ratio": cpu_ratio, "events": events, "args": vars(a)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 It is a job like any other (events, metrics, alerts, the same pages), with no agent: created
 `starting` by the script's own watchdog process (tokenpulse/watchdog.py), which then sends event
 batches for it exactly as an agent does (per-job seq numbers, acknowledged, replays ignored). No
-schema of its own: the job's info carries {"external": {...}}, and its spec is a JobSpec with only a
-name, never run by any agent. It is never queued, so no agent can claim it; pause, resume and
+schema of its own: the job's info carries {"external": {...}}, and its spec only its name (never
+run by any agent). It is never queued, so no agent can claim it; pause, resume and
 clone are refused (there is nothing tokenpulse could restart), cancel reaches the watchdog in the
 reply to its next batch and the watchdog stops the script.
 """
@@ -52,8 +52,11 @@ def is_external(job: Job) -> bool:
 
 def create(s: Session, run: ExternalRun) -> Job:
     job = store.create_job(s, JobSpec(name=run.name, max_retries=0))
+    # Only what is true of it (a full JobSpec would show a model and dataset it never used); still a
+    # valid JobSpec for code that reads any job's spec.
+    job.spec = json.dumps({"name": run.name, "max_retries": 0} if run.name else {"max_retries": 0})
     now = time.time()
-    job.state, job.attempt, job.alive_at = JobState.starting.value, 1, now
+    job.state, job.attempt, job.alive_at, job.total_steps = JobState.starting.value, 1, now, None
     job.info = json.dumps({"external": run.model_dump(exclude={"config"}, exclude_none=True),
                            "config": run.config})
     s.add(Attempt(job_id=job.id, attempt=1, agent_id=None, started_at=now))
