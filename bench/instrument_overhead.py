@@ -102,6 +102,35 @@ def run_once(script: Path, out: Path, instrumented: bool, a) -> tuple[float, flo
     return float(line.split()[1]), float(line.split()[2]), events[0]
 
 
+def callback_cost_us(steps: int = 2000) -> float:
+    """CPU microseconds the instrumentation spends per training step, measured in this process
+    (token counting of one micro-batch, on_step_end, a full on_log with its metrics and phase
+    events written to /dev/null): a figure a busy machine barely disturbs."""
+    import time
+
+    import torch
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from tokenpulse.events import Emitter
+    from tokenpulse.integrations import TokenPulseCallback
+    with tempfile.TemporaryDirectory() as tmp:
+        em = Emitter(fd=os.open(os.devnull, os.O_WRONLY), alive_every=0, from_env=False)
+        cb = TokenPulseCallback(reporter=em)
+        args = TrainingArguments(output_dir=tmp, report_to=[], use_cpu=True)
+        state, control = TrainerState(), TrainerControl()
+        state.max_steps, state.is_world_process_zero = 10 ** 6, True
+        cb.on_train_begin(args, state, control)
+        batch = {"input_ids": torch.ones(8, 128, dtype=torch.long), "attention_mask": torch.ones(8, 128, dtype=torch.long)}
+        logs = {"loss": 1.0, "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 0.1}
+        c0 = time.process_time()
+        for i in range(steps):
+            state.global_step = i + 1
+            cb.count_batch(batch)
+            cb.on_step_end(args, state, control)
+            cb.on_log(args, state, control, logs=dict(logs))
+        return (time.process_time() - c0) / steps * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3, help="pairs of runs (ABBA order)")
@@ -145,10 +174,13 @@ def main() -> None:
     print(f"| with / without | {ratio:.3f} ({(1 - ratio) * 100:+.1f}% steps/s) | {cpu_ratio:.3f} "
           f"({(cpu_ratio - 1) * 100:+.1f}% CPU per step) | goal: at most 2% slower | |")
     print(f"events per instrumented run: {', '.join(map(str, events))}")
+    cost = callback_cost_us()
+    print(f"instrumentation CPU per step, measured in-process: {cost:.0f} us "
+          f"({cost / 10 / med(cpu[False]):.2f}% of this script's {med(cpu[False]):.1f} ms step)")
     if a.json:
         Path(a.json).write_text(json.dumps({"without": runs[False], "with": runs[True], "ratio": ratio,
                                             "cpu_ms_without": cpu[False], "cpu_ms_with": cpu[True],
-                                            "cpu_ratio": cpu_ratio, "events": events, "args": vars(a)}, indent=1))
+                                            "cpu_ratio": cpu_ratio, "callback_cpu_us_per_step": cost, "events": events, "args": vars(a)}, indent=1))
 
 
 if __name__ == "__main__":
