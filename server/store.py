@@ -80,7 +80,9 @@ def transition(s: Session, job: Job, new: JobState, reason: Optional[str] = None
 
 def claim(s: Session, agent_id: int) -> Optional[Job]:
     """Give the agent the best queued job, atomically: the UPDATE only matches a row still queued,
-    so two agents can never both win it (the writer thread serializes claims besides)."""
+    so two agents can never both win it (the writer thread serializes claims besides). A job whose
+    stored spec no longer validates (written by an older version, say) fails with the reason and
+    the next one is handed out: one bad row must never stall the queue."""
     agent = s.get(Agent, agent_id)
     if agent is None:
         return None
@@ -88,19 +90,36 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
         Job.agent_id == agent_id, Job.state.in_([x.value for x in ACTIVE_STATES])))
     if running >= agent.capacity:
         return None
-    candidate = (select(Job.id).where(Job.state == JobState.queued.value)
-                 .order_by(Job.priority.desc(), Job.id).limit(1).scalar_subquery())
-    job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
-                       .values(state=JobState.starting.value, agent_id=agent_id,
-                               attempt=Job.attempt + 1, alive_at=time.time(), reason=None)
-                       .returning(Job.id)).scalar()
-    if job_id is None:
-        return None
-    job = s.get(Job, job_id)
-    s.refresh(job)
-    s.add(Attempt(job_id=job.id, attempt=job.attempt, agent_id=agent_id, started_at=time.time(),
-                  resumed_from=job.checkpoint))
-    return job
+    while True:
+        candidate = (select(Job.id).where(Job.state == JobState.queued.value)
+                     .order_by(Job.priority.desc(), Job.id).limit(1).scalar_subquery())
+        job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
+                           .values(state=JobState.starting.value, agent_id=agent_id,
+                                   attempt=Job.attempt + 1, alive_at=time.time(), reason=None)
+                           .returning(Job.id)).scalar()
+        if job_id is None:
+            return None
+        job = s.get(Job, job_id)
+        s.refresh(job)
+        attempt = Attempt(job_id=job.id, attempt=job.attempt, agent_id=agent_id, started_at=time.time(),
+                          resumed_from=job.checkpoint)
+        s.add(attempt)
+        problem = unusable_spec(job)
+        if problem is None:
+            return job
+        job.failure = attempt.failure = "spec"
+        _final(s, job, JobState.failed, f"the stored job spec is not valid ({problem}); clone the job "
+               "and fix the named field", attempt, time.time())
+
+
+def unusable_spec(job: Job) -> Optional[str]:
+    """Why a stored spec cannot be run, or None."""
+    try:
+        JobSpec.model_validate_json(job.spec)
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        return "; ".join(f"{'.'.join(map(str, x['loc'])) or 'spec'}: {x['msg']}" for x in e.errors()) \
+            if hasattr(e, "errors") else str(e)
+    return None
 
 
 def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, since: float) -> list[Job]:

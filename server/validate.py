@@ -1,10 +1,17 @@
 """Submit-time checks of a job spec against the server's files, so a typo fails in the 4xx of the
-submit, not ten minutes into a run. Cheap: reads a header or a first line, never the whole data."""
+submit, not ten minutes into a run. Cheap: reads a header or a first line, never the whole data.
+
+Only regular files are opened (a FIFO or a device named as a config would block the reader), reads
+are bounded in size, and the whole check runs on a worker thread with a time limit
+(`check_spec_async`), so a slow or hostile path can never hold the server's event loop."""
 from __future__ import annotations
 
+import asyncio
 import csv
+import io
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +19,8 @@ from server.settings import Settings
 from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, JobSpec
 
 DATA_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet", ".txt"}
+HEAD_BYTES = 1 << 20  # enough for a header, a first JSON line or a config; never the whole data
+CHECK_TIMEOUT_S = 20.0
 
 
 class SpecError(ValueError):
@@ -35,21 +44,74 @@ def confined(settings: Settings, raw: str, field: str) -> Path:
     return real
 
 
+def read_head(path: Path, field: str, limit: int = HEAD_BYTES) -> bytes:
+    """The first `limit` bytes of a regular file. O_NONBLOCK: opening a FIFO for reading would wait
+    for a writer forever; with it the open returns and fstat says what the path really is."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise SpecError(field, f"cannot open {str(path)!r}: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(field, f"{str(path)!r} is not a regular file")
+        chunks, left = [], limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 16))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    except OSError as e:
+        raise SpecError(field, f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path, field: str) -> object:
+    raw = read_head(path, field)
+    if len(raw) >= HEAD_BYTES:
+        raise SpecError(field, f"{str(path)!r} is larger than {HEAD_BYTES >> 20} MiB: not a config file")
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise SpecError(field, f"{str(path)!r} is not valid JSON: {e}") from None
+
+
 def needs_remote_code(model_dir: Path) -> bool:
     """A model whose config or tokenizer config maps classes to its own modules (auto_map)."""
     for name in ("config.json", "tokenizer_config.json"):
-        try:
-            cfg = json.loads((model_dir / name).read_text())
-        except FileNotFoundError:
+        if not os.path.lexists(model_dir / name):
             continue
-        except (OSError, ValueError) as e:
+        try:
+            cfg = read_json(model_dir / name, "model")
+        except SpecError as e:
             raise SpecError("model", f"cannot read {name} of {str(model_dir)!r}: {e}") from None
         if isinstance(cfg, dict) and cfg.get("auto_map"):
             return True
     return False
 
 
+async def check_spec_async(spec: JobSpec, settings: Settings, timeout: float = CHECK_TIMEOUT_S) -> JobSpec:
+    """check_spec off the event loop, with a time limit (a hung network mount answers 422, not a
+    server that stops answering everyone)."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(check_spec, spec, settings), timeout)
+    except asyncio.TimeoutError:
+        raise SpecError("dataset", f"checking the model and dataset paths took longer than {timeout:.0f} s "
+                                   "(a slow or hung filesystem?)") from None
+
+
 def check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
+    try:
+        return _check_spec(spec, settings)
+    except OSError as e:  # a name too long, a permission error, an I/O error: the user's to fix
+        field = "dataset" if spec.dataset in str(getattr(e, "filename", "")) else "model"
+        raise SpecError(field, f"cannot use {str(getattr(e, 'filename', '') or 'the path')!r}: "
+                               f"{e.strerror or e}") from None
+
+
+def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
     if spec.fault is not None and not settings.allow_fault_injection:
         raise SpecError("fault", "fault injection is disabled on this server (TOKENPULSE_ALLOW_FAULT_INJECTION)")
     if spec.model != BUILTIN_MODEL:
@@ -89,36 +151,53 @@ def dataset_columns(path: Path) -> Optional[list[str]]:
     if path.is_dir():
         for info in (path / "dataset_info.json", *path.glob("*/dataset_info.json")):
             if info.is_file():
-                return list(json.loads(info.read_text()).get("features", {}))
+                meta = read_json(info, "dataset")
+                features = meta.get("features") if isinstance(meta, dict) else None
+                if not isinstance(features, dict):
+                    raise SpecError("dataset", f"{str(info)!r} has no 'features' mapping: not a dataset "
+                                               "saved with save_to_disk, or a damaged one")
+                return list(features)
         raise SpecError("dataset", f"{str(path)!r} is a directory but not a dataset saved with save_to_disk")
-    if not path.is_file():
+    if not path.exists():
         raise SpecError("dataset", f"dataset file {str(path)!r} does not exist")
     if not os.access(path, os.R_OK):
         raise SpecError("dataset", f"dataset file {str(path)!r} is not readable")
     suffix = path.suffix.lower()
     if suffix not in DATA_SUFFIXES:
         raise SpecError("dataset", f"unsupported dataset type {suffix!r}; use one of {sorted(DATA_SUFFIXES)}")
+    if suffix == ".parquet":
+        read_head(path, "dataset", limit=4)  # a regular file (pyarrow would block on a FIFO)
+        try:
+            import pyarrow.parquet as pq
+            return list(pq.read_schema(path).names)
+        except Exception as exc:  # malformed: say so at submit time
+            raise SpecError("dataset", f"cannot read {str(path)!r} as parquet: {exc}") from None
+    head = read_head(path, "dataset")
+    if not head.strip():
+        raise SpecError("dataset", f"dataset file {str(path)!r} is empty")
     try:
-        if suffix == ".txt":
-            return ["text"]
-        if suffix in (".jsonl", ".json"):
-            with path.open() as f:
-                first = next((line for line in f if line.strip()), None)
-            if first is None:
-                raise SpecError("dataset", f"dataset file {str(path)!r} is empty")
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # not just a character cut by the read limit
+            raise SpecError("dataset", f"dataset file {str(path)!r} is not UTF-8 text "
+                                       f"(byte {e.start}): a binary file?") from None
+        text = head[:e.start].decode("utf-8")
+    if "\x00" in text:
+        raise SpecError("dataset", f"dataset file {str(path)!r} contains NUL bytes: a binary file, not text")
+    if suffix == ".txt":
+        return ["text"]
+    if suffix in (".jsonl", ".json"):
+        if len(head) >= HEAD_BYTES and "\n" not in text:
+            return None  # a first line over the read limit: its columns are checked by the worker
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        try:
             row = json.loads(first)
-            if not isinstance(row, dict):
-                raise SpecError("dataset", "each JSON line must be an object with named fields")
-            return list(row)
-        if suffix == ".csv":
-            with path.open(newline="") as f:
-                header = next(csv.reader(f), None)
-            if not header:
-                raise SpecError("dataset", f"dataset file {str(path)!r} is empty")
-            return header
-        import pyarrow.parquet as pq
-        return list(pq.read_schema(path).names)
-    except SpecError:
-        raise
-    except Exception as exc:  # unreadable or malformed: say so at submit time
-        raise SpecError("dataset", f"cannot read {str(path)!r}: {exc}") from exc
+        except ValueError as e:
+            raise SpecError("dataset", f"the first line of {str(path)!r} is not a JSON object: {e}") from None
+        if not isinstance(row, dict):
+            raise SpecError("dataset", "each JSON line must be an object with named fields")
+        return list(row)
+    header = next(csv.reader(io.StringIO(text, newline="")), None)
+    if not header:
+        raise SpecError("dataset", f"dataset file {str(path)!r} is empty")
+    return header

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -30,17 +30,18 @@ FINAL_STATES = {JobState.completed, JobState.failed, JobState.cancelled}
 
 
 class LoraSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     rank: int = Field(8, ge=1, le=1024, description="LoRA rank r")
     alpha: float = Field(16.0, gt=0, description="LoRA alpha (scaling = alpha / rank)")
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], min_length=1, max_length=1000)
     load_in_4bit: bool = Field(False, description="QLoRA: 4-bit base weights (CUDA only)")
 
 
 class StallSpec(BaseModel):
     """Per-job overrides of the stall detector's thresholds (seconds)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     factor: Optional[float] = Field(None, gt=1, description="stalled after factor x typical interval")
     floor_s: Optional[float] = Field(None, gt=0, description="never stalled before this many seconds")
     ceiling_s: Optional[float] = Field(None, gt=0, description="always stalled after this many seconds")
@@ -68,7 +69,9 @@ class FaultSpec(BaseModel):
 
 class JobSpec(BaseModel):
     """What a user submits. Every field validated here, so a typo fails at submit, not hours later."""
-    model_config = ConfigDict(extra="forbid")
+    # Finite numbers only: JSON's 1e999 / Infinity parse to inf, which JSON cannot store (it became
+    # null, and every claim of the job then failed). Refused at submit, with the field named.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: Optional[str] = Field(None, max_length=200, description="a label for the job")
     model: str = Field(BUILTIN_MODEL, min_length=1, max_length=4096,
@@ -227,7 +230,7 @@ def finite_or_none(x: float) -> Optional[float]:
 # ---- agent protocol -------------------------------------------------------------------------------
 
 class AgentHello(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(min_length=1, max_length=200)
     host: str = Field(max_length=200)
     device: str = Field("cpu", max_length=500)

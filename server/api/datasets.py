@@ -10,7 +10,7 @@ import tempfile
 from fastapi import APIRouter, HTTPException
 
 from server.deps import AppDep, UserDep
-from server.validate import SpecError, check_spec
+from server.validate import SpecError, check_spec_async
 from tokenpulse.protocol import JobSpec
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"])
@@ -44,7 +44,7 @@ async def analyze(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
     """Token length histogram and percentiles, the recommended max_seq_length, what it truncates,
     and the predicted padding waste and real tokens per step for max_length / dynamic / packing."""
     try:
-        spec = check_spec(spec, tp.settings)
+        spec = await check_spec_async(spec, tp.settings)
     except SpecError as e:
         raise HTTPException(422, {"field": e.field, "message": e.message,
                                   "errors": [{"field": e.field, "message": e.message}]}) from None

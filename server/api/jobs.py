@@ -6,14 +6,14 @@ from typing import Literal, Optional
 
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, or_, select
 
 from server import external, store
 from server.deps import AppDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
 from server.series import read_series
-from server.validate import SpecError, check_spec
+from server.validate import SpecError, check_spec_async
 from tokenpulse.protocol import ACTIVE_STATES, JobSpec, JobState
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -25,6 +25,7 @@ class JobList(BaseModel):
 
 
 class CloneRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # {"set": ...} instead of "changes" must not clone silently
     changes: dict = Field(default_factory=dict, description="JobSpec fields to change in the copy")
 
 
@@ -48,7 +49,7 @@ def get_job_or_404(s, job_id: int) -> Job:
 
 async def submit(tp, spec: JobSpec, parent_id: Optional[int] = None) -> dict:
     try:
-        spec = check_spec(spec, tp.settings)
+        spec = await check_spec_async(spec, tp.settings)
     except SpecError as e:
         raise HTTPException(422, {"field": e.field, "message": e.message,
                                   "errors": [{"field": e.field, "message": e.message}]}) from None
@@ -70,17 +71,27 @@ async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
 @router.get("")
 def list_jobs(tp: AppDep, _: UserDep,
               state: Optional[list[JobState]] = Query(None, description="filter by state (repeatable)"),
-              q: Optional[str] = Query(None, max_length=200, description="search in name"),
+              q: Optional[str] = Query(None, max_length=200, description="search: a name fragment, or a job id (`4` or `#4`)"),
               limit: int = Query(50, ge=1, le=1000), offset: int = Query(0, ge=0)) -> JobList:
     with tp.db.read() as s:
         where = []
         if state:
             where.append(Job.state.in_([x.value for x in state]))
-        if q:
-            where.append(or_(Job.name.contains(q), Job.id == (int(q) if q.isascii() and q.isdigit() and len(q) < 19 else -1)))
+        q = (q or "").strip()
+        digits = q.removeprefix("#").strip()
+        the_id = int(digits) if digits.isascii() and digits.isdigit() and len(digits) < 19 else -1
+        if q.startswith("#") and the_id >= 0:
+            where.append(Job.id == the_id)  # "#4" means job 4, not every name with a 4 in it
+        elif q:
+            where.append(or_(Job.name.contains(q), Job.id == the_id))
         total = s.scalar(select(func.count()).select_from(Job).where(*where))
-        rows = s.scalars(select(Job).where(*where).order_by(Job.id.desc()).limit(limit).offset(offset))
-        return JobList(total=total, jobs=[store.job_summary(j) for j in rows])
+        rows = list(s.scalars(select(Job).where(*where).order_by(Job.id.desc()).limit(limit).offset(offset)))
+        # The agent that ran each job's latest attempt: a finished job no longer holds one, but the
+        # list still says where it ran.
+        ran_on = dict(s.execute(select(Attempt.job_id, Attempt.agent_id)
+                                .where(Attempt.job_id.in_([j.id for j in rows]))
+                                .order_by(Attempt.job_id, Attempt.attempt)).all()) if rows else {}
+        return JobList(total=total, jobs=[{**store.job_summary(j), "last_agent_id": ran_on.get(j.id)} for j in rows])
 
 
 @router.get("/{job_id}")

@@ -5,6 +5,12 @@ from __future__ import annotations
 EXIT_OK, EXIT_CRASH, EXIT_SPEC, EXIT_FAULT_CRASH, EXIT_NAN, EXIT_OOM = 0, 1, 2, 3, 4, 5
 
 
+def clip(text: str, limit: int = 8000) -> str:
+    """Messages travel in events capped at 8,192 characters (a spec error can name 100k modules):
+    keep the head, say how much was cut."""
+    return text if len(text) <= limit else f"{text[:limit - 60]} ... ({len(text) - limit + 60:,} more characters)"
+
+
 class SpecError(Exception):
     """Bad input the user can fix (missing file, unknown column, unreadable model): never retried."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from tokenpulse.protocol import JobSpec
 
 from .emit import Emitter
-from .errors import EXIT_CRASH, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecError
+from .errors import EXIT_CRASH, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecError, clip
 
 
 def parse_args(argv=None):
@@ -41,7 +41,7 @@ def read_spec(path: Path) -> JobSpec:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    em = Emitter()
+    em = Emitter(narrate=True)  # stdout: a readable account, relayed by the agent as the job's log
     from .controls import Controls
     controls = Controls().install()
     try:
@@ -49,8 +49,8 @@ def main(argv=None) -> int:
         spec = read_spec(args.spec)
         return Session(spec, args.out, em, controls, cache_dir=args.cache_dir, resume=args.resume).run()
     except SpecError as e:
-        em.log(f"spec error ({e.field}): {e.message}")
-        em.emit("state", state="failed", reason=e.message, failure="spec", exit_code=EXIT_SPEC)
+        em.log(clip(f"spec error ({e.field}): {e.message}"))
+        em.emit("state", state="failed", reason=clip(e.message), failure="spec", exit_code=EXIT_SPEC)
         return EXIT_SPEC
     except Cancelled:
         em.emit("state", state="cancelled", reason="cancelled (SIGTERM) before training")
@@ -58,8 +58,8 @@ def main(argv=None) -> int:
     except BaseException as e:  # noqa: BLE001 -- the last word must be a state event
         import torch
         if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
-            em.alert("oom", f"out of memory: {str(e)[:500]}", severity="critical")
-            em.emit("state", state="failed", reason=f"out of memory: {str(e)[:2000]}", failure="oom",
+            em.alert("oom", clip(f"out of memory: {e}", 500), severity="critical")
+            em.emit("state", state="failed", reason=clip(f"out of memory: {e}", 2000), failure="oom",
                     exit_code=EXIT_OOM)
             return EXIT_OOM
         if isinstance(e, KeyboardInterrupt):
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         em.log(tb[-8000:])
-        em.emit("state", state="failed", reason=f"{type(e).__name__}: {e}"[:8000], failure="crash",
+        em.emit("state", state="failed", reason=clip(f"{type(e).__name__}: {e}"), failure="crash",
                 exit_code=EXIT_CRASH)
         return EXIT_CRASH
     finally:
