@@ -103,3 +103,19 @@ def test_events_for_an_agents_job_or_another_job_are_refused(server):
         ok = {"events": [{"kind": "metrics", "job_id": ext, "seq": 0, "t": 1.0, "data": {"step": 1, "values": {"loss": 2.0}}}]}
         assert c.post(f"/api/jobs/{ext}/events", json=ok).json()["acked"] == {str(ext): 0}
         assert c.get(f"/api/jobs/{ext}").json()["state"] == "running"
+
+
+def test_a_trainer_with_the_callback_started_by_hand_reports_as_an_external_job(server, tmp_path):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TOKENPULSE_")}
+    e.update({"TOKENPULSE_URL": server.url, "TOKENPULSE_TOKEN": server.token, "PYTHONPATH": str(ROOT),
+              "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")})
+    script = Path(__file__).resolve().parent / "scripts" / "trainer_by_hand.py"
+    p = subprocess.run([sys.executable, str(script), str(ROOT / "tokenpulse" / "demo"), str(tmp_path / "out")],
+                       env=e, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    with server.client() as c:
+        [job] = [j for j in c.get("/api/jobs").json()["jobs"] if j["name"] == "trainer_by_hand.py"]
+        assert job["state"] == "completed", job
+        series = c.get(f"/api/jobs/{job['id']}/metrics", params={"keys": ["loss", "tokens_per_s", "padded_tokens_per_s"]}).json()["series"]
+        assert series["loss"]["step"] == [1, 2, 3, 4, 5]
+        assert all(r < p for r, p in zip(series["tokens_per_s"]["value"], series["padded_tokens_per_s"]["value"]))
