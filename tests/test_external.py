@@ -68,6 +68,13 @@ def test_a_blocked_loop_raises_a_stalled_alert_naming_the_users_line(server, tmp
             assert "wait_for_the_other_rank" in alert["stack"]
             job_id = external_jobs(c)[0]["id"]
             assert c.get(f"/api/jobs/{job_id}").json()["state"] == "running"
+            # a stack on request (the job page's button): the watchdog dumps it into the job's log
+            assert c.post(f"/api/jobs/{job_id}/stack").status_code == 200
+
+            def stack_logged():
+                logs = c.get(f"/api/jobs/{job_id}/events", params={"kinds": ["log"]}).json()["events"]
+                return any("wait_for_the_other_rank" in e["data"]["line"] for e in logs)
+            wait_for(stack_logged, 60, "the requested stack in the log")
             # cancel from the server: the watchdog stops the script and the job ends cancelled
             assert c.post(f"/api/jobs/{job_id}/cancel").status_code == 200
             p.wait(60)

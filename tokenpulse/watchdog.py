@@ -33,6 +33,7 @@ SEND_EVERY_S = 0.5
 ALIVE_EVERY_S = 2.0
 URGENT = {"phase", "state", "alert", "checkpoint"}
 MAX_BATCH = 2000
+MAX_PENDING = 200_000  # the server unreachable for long: keep memory bounded, drop the oldest
 
 
 def find_py_spy() -> Optional[str]:
@@ -136,6 +137,8 @@ class Watchdog:
         return kind in URGENT
 
     def add(self, kind: str, data: dict, t: Optional[float] = None) -> None:
+        if len(self.pending) >= MAX_PENDING:
+            del self.pending[:MAX_PENDING // 10]
         self.pending.append({"kind": kind, "job_id": self.job_id, "seq": self.seq, "t": t or time.time(),
                              "data": data})
         self.seq += 1
@@ -150,8 +153,8 @@ class Watchdog:
             r = self.http.post(f"/api/jobs/{self.job_id}/events", json={"events": batch})
         except httpx.HTTPError:
             return False
-        if r.status_code == 422 and len(batch) > 1:
-            self.pending = self.pending[1:]  # a malformed event must not block the rest forever
+        if r.status_code == 422:
+            self.drop_refused(r)  # a malformed event must not block the rest forever
             return False
         if r.status_code != 200:
             return False
@@ -162,6 +165,16 @@ class Watchdog:
         for c in reply.get("commands", []):
             self.command(c.get("action"))
         return True
+
+    def drop_refused(self, r: httpx.Response) -> None:
+        """The server names the refused event (loc: body, events, i, ...): drop that one."""
+        try:
+            loc = r.json()["detail"][0]["loc"]
+            i = int(loc[loc.index("events") + 1])
+        except (ValueError, KeyError, IndexError, TypeError):
+            i = 0
+        if i < len(self.pending):
+            del self.pending[i]
 
     # ---- stalls and commands -----------------------------------------------------------------
     def watch(self, now: float) -> None:
