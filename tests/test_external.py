@@ -96,6 +96,19 @@ def test_a_killed_script_is_reported_failed_by_its_watchdog(server, tmp_path):
         assert job["state"] == "failed" and "without a final report" in job["reason"], job
 
 
+def test_an_uncaught_exception_fails_the_job_naming_the_line(server, tmp_path):
+    raise_line = next(i for i, line in enumerate(LOOP.read_text().splitlines(), 1) if "raise ValueError" in line)
+    p = start_loop(server, tmp_path, "100", "-1", "7")
+    assert p.wait(120) == 1
+    with server.client() as c:
+        [job] = external_jobs(c)
+        job = server.wait_job(job["id"], timeout=60)
+        assert job["state"] == "failed" and job["failure"] == "error", job
+        assert job["reason"].startswith(f"plain_loop.py:{raise_line} in <module>: ValueError: loss exploded at step 7"), job
+        alerts = c.get("/api/alerts", params={"job_id": job["id"]}).json()
+        assert any(a["kind"] == "crashed" and f"plain_loop.py:{raise_line}" in a["message"] for a in alerts), alerts
+
+
 def test_events_for_an_agents_job_or_another_job_are_refused(server):
     with server.client() as c:
         agent_job = c.post("/api/jobs", json={"name": "native", "max_steps": 5}).json()["id"]

@@ -81,6 +81,10 @@ class RemoteRun(Emitter):
         def excepthook(tp, value, tb):
             self._exc = value
             self._tb = "".join(traceback.format_exception(tp, value, tb))
+            frames = traceback.extract_tb(tb)
+            if frames:  # where it failed, first: "train.py:42 in step: ValueError: ..."
+                f = frames[-1]
+                self._where = f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}: "
             previous(tp, value, tb)
         sys.excepthook = excepthook
         atexit.register(self._at_exit)
@@ -90,10 +94,10 @@ class RemoteRun(Emitter):
             return
         if self._exc is not None and not isinstance(self._exc, SystemExit):
             tb = getattr(self, "_tb", "")
-            last = tb.strip().splitlines()[-3:] if tb else []
             self.log(tb[-8000:])
-            self.finish("failed", f"{type(self._exc).__name__}: {self._exc}"[:4000] +
-                        (f"\n{chr(10).join(last)}" if last else ""), failure="crash")
+            why = f"{getattr(self, '_where', '')}{type(self._exc).__name__}: {self._exc}"[:4000]
+            self.alert("crashed", why, severity="critical")
+            self.finish("failed", why + (f"\n{tb[-3000:]}" if tb else ""), failure="error")
         else:
             self.finish("completed", "the script exited normally")
 

@@ -9,6 +9,7 @@ import tokenpulse
 
 STEPS = int(sys.argv[1])
 BLOCK_AT = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+RAISE_AT = int(sys.argv[3]) if len(sys.argv) > 3 else -1
 
 
 def wait_for_the_other_rank(lock):
@@ -33,6 +34,8 @@ for step in range(1, STEPS + 1):
     tokenpulse.log({"loss": loss.item(), "lr": 0.05}, step=step)
     if step == BLOCK_AT:
         wait_for_the_other_rank(lock)
+    if step == RAISE_AT:
+        raise ValueError(f"loss exploded at step {step}")
     time.sleep(0.05)
 tokenpulse.finish()
 print("loop done", flush=True)
