@@ -89,7 +89,12 @@ class TokenPulseCallback(TrainerCallback):
 
     @staticmethod
     def _total(xs) -> float:
-        return float(sum(x.item() if torch.is_tensor(x) else x for x in xs))
+        """Python ints plus device counts, the latter in one reduction and one read."""
+        ts = [x.reshape(()).to(torch.int64) for x in xs if torch.is_tensor(x)]
+        n = sum(x for x in xs if not torch.is_tensor(x))
+        if ts:
+            n += torch.stack([t.to(ts[0].device) for t in ts]).sum().item()
+        return float(n)
 
     def _speed(self, step: int) -> dict:
         now = time.perf_counter()
