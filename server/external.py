@@ -3,8 +3,8 @@
 It is a job like any other (events, metrics, alerts, the same pages), with no agent: created
 `starting` by the script's own watchdog process (tokenpulse/watchdog.py), which then sends event
 batches for it exactly as an agent does (per-job seq numbers, acknowledged, replays ignored). No
-schema of its own: the job's info carries {"external": {...}}, and its spec only its name (never
-run by any agent). It is never queued, so no agent can claim it; pause, resume and
+schema of its own: kind "external", the job's info carries {"external": {...}}, and its spec only
+its name (never run by any agent). It is never queued, so no agent can claim it; pause, resume and
 clone are refused (there is nothing tokenpulse could restart), cancel reaches the watchdog in the
 reply to its next batch and the watchdog stops the script.
 """
@@ -47,7 +47,7 @@ class ExternalRun(BaseModel):
 
 
 def is_external(job: Job) -> bool:
-    return bool(job.info) and '"external"' in job.info and "external" in json.loads(job.info)
+    return job.kind == "external"
 
 
 def create(s: Session, run: ExternalRun) -> Job:
@@ -55,6 +55,7 @@ def create(s: Session, run: ExternalRun) -> Job:
     # Only what is true of it (a full JobSpec would show a model and dataset it never used); still a
     # valid JobSpec for code that reads any job's spec.
     job.spec = json.dumps({"name": run.name, "max_retries": 0} if run.name else {"max_retries": 0})
+    job.kind = "external"
     now = time.time()
     job.state, job.attempt, job.alive_at, job.total_steps = JobState.starting.value, 1, now, None
     job.info = json.dumps({"external": run.model_dump(exclude={"config"}, exclude_none=True),
@@ -77,9 +78,12 @@ def split_alive(events: list) -> tuple[list, Optional[float]]:
 
 def commands_for(job: Job) -> list[Command]:
     """Cancel and stack requests for the watchdog (stack is one-shot, as for agents)."""
-    action = job.requested_action
-    if JobState(job.state) not in ACTIVE_STATES or action not in ("cancel", "stack"):
+    if JobState(job.state) not in ACTIVE_STATES:
         return []
-    if action == "stack":
-        job.requested_action = None
-    return [Command(job_id=job.id, action=action)]
+    out = []
+    if job.requested_action == "cancel":
+        out.append(Command(job_id=job.id, action="cancel"))
+    if job.stack_requested_at is not None:
+        job.stack_requested_at = None
+        out.append(Command(job_id=job.id, action="stack"))
+    return out

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request
 
-from server import external, ingest, store
-from server.deps import AppDep, UserDep
+from server import external, store
+from server.context import AppDep
+from server.errors import invalid_body
+from server.ingest import apply, parse
 from server.models import Job
+from server.security import UserDep
 from tokenpulse.protocol import AgentReply
 
 router = APIRouter(prefix="/api/jobs", tags=["external jobs"])
@@ -38,21 +41,23 @@ async def report_external(job_id: int, request: Request, tp: AppDep, _: UserDep)
             raise HTTPException(404, f"job {job_id} does not exist")
         if not external.is_external(job):
             raise HTTPException(409, f"job {job_id} is run by an agent; only external jobs take events here")
-        events = ingest.parse_batch(body)
+        events = parse.parse_batch(body)
         for i, e in enumerate(events):
             if e.job_id != job_id:
-                raise ingest.invalid(("events", i, "job_id"), f"must be {job_id}, the job in the URL")
+                raise invalid_body(("events", i, "job_id"), f"must be {job_id}, the job in the URL")
         events, alive_at = external.split_alive(events)
         frames = []
         if alive_at is not None and job.agent_id is None:
             job.alive_at = max(job.alive_at or 0, alive_at)
             beat = {"type": "heartbeat", "job_id": job_id, "t": alive_at, "alive_at": alive_at}
             frames += [(f"job:{job_id}", beat, True), ("jobs", beat, True)]
-        out = ingest.ingest(s, None, events, tp.hub)
+        out = apply.ingest(s, None, events, tp.hub)
         out.frames.extend(frames)
         out.commands = external.commands_for(job)
         return out
     out = await tp.db.write(store_batch, bulk=len(body) > 65536)
+    tp.stats.ingested_events += out.stored_events
+    tp.stats.ingested_points += out.stored_points
     for topic, payload, droppable in out.frames:
         tp.hub.publish(topic, payload, droppable)
     if out.alerts and tp.webhooks is not None:
