@@ -241,7 +241,8 @@ def watch(c: Client, job_id: int) -> int:
         return _watch(c, job_id)
     except KeyboardInterrupt:
         _console().print(f"\nstopped watching; job {job_id} keeps running on its worker. "
-                         f"Cancel it with: [bold]tokenpulse cancel {job_id}[/]  (watch again: tokenpulse watch {job_id})")
+                         f"Cancel it with: [bold]tokenpulse cancel {job_id}[/]  (watch again: tokenpulse watch {job_id})",
+                         soft_wrap=True)  # one line: a command to copy must not break in two
         return 130
 
 
