@@ -81,7 +81,10 @@ class JobSpec(BaseModel):
     text_field: Optional[str] = Field(None, max_length=200, description="column holding plain text")
     prompt_field: Optional[str] = Field(None, max_length=200, description="column holding the prompt")
     response_field: Optional[str] = Field(None, max_length=200, description="column holding the response")
-    loss_on_response_only: bool = Field(True, description="mask prompt tokens out of the loss")
+    messages_field: Optional[str] = Field(
+        None, max_length=200, description="column holding a chat (list of {role, content}), rendered with the "
+        "tokenizer's chat template; default: a 'messages' column when no other field is named")
+    loss_on_response_only: bool = Field(True, description="mask prompt tokens (chat: all but assistant turns) out of the loss")
     streaming: bool = Field(False, description="read the dataset as a stream, accumulating chunks")
 
     max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps (or use epochs)")
@@ -142,6 +145,8 @@ class JobSpec(BaseModel):
             raise ValueError("prompt_field and response_field go together")
         if self.text_field and self.prompt_field:
             raise ValueError("give text_field or prompt_field/response_field, not both")
+        if self.messages_field and (self.text_field or self.prompt_field):
+            raise ValueError("give messages_field alone, not with text_field or prompt_field/response_field")
         if self.max_steps is None and self.epochs is None:
             self.max_steps = 200
         return self

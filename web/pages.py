@@ -73,7 +73,8 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("text_field", "Text field", "text", "Column holding plain text. Leave empty to detect (text, content...)."),
         ("prompt_field", "Prompt field", "text", "For prompt/response pairs: the prompt column (give both or neither)."),
         ("response_field", "Response field", "text", "For prompt/response pairs: the response column."),
-        ("loss_on_response_only", "Loss on the response only", "bool", "Mask prompt tokens out of the loss (prompt/response data)."),
+        ("messages_field", "Messages field", "text", "For chat data: the column holding a list of {role, content}, rendered with the model's chat template. Leave empty to use a 'messages' column."),
+        ("loss_on_response_only", "Loss on the response only", "bool", "Mask prompt tokens out of the loss (prompt/response and Alpaca data; for chats, everything but the assistant's turns)."),
         ("streaming", "Stream the dataset", "bool", "Read the dataset as a stream, accumulating chunks (for data larger than memory)."),
     ]),
     ("training", "Training", [

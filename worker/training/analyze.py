@@ -25,7 +25,11 @@ def check(spec, cache_dir=None) -> dict:
     from .modeling import check_model
     check_model(spec)
     path = D.dataset_path(spec)
-    D.resolve_fields(spec, D.peek_columns(path, cache_dir))
+    fields = D.resolve_fields(spec, D.peek_columns(path, cache_dir))
+    if fields.kind == "messages":  # chats need the tokenizer's chat template: say so before the run
+        from .chat import require_template
+        from .modeling import load_tokenizer
+        require_template(load_tokenizer(spec), spec.model)
     return {"ok": True}
 
 
@@ -41,7 +45,7 @@ def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
     model_max = _model_max(spec)
     fixed = spec.max_seq_length if spec.max_seq_length != "auto" else None
     out = analyze_lengths(data.lengths, spec.length_coverage, model_max, fixed, n_total=info["examples"])
-    out["fields"] = {k: v for k, v in info["fields"].items() if v}
+    out["fields"] = info["fields"]
     out["tokenization_cache"] = "hit" if info["cache_hit"] else "miss"
     return out
 

@@ -20,14 +20,31 @@ _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parq
 
 @dataclass(frozen=True)
 class Fields:
-    """Which columns hold the text: either `text`, or `prompt` + `response`."""
+    """Which columns hold the example: `text`; `prompt` + `response`; `messages` (a chat, rendered
+    with the tokenizer's chat template); or Alpaca's `instruction` (+ optional `input`) + `output`."""
     text: Optional[str] = None
     prompt: Optional[str] = None
     response: Optional[str] = None
+    messages: Optional[str] = None
+    instruction: Optional[str] = None
+    input: Optional[str] = None
+    output: Optional[str] = None
+
+    @property
+    def kind(self) -> str:
+        if self.messages:
+            return "messages"
+        if self.instruction:
+            return "alpaca"
+        return "pair" if self.prompt is not None else "text"
 
     @property
     def is_pair(self) -> bool:
-        return self.prompt is not None
+        """A prompt followed by a response (prompt/response or Alpaca): one prefix to mask."""
+        return self.kind in ("pair", "alpaca")
+
+    def named(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v}
 
 
 def dataset_path(spec: JobSpec) -> Path:
@@ -89,21 +106,33 @@ def load_rows(path: Path, cache_dir: Optional[Path] = None, streaming: bool = Fa
         raise SpecError(f"cannot read dataset {path}: {type(e).__name__}: {e}", "dataset") from e
 
 
+ALPACA_COLUMNS = ("instruction", "input", "output")
+
+
 def resolve_fields(spec: JobSpec, columns: list[str]) -> Fields:
+    """The spec's named columns, else (as TRL does) `messages`, then `text`, then Alpaca's columns."""
     def need(name: Optional[str], which: str) -> str:
         if name not in columns:
             raise SpecError(f"column {name!r} not in dataset (columns: {', '.join(columns)})", which)
         return name
 
+    if spec.messages_field:
+        return Fields(messages=need(spec.messages_field, "messages_field"))
     if spec.prompt_field:
         return Fields(prompt=need(spec.prompt_field, "prompt_field"),
                       response=need(spec.response_field, "response_field"))
     if spec.text_field:
         return Fields(text=need(spec.text_field, "text_field"))
+    if "messages" in columns:
+        return Fields(messages="messages")
     if "text" in columns:
         return Fields(text="text")
-    raise SpecError(f"no text_field given and no 'text' column (columns: {', '.join(columns)}); "
-                    "set text_field or prompt_field/response_field", "text_field")
+    if "instruction" in columns and "output" in columns:
+        return Fields(instruction="instruction", output="output",
+                      input="input" if "input" in columns else None)
+    raise SpecError(f"no text_field given and no 'text', 'messages' or 'instruction'+'output' columns "
+                    f"(columns: {', '.join(columns)}); set text_field, messages_field or "
+                    "prompt_field/response_field", "text_field")
 
 
 def peek_columns(path: Path, cache_dir: Optional[Path] = None) -> list[str]:
@@ -118,10 +147,27 @@ def peek_columns(path: Path, cache_dir: Optional[Path] = None) -> list[str]:
     return list(first.keys())
 
 
-def iter_texts(rows, fields: Fields) -> Iterator[tuple[str, str]]:
-    """(prompt, response) pairs; for plain text the prompt is empty."""
+def alpaca_prompt(instruction: str, inp: str) -> str:
+    """The Stanford Alpaca prompt (with and without an input); the response follows it."""
+    if inp.strip():
+        return ("Below is an instruction that describes a task, paired with an input that provides further "
+                "context. Write a response that appropriately completes the request.\n\n"
+                f"### Instruction:\n{instruction}\n\n### Input:\n{inp}\n\n### Response:\n")
+    return ("Below is an instruction that describes a task. Write a response that appropriately completes "
+            f"the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+
+
+def iter_texts(rows, fields: Fields) -> Iterator:
+    """Per row: a (prompt, response) pair (for plain text the prompt is empty), or for chat data the
+    row's list of messages."""
     for r in rows:
-        if fields.is_pair:
+        kind = fields.kind
+        if kind == "messages":
+            yield r[fields.messages]
+        elif kind == "alpaca":
+            inp = str(r[fields.input] or "") if fields.input else ""
+            yield alpaca_prompt(str(r[fields.instruction] or ""), inp), str(r[fields.output] or "")
+        elif kind == "pair":
             yield str(r[fields.prompt] or ""), str(r[fields.response] or "")
         else:
             yield "", str(r[fields.text] or "")

@@ -11,7 +11,7 @@ from tokenpulse.protocol import JobSpec
 
 from . import data as D
 from .errors import Cancelled
-from .tokenization import Tokenized, cache_key, cached_tokenize, encode_batch, tokenize_all
+from .tokenization import Tokenized, cache_key, cached_tokenize, encode_examples, tokenize_all
 
 
 def _noop(*a, **k):
@@ -46,8 +46,11 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
         return rows
 
     fields = D.resolve_fields(spec, list(open_rows().column_names))
+    if fields.kind == "messages":
+        from .chat import require_template
+        require_template(tokenizer, spec.model)
     n_total = len(rows)
-    info = {"examples": n_total, "fields": fields.__dict__, "dataset_fingerprint": fp[:16]}
+    info = {"examples": n_total, "fields": fields.named(), "dataset_fingerprint": fp[:16]}
     sampled = sample is not None and n_total > sample
     key = cache_key(fp + (f":sample{sample}" if sampled else ""), tokenizer, fields, spec.loss_on_response_only)
 
@@ -89,8 +92,7 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
     def flush():
         nonlocal buf, n_samples, n_tokens
         if buf:
-            t = encode_batch(tokenizer, list(D.iter_texts(buf, fields)), fields.is_pair,
-                             spec.loss_on_response_only and fields.is_pair)
+            t = encode_examples(tokenizer, list(D.iter_texts(buf, fields)), fields, spec.loss_on_response_only)
             parts.append(t)
             n_samples += t.n
             n_tokens += int(t.offsets[-1])
@@ -99,6 +101,9 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
     for row in stream:
         if fields is None:
             fields = D.resolve_fields(spec, list(row.keys()))
+            if fields.kind == "messages":
+                from .chat import require_template
+                require_template(tokenizer, spec.model)
         buf.append(row)
         if len(buf) >= batch:
             flush()
