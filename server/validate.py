@@ -135,15 +135,36 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
         spec = spec.model_copy(update={"dataset": str(data)})
         columns = dataset_columns(data)
     wanted = [("text_field", spec.text_field), ("prompt_field", spec.prompt_field),
-              ("response_field", spec.response_field)]
+              ("response_field", spec.response_field), ("messages_field", spec.messages_field)]
     if columns is not None:
         for field, name in wanted:
             if name and name not in columns:
                 raise SpecError(field, f"column {name!r} is not in the dataset (it has: {', '.join(columns)})")
-        if not any(name for _, name in wanted) and "text" not in columns:
-            raise SpecError("text_field", f"the dataset has no 'text' column; name one with text_field "
-                                          f"or prompt_field/response_field (it has: {', '.join(columns)})")
+        named = any(name for _, name in wanted)
+        alpaca = "instruction" in columns and "output" in columns
+        if not named and not ({"text", "messages"} & set(columns) or alpaca):
+            raise SpecError("text_field", f"the dataset has no 'text', 'messages' or 'instruction'+'output' "
+                                          f"columns; name one with text_field, messages_field or "
+                                          f"prompt_field/response_field (it has: {', '.join(columns)})")
+        if spec.messages_field or not named and "messages" in columns:
+            check_chat_template(spec)
     return spec
+
+
+def check_chat_template(spec: JobSpec) -> None:
+    """Chat data is rendered with the tokenizer's chat template: a model without one fails here."""
+    if spec.model == BUILTIN_MODEL:
+        has = False
+    else:
+        model = Path(spec.model)
+        cfg = read_json(model / "tokenizer_config.json", "model") if (model / "tokenizer_config.json").is_file() else {}
+        has = (isinstance(cfg, dict) and bool(cfg.get("chat_template"))) or any(
+            (model / f).is_file() for f in ("chat_template.jinja", "chat_template.json")) or (
+            model / "additional_chat_templates").is_dir()
+    if not has:
+        raise SpecError("model", f"the dataset holds chats (messages) but the tokenizer of {spec.model!r} has no "
+                                 "chat template: use a chat/instruct model, add a chat_template to its "
+                                 "tokenizer, or name plain-text columns with text_field")
 
 
 def dataset_columns(path: Path) -> Optional[list[str]]:
