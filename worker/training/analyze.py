@@ -45,7 +45,7 @@ def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
     model_max = _model_max(spec)
     fixed = spec.max_seq_length if spec.max_seq_length != "auto" else None
     out = analyze_lengths(data.lengths, spec.length_coverage, model_max, fixed, n_total=info["examples"])
-    out["fields"] = info["fields"]
+    out["fields"] = {k: v for k, v in info["fields"].items() if v}
     out["tokenization_cache"] = "hit" if info["cache_hit"] else "miss"
     return out
 

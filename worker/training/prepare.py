@@ -50,7 +50,7 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
         from .chat import require_template
         require_template(tokenizer, spec.model)
     n_total = len(rows)
-    info = {"examples": n_total, "fields": fields.named(), "dataset_fingerprint": fp[:16]}
+    info = {"examples": n_total, "fields": fields.__dict__, "dataset_fingerprint": fp[:16]}
     sampled = sample is not None and n_total > sample
     key = cache_key(fp + (f":sample{sample}" if sampled else ""), tokenizer, fields, spec.loss_on_response_only)
 

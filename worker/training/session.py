@@ -169,7 +169,7 @@ class Session:
             return self._run_streaming()
         data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop)
         em.info(tokenization_cache="hit" if info["cache_hit"] else "miss", examples=data.n,
-                tokens=int(data.offsets[-1]), fields=info["fields"])
+                tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
         if data.n == 0:
             raise SpecError("dataset has no examples", "dataset")
         precision = self._precision()
