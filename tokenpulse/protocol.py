@@ -75,9 +75,23 @@ class JobSpec(BaseModel):
 
     name: Optional[str] = Field(None, max_length=200, description="a label for the job")
     model: str = Field(BUILTIN_MODEL, min_length=1, max_length=4096,
-                       description=f"local Hugging Face model directory, or {BUILTIN_MODEL}")
+                       description=f"local Hugging Face model directory, a Hub id (org/name), or {BUILTIN_MODEL}")
     dataset: str = Field(BUILTIN_DATASET, min_length=1, max_length=4096,
-                         description=f".jsonl/.csv/.parquet/.txt file, a save_to_disk directory, or {BUILTIN_DATASET}")
+                         description=f".jsonl/.csv/.parquet/.txt file, a save_to_disk directory, a Hub dataset id "
+                                     f"(org/name), or {BUILTIN_DATASET}")
+    # ---- Hugging Face Hub: models and datasets given as Hub ids are downloaded into the agent's cache
+    revision: Optional[str] = Field(None, min_length=1, max_length=200,
+                                    description="Hub model: branch, tag or commit (default: main)")
+    dataset_revision: Optional[str] = Field(None, min_length=1, max_length=200,
+                                            description="Hub dataset: branch, tag or commit (default: main)")
+    dataset_config: Optional[str] = Field(None, min_length=1, max_length=200,
+                                          description="Hub dataset: configuration (subset) name")
+    dataset_split: Optional[str] = Field(None, min_length=1, max_length=200,
+                                         description="split to train on (default: train, else the first)")
+    hub_token_secret: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z0-9_]{1,64}$",
+        description="name of an agent secret holding a Hub token (env TOKENPULSE_SECRET_<NAME> on the agent); "
+                    "default: the agent's HF_TOKEN. The token itself is never stored or shown")
     text_field: Optional[str] = Field(None, max_length=200, description="column holding plain text")
     prompt_field: Optional[str] = Field(None, max_length=200, description="column holding the prompt")
     response_field: Optional[str] = Field(None, max_length=200, description="column holding the response")

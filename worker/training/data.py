@@ -47,12 +47,22 @@ class Fields:
         return {k: v for k, v in self.__dict__.items() if v}
 
 
-def dataset_path(spec: JobSpec) -> Path:
+class _Quiet:
+    def phase(self, *a, **k):
+        pass
+
+
+def dataset_path(spec: JobSpec, em=None) -> Path:
+    """The dataset's local file or directory; a Hub dataset is downloaded into the cache first."""
     if spec.dataset == BUILTIN_DATASET:
         return DEMO_DIR / "demo.jsonl"
+    from . import hub
+    snapshot = hub.fetch_dataset(spec, em or _Quiet())
+    if snapshot is not None:
+        return snapshot
     p = Path(spec.dataset).expanduser()
     if not p.exists():
-        raise SpecError(f"dataset not found: {spec.dataset}", "dataset")
+        raise SpecError(f"dataset not found: {spec.dataset} (neither a local path nor a Hub id)", "dataset")
     if p.is_dir():
         if not (p / "dataset_info.json").exists() and not (p / "dataset_dict.json").exists():
             raise SpecError(f"{spec.dataset} is a directory but not a datasets save_to_disk directory", "dataset")
@@ -76,25 +86,44 @@ def fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
+def data_fingerprint(spec: JobSpec, path: Path) -> str:
+    """What decides the examples: the bytes (local), or repo + commit (Hub); plus config and split."""
+    from . import hub
+    repo = hub.dataset_repo(spec) if spec.dataset != BUILTIN_DATASET else None
+    base = f"hub:{repo}@{hub.commit_of(path)}" if repo else fingerprint(path)
+    if spec.dataset_config or spec.dataset_split:
+        base += f":{spec.dataset_config}:{spec.dataset_split}"
+    return hashlib.sha256(base.encode()).hexdigest()
+
+
 def _hf_cache(cache_dir: Optional[Path]) -> Optional[str]:
     return str(cache_dir / "hf-datasets") if cache_dir else None
 
 
-def _pick_split(ds):
+def _pick_split(ds, split: Optional[str] = None):
     from datasets import DatasetDict, IterableDatasetDict
     if isinstance(ds, (DatasetDict, IterableDatasetDict)):
+        if split is not None:
+            if split not in ds:
+                raise SpecError(f"no split {split!r} in the dataset (splits: {', '.join(ds)})", "dataset_split")
+            return ds[split]
         return ds["train"] if "train" in ds else ds[next(iter(ds))]
     return ds
 
 
-def load_rows(path: Path, cache_dir: Optional[Path] = None, streaming: bool = False):
-    """A datasets.Dataset (or IterableDataset when streaming) of the file or directory."""
+def load_rows(path: Path, cache_dir: Optional[Path] = None, streaming: bool = False,
+              config: Optional[str] = None, split: Optional[str] = None):
+    """A datasets.Dataset (or IterableDataset when streaming) of the file or directory (a save_to_disk
+    directory, or a Hub dataset's downloaded snapshot with its configs and splits)."""
     import datasets
     datasets.disable_progress_bars()  # our own phase events report progress
     try:
+        if path.is_dir() and not ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+            ds = datasets.load_dataset(str(path), name=config, streaming=streaming, cache_dir=_hf_cache(cache_dir))
+            return _pick_split(ds, split)
         if path.is_dir():
             ds = datasets.load_from_disk(str(path))
-            ds = _pick_split(ds)
+            ds = _pick_split(ds, split)
             return ds.to_iterable_dataset() if streaming else ds
         builder = _BUILDERS[path.suffix.lower()]
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=streaming,
@@ -135,9 +164,10 @@ def resolve_fields(spec: JobSpec, columns: list[str]) -> Fields:
                     "prompt_field/response_field", "text_field")
 
 
-def peek_columns(path: Path, cache_dir: Optional[Path] = None) -> list[str]:
+def peek_columns(path: Path, cache_dir: Optional[Path] = None, config: Optional[str] = None,
+                 split: Optional[str] = None) -> list[str]:
     """Column names from the first row only: fast enough for submit-time checks on big files."""
-    ds = load_rows(path, cache_dir, streaming=True)
+    ds = load_rows(path, cache_dir, streaming=True, config=config, split=split)
     try:
         first = next(iter(ds))
     except StopIteration:

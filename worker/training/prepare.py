@@ -35,14 +35,14 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
     em.phase("loading dataset", detail=spec.dataset)
     if spec.fault and spec.fault.slow_data_s:
         slow_data(spec.fault.slow_data_s, em, should_stop)
-    path = D.dataset_path(spec)
-    fp = D.fingerprint(path)
+    path = D.dataset_path(spec, em)
+    fp = D.data_fingerprint(spec, path)
     rows = None
 
     def open_rows():
         nonlocal rows
         if rows is None:
-            rows = D.load_rows(path, cache_dir)
+            rows = D.load_rows(path, cache_dir, config=spec.dataset_config, split=spec.dataset_split)
         return rows
 
     fields = D.resolve_fields(spec, list(open_rows().column_names))
@@ -83,8 +83,8 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
     em.phase("loading dataset", detail=f"{spec.dataset} (streaming)")
     if spec.fault and spec.fault.slow_data_s:
         slow_data(spec.fault.slow_data_s, em, should_stop)
-    path = D.dataset_path(spec)
-    stream = D.load_rows(path, cache_dir, streaming=True)
+    path = D.dataset_path(spec, em)
+    stream = D.load_rows(path, cache_dir, streaming=True, config=spec.dataset_config, split=spec.dataset_split)
     fields = None
     parts, buf, n_samples, n_tokens = [], [], 0, 0
     last = 0.0

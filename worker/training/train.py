@@ -41,6 +41,8 @@ def read_spec(path: Path) -> JobSpec:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from .hub import use_shared_cache
+    use_shared_cache(args.cache_dir)  # one HF cache for all of the agent's jobs (before huggingface_hub loads)
     em = Emitter()
     from .controls import Controls
     controls = Controls().install()
