@@ -127,12 +127,16 @@ def fetch(repo_id: str, repo_type: str, revision: Optional[str], em, field: str,
             path = Path(snapshot_download(local_files_only=True, **kw))
             _resolved[key] = path
             return path
-        plan = snapshot_download(dry_run=True, **kw)
+        from huggingface_hub import HfApi
+        # Ask for the repo first: its errors are the real ones (a dry run wraps them), with their field.
+        HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision, token=token)
+        quiet = _tqdm_class(_ByteCounter())
+        plan = snapshot_download(dry_run=True, tqdm_class=quiet, **kw)
         todo = [f for f in plan if f.will_download]
         total = float(sum(f.file_size or 0 for f in todo))
         if not todo:
             em.phase(PHASE, done=0, total=0, unit="bytes", detail=f"{what}: in the cache, nothing to download")
-            path = Path(snapshot_download(**kw))
+            path = Path(snapshot_download(tqdm_class=quiet, **kw))
         else:
             path = _download_with_progress(kw, em, what, len(todo), total)
     except local_missing as e:
