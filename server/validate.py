@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from server.settings import Settings
+from tokenpulse.hubid import hub_repo_id
 from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, JobSpec
 
 DATA_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet", ".txt"}
@@ -98,8 +99,8 @@ async def check_spec_async(spec: JobSpec, settings: Settings, timeout: float = C
     try:
         return await asyncio.wait_for(asyncio.to_thread(check_spec, spec, settings), timeout)
     except asyncio.TimeoutError:
-        raise SpecError("dataset", f"checking the model and dataset paths took longer than {timeout:.0f} s "
-                                   "(a slow or hung filesystem?)") from None
+        raise SpecError("dataset", f"checking the model and dataset took longer than {timeout:.0f} s "
+                                   "(a slow or hung filesystem, or a slow Hub?)") from None
 
 
 def check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
@@ -114,7 +115,12 @@ def check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
 def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
     if spec.fault is not None and not settings.allow_fault_injection:
         raise SpecError("fault", "fault injection is disabled on this server (TOKENPULSE_ALLOW_FAULT_INJECTION)")
-    if spec.model != BUILTIN_MODEL:
+    model_repo = hub_repo_id(spec.model, "model") if spec.model != BUILTIN_MODEL else None
+    if model_repo:  # a Hub id: resolved on the Hub (or, offline, in the cache); agents download it
+        from server.hubcheck import check_hub_repo
+        check_hub_repo(model_repo, "model", spec.revision, "model", "revision", spec.hub_token_secret,
+                       settings.allow_remote_code)
+    elif spec.model != BUILTIN_MODEL:
         model = confined(settings, spec.model, "model")
         if not model.is_dir():
             raise SpecError("model", f"model directory {spec.model!r} does not exist "
@@ -128,8 +134,14 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
         spec = spec.model_copy(update={"model": str(model)})
     if spec.lora is not None and spec.lora.load_in_4bit and spec.device == "cpu":
         raise SpecError("lora.load_in_4bit", "4-bit QLoRA needs a CUDA GPU; this job is pinned to the CPU")
+    data_repo = hub_repo_id(spec.dataset, "dataset") if spec.dataset != BUILTIN_DATASET else None
     if spec.dataset == BUILTIN_DATASET:
         columns: Optional[list[str]] = ["text"]
+    elif data_repo:  # its columns are checked by the worker once downloaded
+        from server.hubcheck import check_hub_repo
+        check_hub_repo(data_repo, "dataset", spec.dataset_revision, "dataset", "dataset_revision",
+                       spec.hub_token_secret)
+        columns = None
     else:
         data = confined(settings, spec.dataset, "dataset")
         spec = spec.model_copy(update={"dataset": str(data)})
@@ -153,6 +165,8 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
 
 def check_chat_template(spec: JobSpec) -> None:
     """Chat data is rendered with the tokenizer's chat template: a model without one fails here."""
+    if hub_repo_id(spec.model, "model"):
+        return  # a Hub model's tokenizer is checked by the worker once downloaded
     if spec.model == BUILTIN_MODEL:
         has = False
     else:
