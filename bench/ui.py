@@ -157,7 +157,8 @@ class Bench:
 
     # ---- measurements --------------------------------------------------------------------------
     def jobs_page_server(self, reads: int = 30) -> dict:
-        c = httpx.Client(base_url=self.url, timeout=60, cookies={"tokenpulse_token": self.token})
+        login = httpx.post(f"{self.url}/login", data={"token": self.token, "next": "/"})
+        c = httpx.Client(base_url=self.url, timeout=60, cookies={"tokenpulse_session": login.cookies["tokenpulse_session"]})
         out = {}
         for name, path in [("html", "/"), ("api_jobs", "/api/jobs?limit=50&offset=0"),
                            ("api_alerts", "/api/alerts?state=open&limit=1000"), ("api_agents", "/api/agents")]:

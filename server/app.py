@@ -9,13 +9,14 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from server import auth
+from server import auth, prometheus
 from server.api import agents, alerts, datasets, jobs, tokens, ws
 from server.db import Database, upgrade_to_head
-from server.deps import App
+from server.deps import App, AppDep, UserDep
 from server.hub import Hub
 from server.reaper import reaper_loop
 from server.settings import Settings
@@ -101,7 +102,9 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
             await tp.webhooks.stop()
             db.close()
 
-    app = FastAPI(title="tokenpulse", version="0.1.0", lifespan=lifespan,
+    # /docs is served from our own copy of Swagger UI (web/static/vendor), never a CDN: it works on a
+    # machine without internet. ReDoc would need a CDN too, so it is off.
+    app = FastAPI(title="tokenpulse", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Run, watch and control model training.")
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(OverflowError, out_of_range)
@@ -111,9 +114,24 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     for r in (jobs.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
         app.include_router(r)
 
+    @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+    def metrics(_: UserDep, tp: AppDep) -> PlainTextResponse:
+        """Prometheus metrics: jobs, agents and open alerts by state, points and events stored,
+        writer queue depth, websocket clients. Scrape with a user token (bearer)."""
+        return PlainTextResponse(prometheus.exposition(tp), media_type=prometheus.CONTENT_TYPE)
+
     @app.get("/api/health", tags=["meta"])
     def health() -> dict:
         return {"ok": True}
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url, title="tokenpulse API",
+            swagger_js_url="/static/vendor/swagger-ui-bundle.js", swagger_css_url="/static/vendor/swagger-ui.css",
+            swagger_favicon_url="/static/vendor/swagger-ui-favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None})  # the validator badge would call validator.swagger.io
 
     from web.pages import router as pages_router
     app.include_router(pages_router)

@@ -90,6 +90,10 @@ class Database:
     def read(self) -> Session:
         return self.Session()
 
+    def queue_depth(self) -> int:
+        """Writes waiting for the writer thread (approximate, as any queue size read is)."""
+        return self._queue.qsize()
+
     def submit(self, fn: Callable[[Session], T], bulk: bool = False) -> "concurrent.futures.Future[T]":
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put((1 if bulk else 0, next(self._order), fn, fut))

@@ -156,6 +156,9 @@ class Hub:
                 if not subs:
                     del self.by_topic[t]
 
+    def client_count(self) -> int:
+        return len({sub for subs in self.by_topic.values() for sub in subs})
+
     def watched(self, topic: str) -> bool:
         """Anyone listening? (Read from the writer thread too: a dict lookup, safe under the GIL.
         A client subscribing at that very moment refills from REST anyway.)"""

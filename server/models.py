@@ -148,3 +148,15 @@ class Token(Base):
     hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+
+
+class BrowserSession(Base):
+    """A login: the cookie holds a secret whose hash is here. Logout revokes it; it expires."""
+    __tablename__ = "sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(Integer, ForeignKey("tokens.id"))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+

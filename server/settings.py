@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     webhook_retries: int = 3
     ws_queue_frames: int = Field(256, description="frames buffered per browser before coalescing")
     analyze_timeout_s: float = 300.0
+    session_ttl_s: float = Field(7 * 86400.0, gt=0, description="a browser login lasts this long")
 
     @property
     def db_url(self) -> str:

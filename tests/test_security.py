@@ -94,7 +94,7 @@ def test_websocket_messages_validated_like_rest(server_factory):
         connect(f"ws://127.0.0.1:{srv.port}/ws?topics=jobs").recv(timeout=5)
     with pytest.raises(InvalidStatus):  # an agent token cannot watch
         srv.ws("jobs", token=srv.agent_token).recv(timeout=5)
-    cookie = {"Cookie": f"tokenpulse_token={srv.token}"}
+    cookie = {"Cookie": f"tokenpulse_session={session_secret(srv)}"}
     with pytest.raises(InvalidStatus):  # another site's page riding on the cookie (no CORS for websockets)
         connect(f"ws://127.0.0.1:{srv.port}/ws?topics=jobs", additional_headers=cookie,
                 origin="http://evil.example").recv(timeout=5)
@@ -152,7 +152,7 @@ def test_tokens_roles_revocation_cors_and_csrf(server_factory):
     assert login.status_code == 303
     set_cookie = login.headers["set-cookie"].lower()
     assert "httponly" in set_cookie and "samesite=strict" in set_cookie
-    browser = httpx.Client(base_url=url, cookies={"tokenpulse_token": srv.token})
+    browser = httpx.Client(base_url=url, cookies={"tokenpulse_session": login.cookies["tokenpulse_session"]})
     assert browser.get("/api/jobs").status_code == 200
     before = count(srv, "jobs")
     refused(browser.post("/api/jobs", json={}), 403, "x-tokenpulse-csrf")
@@ -161,6 +161,13 @@ def test_tokens_roles_revocation_cors_and_csrf(server_factory):
     assert count(srv, "jobs") == before
     ok = browser.post("/api/jobs", json={}, headers={"X-Tokenpulse-Csrf": "1", "Origin": url})
     assert ok.status_code == 201, ok.text
+
+
+def session_secret(srv) -> str:
+    """Log in through the form, as a browser does: the cookie's value."""
+    r = httpx.post(f"{srv.url}/login", data={"token": srv.token, "next": "/"})
+    assert r.status_code == 303, r.text
+    return r.cookies["tokenpulse_session"]
 
 
 class _Evil:

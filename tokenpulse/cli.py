@@ -95,6 +95,19 @@ def cmd_server(args) -> int:
     return serve(Settings(**overrides))
 
 
+def cmd_db(args) -> int:
+    """`tokenpulse db backup OUT`: an online backup of the store (the server may keep running)."""
+    from server.backup import BackupError, backup
+    from server.settings import Settings
+    settings = Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    try:
+        _console().print(backup(settings.db_url, Path(args.out)))
+    except BackupError as e:
+        _console().print(f"[red]backup failed[/]: {e}")
+        return 1
+    return 0
+
+
 def cmd_agent(args) -> int:
     from worker.agent import Agent
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
@@ -306,13 +319,18 @@ def cmd_analyze(args) -> int:
     from rich.table import Table
     console = _console()
     p = a.get("percentiles", {})
-    console.print(f"{a['num_examples']:,} examples" + (f" (sampled {a['sample_size']:,})" if a.get("sampled") else ""))
-    console.print("token length: " + ", ".join(f"{k} {v}" for k, v in p.items()))
+    console.print(f"{a['examples']:,} examples" + (f" (lengths from a sample of {a['sample_size']:,})" if a.get("sampled") else ""))
+    console.print("token length: " + ", ".join(f"{k} {v:,.0f}" for k, v in p.items()))
     console.print(f"[bold]recommended max_seq_length: {a['recommended_max_seq_length']}[/] "
-                  f"(truncates {a.get('truncated_examples', 0):,} examples)")
-    table = Table("strategy", "padding waste", "real tokens / step")
-    for name, s in a.get("strategies", {}).items():
-        table.add_row(name, f"{100 * s['padding_fraction']:.1f} %", f"{s['real_tokens_per_step']:,.0f}")
+                  f"(at {a['max_seq_length']} it truncates {a.get('truncated', 0):,} example{'' if a.get('truncated') == 1 else 's'})")
+    # every layout at the same real tokens per step, as training runs them: only the padding differs
+    table = Table("layout", "padding", "computed/step", "per real token", "vs max_length",
+                  title=f"Each layout at {a.get('real_tokens_per_step', 0):,.0f} real tokens per optimizer step",
+                  caption="tokens computed (padding included) per step and per real token; "
+                          "compute relative to padding every row to max_length")
+    for name, s in a.get("layouts", {}).items():
+        table.add_row(name, f"{100 * s['padding_frac']:.1f} %", f"{s['padded_tokens_per_step']:,.0f}",
+                      f"{s['computed_per_real_token']:.2f}", f"{100 * s['compute_vs_max_length']:.0f} %")
     console.print(table)
     return 0
 
@@ -397,6 +415,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     t = tsub.add_parser("revoke", help="refuse a token from now on")
     t.add_argument("id", type=int)
     p.set_defaults(fn=cmd_tokens)
+
+    p = sub.add_parser("db", help="database operations: backup")
+    dsub = p.add_subparsers(dest="db_cmd", required=True)
+    d = dsub.add_parser("backup", help="an online backup (SQLite: a checked copy; PostgreSQL: pg_dump)")
+    d.add_argument("out", help="file to write")
+    d.add_argument("--data-dir", type=Path, help="the server's data directory (default: TOKENPULSE_DATA_DIR "
+                                                  "or ./tokenpulse-data); TOKENPULSE_DATABASE_URL is honoured")
+    d.set_defaults(fn=cmd_db)
 
     p = sub.add_parser("analyze", help="token length analysis and recommended max_seq_length")
     p.add_argument("spec", nargs="?", help="job spec file (model, dataset, fields)")

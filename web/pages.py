@@ -20,10 +20,10 @@ def logged_in(request: Request) -> bool:
     return caller is not None and caller.role == "user"
 
 
-def page(request: Request, name: str, **ctx):
+def page(request: Request, name: str, status_code: int = 200, **ctx):
     if not logged_in(request):
         return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
-    return templates.TemplateResponse(request, name, {"page": name.removesuffix(".html"), **ctx})
+    return templates.TemplateResponse(request, name, {"page": name.removesuffix(".html"), **ctx}, status_code=status_code)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -33,20 +33,40 @@ def login_form(request: Request, next: str = "/", error: str = ""):
 
 @router.post("/login")
 def login(request: Request, token: str = Form(..., max_length=500), next: str = Form("/")):
-    caller = request.app.state.tp.caller(token.strip())
+    tp = request.app.state.tp
+    client = request.client.host if request.client else "?"
+    wait_s = tp.login_throttle.retry_after(client)
+    if wait_s:
+        return templates.TemplateResponse(
+            request, "login.html", {"next": next, "page": "login",
+                                    "error": f"Too many failed logins from this address; try again in {wait_s:.0f} s."},
+            status_code=429, headers={"Retry-After": str(int(wait_s) + 1)})
+    caller = tp.caller(token.strip()) if not token.strip().startswith(auth.SESSION_PREFIX) else None
     if caller is None or caller.role != "user":
+        tp.login_throttle.failed(client)
         return templates.TemplateResponse(
             request, "login.html", {"next": next, "page": "login",
                                     "error": "That token is not valid. It is in the server's data directory, file 'token'."},
             status_code=401)
+
+    def start(s):
+        from server.models import Token
+        return auth.new_session(s, s.get(Token, caller.token_id), tp.settings.session_ttl_s)
+    secret = tp.db.write_sync(start)
     target = next if next.startswith("/") and not next.startswith("//") else "/"
     resp = RedirectResponse(target, status_code=303)
-    resp.set_cookie(auth.COOKIE, token.strip(), httponly=True, samesite="strict", max_age=30 * 86400)
+    resp.set_cookie(auth.COOKIE, secret, httponly=True, samesite="strict",
+                    max_age=int(tp.settings.session_ttl_s), secure=request.url.scheme == "https")
     return resp
 
 
 @router.get("/logout")
-def logout():
+def logout(request: Request):
+    secret = request.cookies.get(auth.COOKIE, "")
+    if secret.startswith(auth.SESSION_PREFIX):
+        tp = request.app.state.tp
+        tp.db.write_sync(lambda s: auth.revoke_session(s, secret))
+        tp.forget(secret)
     resp = RedirectResponse("/login", status_code=303)
     resp.delete_cookie(auth.COOKIE)
     return resp
@@ -57,9 +77,24 @@ def jobs_page(request: Request):
     return page(request, "jobs.html")
 
 
+def job_exists(request: Request, job_id: int) -> bool:
+    from server.models import Job
+    if not 0 < job_id < 2 ** 63:
+        return False
+    with request.app.state.tp.db.read() as s:
+        return s.get(Job, job_id) is not None
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: int):
-    return page(request, "job.html", job_id=job_id)
+def job_page(request: Request, job_id: str):
+    # A job that does not exist gets a page saying so (404), not an empty job page that never fills
+    # (nor, for /jobs/abc, a JSON validation error).
+    number = int(job_id) if job_id.isascii() and job_id.isdigit() and len(job_id) < 30 else None
+    if logged_in(request) and (number is None or not job_exists(request, number)):
+        shown = f"#{number}" if number is not None else f"“{job_id[:40]}”"
+        return page(request, "not_found.html", status_code=404,
+                    message=f"There is no job {shown}.", hint="It may never have existed, or the database was reset.")
+    return page(request, "job.html", job_id=number)
 
 
 # The submit form, one entry per JobSpec setting: (name, label, kind, help). Defaults and extra help

@@ -71,17 +71,27 @@ async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
 @router.get("")
 def list_jobs(tp: AppDep, _: UserDep,
               state: Optional[list[JobState]] = Query(None, description="filter by state (repeatable)"),
-              q: Optional[str] = Query(None, max_length=200, description="search in name"),
+              q: Optional[str] = Query(None, max_length=200, description="search: a name fragment, or a job id (`4` or `#4`)"),
               limit: int = Query(50, ge=1, le=1000), offset: int = Query(0, ge=0)) -> JobList:
     with tp.db.read() as s:
         where = []
         if state:
             where.append(Job.state.in_([x.value for x in state]))
-        if q:
-            where.append(or_(Job.name.contains(q), Job.id == (int(q) if q.isascii() and q.isdigit() and len(q) < 19 else -1)))
+        q = (q or "").strip()
+        digits = q.removeprefix("#").strip()
+        the_id = int(digits) if digits.isascii() and digits.isdigit() and len(digits) < 19 else -1
+        if q.startswith("#") and the_id >= 0:
+            where.append(Job.id == the_id)  # "#4" means job 4, not every name with a 4 in it
+        elif q:
+            where.append(or_(Job.name.contains(q), Job.id == the_id))
         total = s.scalar(select(func.count()).select_from(Job).where(*where))
-        rows = s.scalars(select(Job).where(*where).order_by(Job.id.desc()).limit(limit).offset(offset))
-        return JobList(total=total, jobs=[store.job_summary(j) for j in rows])
+        rows = list(s.scalars(select(Job).where(*where).order_by(Job.id.desc()).limit(limit).offset(offset)))
+        # The agent that ran each job's latest attempt: a finished job no longer holds one, but the
+        # list still says where it ran.
+        ran_on = dict(s.execute(select(Attempt.job_id, Attempt.agent_id)
+                                .where(Attempt.job_id.in_([j.id for j in rows]))
+                                .order_by(Attempt.job_id, Attempt.attempt)).all()) if rows else {}
+        return JobList(total=total, jobs=[{**store.job_summary(j), "last_agent_id": ran_on.get(j.id)} for j in rows])
 
 
 @router.get("/{job_id}")

@@ -27,7 +27,9 @@
 
   function renderPicker() {
     const q = $("pick-search").value.trim();
-    pick.replaceChildren(...jobs.filter((j) => !q || j.name.includes(q) || String(j.id) === q.replace("#", "") || chosen.has(j.id)).map((j) => {
+    const byId = /^#\s*\d+$/.test(q); // "#4" is job 4 only; "4" also matches names with a 4
+    const hit = (j) => (byId ? String(j.id) === q.slice(1).trim() : j.name.includes(q) || String(j.id) === q);
+    pick.replaceChildren(...jobs.filter((j) => !q || hit(j) || chosen.has(j.id)).sort((a, b) => b.id - a.id).map((j) => {
       const i = [...chosen].indexOf(j.id);
       return TP.el("label", { class: "check pick" },
         TP.el("input", { type: "checkbox", value: j.id, checked: chosen.has(j.id),
@@ -122,7 +124,21 @@
 
   let rt = null;
   window.addEventListener("resize", () => { clearTimeout(rt); rt = setTimeout(() => { for (const [id, c] of Object.entries(charts)) if (c) c.setSize({ width: Math.max(280, $(id).clientWidth), height: 260 }); }, 100); });
-  $("pick-search").addEventListener("input", renderPicker);
+  // The list holds the 200 newest jobs; a search also asks the server, so any job can be found.
+  let searchSeq = 0, searchTimer = null;
+  $("pick-search").addEventListener("input", () => {
+    renderPicker();
+    clearTimeout(searchTimer);
+    const q = $("pick-search").value.trim();
+    if (!q) return;
+    searchTimer = setTimeout(async () => {
+      const my = ++searchSeq;
+      const d = await TP.api(`/api/jobs?${new URLSearchParams({ q, limit: 100 })}`);
+      if (my !== searchSeq) return;
+      for (const j of d.jobs) if (!jobs.some((x) => x.id === j.id)) jobs.push(j);
+      renderPicker();
+    }, 200);
+  });
   $("smooth").addEventListener("input", () => { $("smooth-val").value = Number($("smooth").value).toFixed(2); draw(); });
   $("xaxis").addEventListener("change", draw);
   TP.live(["jobs"], (f) => {

@@ -4,7 +4,7 @@
   const $ = (id) => document.getElementById(id);
   const MAX_POINTS = 2000;
   let job = null, lastStep = -1, lastLogSeq = -1, firstChartMarked = false;
-  const series = {}; // name -> {step: [], value: []}: the overview (downsampled by the server) + live points
+  const series = {}; // name -> {step: [], value: [], t: []}: the overview (downsampled by the server) + live points
   let detail = null; // {min, max, series} while zoomed into a downsampled range
   let downsampledInfo = {}; // name -> total points on the server
   const charts = {};
@@ -14,16 +14,32 @@
 
   const fmtTps = (u, v) => v.map(TP.axis);
   const fmtMem = (u, v) => v.map(TP.axis);
-  const fmtLr = (u, v) => v.map((x) => (x === 0 ? "0" : Number(x).toExponential(2)));
+  // Small numbers (learning rates): "3.00e-4", and a plain "0" rather than "0.00e+0".
+  const small = (x, d = 2) => (x === null || x === undefined || !isFinite(x) ? "–" : Number(x) === 0 ? "0"
+    : Math.abs(x) >= 1e-3 && Math.abs(x) < 1e4 ? String(Number(Number(x).toPrecision(d + 1))) : Number(x).toExponential(d));
+  const fmtLr = (u, v) => { // as few digits as keep neighbouring ticks apart
+    for (let d = 1; d < 6; d++) { const out = v.map((x) => (x === null ? "" : small(x, d).replace(/\.?0+e/, "e"))); const shown = out.filter((x) => x !== ""); if (new Set(shown).size === shown.length) return out; }
+    return v.map((x) => (x === null ? "" : small(x, 6)));
+  };
   const CHARTS = {
     "chart-loss": { keys: ["loss"], labels: ["loss"], smooth: true, value: (v) => TP.sig(v) },
     "chart-tps": { keys: ["padded_tokens_per_s", "tokens_per_s"], labels: ["padded", "real"], colors: ["#f97316", "#2563eb"], dash: [[5, 4], null], unit: "tok/s", axis: fmtTps, value: (v) => TP.compact(v, "tok/s") },
     "chart-step": { keys: ["step_time_s"], labels: ["step time"], unit: "s", value: (v) => (v === null || v === undefined ? "–" : `${TP.sig(v, 3)} s`) },
-    "chart-lr": { keys: ["lr"], labels: ["lr"], axis: fmtLr, value: (v) => (v === null || v === undefined ? "–" : Number(v).toExponential(3)) },
+    "chart-lr": { keys: ["lr"], labels: ["lr"], axis: fmtLr, value: (v) => small(v, 3) },
     "chart-grad": { keys: ["grad_norm"], labels: ["grad norm"], value: (v) => TP.sig(v) },
     "chart-mem": { keys: ["rss_mb", "cuda_peak_mb"], labels: ["process RSS", "CUDA peak"], unit: "MiB", axis: fmtMem, value: (v) => TP.bytesMB(v) },
   };
   const COLORS = ["#2563eb", "#f97316", "#16a34a", "#9333ea"];
+  const xMode = () => $("xaxis").value; // "step" | "time" (wall clock)
+  const logY = () => $("logy").checked;
+  const clipY = () => $("clip").checked;
+
+  // A chart shows only the series that exist for this job (no "CUDA peak" on a CPU run).
+  function activeSpec(spec) {
+    const idx = spec.keys.map((k, i) => i).filter((i) => series[spec.keys[i]] && series[spec.keys[i]].step.length);
+    const pick = (a) => (a ? idx.map((i) => a[i]) : a);
+    return { ...spec, keys: pick(spec.keys), labels: pick(spec.labels), colors: spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]), dash: pick(spec.dash) };
+  }
 
   // Exponential moving average, debiased at the start (as TensorBoard does) so the first points
   // do not lean towards zero.
@@ -42,14 +58,26 @@
     const base = series[k];
     if (!detail || !detail.series[k]) return base;
     // Zoomed: the overview outside the range, full detail inside it.
-    const d = detail.series[k], step = [], value = [];
-    if (base) for (let i = 0; i < base.step.length && base.step[i] < detail.min; i++) { step.push(base.step[i]); value.push(base.value[i]); }
-    for (let i = 0; i < d.step.length; i++) { step.push(d.step[i]); value.push(d.value[i]); }
-    if (base) for (let i = 0; i < base.step.length; i++) if (base.step[i] > detail.max) { step.push(base.step[i]); value.push(base.value[i]); }
-    return { step, value };
+    const d = detail.series[k], step = [], value = [], t = [];
+    const take = (s, i) => { step.push(s.step[i]); value.push(s.value[i]); t.push(s.t ? s.t[i] : null); };
+    if (base) for (let i = 0; i < base.step.length && base.step[i] < detail.min; i++) take(base, i);
+    for (let i = 0; i < d.step.length; i++) take(d, i);
+    if (base) for (let i = 0; i < base.step.length; i++) if (base.step[i] > detail.max) take(base, i);
+    return { step, value, t };
   }
 
   function chartData(spec) {
+    const cols = stepData(spec);
+    const pos = logY() ? (v) => (v !== null && v > 0 ? v : null) : null; // a log axis cannot show 0 or less
+    if (pos) for (let c = 1; c < cols.length; c++) cols[c] = cols[c].map(pos);
+    if (xMode() !== "time") return cols;
+    // Wall clock: the time each step was logged, in time order (a resumed run re-logs steps later).
+    const when = new Map();
+    for (const k of spec.keys) { const s = sourceFor(k); if (s && s.t) s.step.forEach((x, i) => { if (s.t[i]) when.set(x, s.t[i]); }); }
+    const order = cols[0].map((x, i) => i).filter((i) => when.has(cols[0][i])).sort((a, b) => when.get(cols[0][a]) - when.get(cols[0][b]));
+    return [order.map((i) => when.get(cols[0][i])), ...cols.slice(1).map((c) => order.map((i) => c[i]))];
+  }
+  function stepData(spec) {
     const srcs = spec.keys.map(sourceFor);
     let xs;
     if (srcs.length === 1 || srcs.slice(1).every((s) => !s)) xs = srcs[0] ? srcs[0].step.slice() : [];
@@ -69,18 +97,23 @@
     return cols;
   }
 
-  let syncing = false;
+  // Every chart shows the same x range: the whole run, or the user's zoom. uPlot reports scale
+  // changes after the draw (not while we set them), so a change is the user's zoom only when it is
+  // not the range we last set ourselves (expectX).
+  let syncing = false, expectX = null;
+  const sameRange = (a, b) => a && b && Math.abs(a.min - b.min) < 1e-9 * (1 + Math.abs(a.min)) && Math.abs(a.max - b.max) < 1e-9 * (1 + Math.abs(a.max));
   function makeChart(id, spec, data) {
     const box = $(id);
-    const s = [{ label: "step", value: (u, v) => (v === null || v === undefined ? "–" : TP.num(v)) }];
+    const time = xMode() === "time";
+    const s = [{ label: time ? "time" : "step", value: (u, v) => (v === null || v === undefined ? "–" : time ? new Date(v * 1000).toLocaleTimeString("en-GB") : TP.num(v)) }];
     spec.labels.forEach((l, i) => s.push({ label: l, stroke: (spec.colors || COLORS)[i], width: spec.smooth ? 1 : 1.5, spanGaps: true,
       ...(spec.dash && spec.dash[i] ? { dash: spec.dash[i] } : {}),
       ...(spec.smooth ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
     if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v) });
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
-      scales: { x: { time: false } },
-      axes: [{ label: "step", labelSize: 18, size: 36, incrs: TP.STEP_INCRS, values: (u, v) => v.map(TP.axis) },
+      scales: { x: { time }, y: { distr: logY() ? 3 : 1, range: (u, lo, hi) => yRange(u, lo, hi) } },
+      axes: [time ? { label: "wall clock", labelSize: 18, size: 50 } : { label: "step", labelSize: 18, size: 36, incrs: TP.STEP_INCRS, values: (u, v) => v.map(TP.axis) },
         { label: spec.unit || "", labelSize: spec.unit ? 18 : 0, size: 64, values: spec.axis }],
       cursor: { drag: { x: true, y: false, setScale: true }, sync: { key: `job${jobId}`, setSeries: false } },
       legend: { live: true },
@@ -88,6 +121,8 @@
         setScale: [(u, key) => {
           if (key !== "x" || syncing || resetting) return;
           const { min, max } = u.scales.x;
+          if (min === null || max === null || sameRange({ min, max }, expectX)) return;
+          expectX = { min, max };
           syncing = true;
           for (const c of Object.values(charts)) if (c !== u) c.setScale("x", { min, max });
           syncing = false;
@@ -96,8 +131,63 @@
       },
     };
     const u = new uPlot(opts, data, box);
-    u.over.setAttribute("aria-label", `${box.previousElementSibling ? box.previousElementSibling.textContent : id} chart`);
+    u.keys = spec.keys.join(","); u.mode = `${xMode()}|${logY()}`; u.smoothCol = !!spec.smooth;
+    u.over.setAttribute("aria-hidden", "true"); // the summary below the chart is its text alternative
     return u;
+  }
+
+  // The y range: uPlot's own, or with "Clip outliers" the 1st..99th percentile of the points
+  // (plus a margin), so one spike does not flatten a long curve. The points beyond stay in the data
+  // (hover, CSV) and the summary says how many are off the chart.
+  function yRange(u, lo, hi) {
+    const log = logY();
+    if (clipY() && lo !== null && hi !== null) {
+      const r = robust(u);
+      if (r) { lo = Math.max(lo, r[0]); hi = Math.min(hi, r[1]); }
+    }
+    if (lo === null || hi === null) return [lo, hi];
+    return log ? uPlot.rangeLog(lo, hi, 10, true) : uPlot.rangeNum(lo, hi, 0.1, true);
+  }
+  function robust(u) {
+    const vals = [];
+    const n = u.data.length - (u.smoothCol ? 1 : 0); // the smoothed line carries a spike's tail: raw points only
+    for (let c = 1; c < n; c++) for (const v of u.data[c]) if (v !== null && isFinite(v)) vals.push(v);
+    if (vals.length < 20) return null;
+    vals.sort((a, b) => a - b);
+    const q = (p) => vals[Math.min(vals.length - 1, Math.max(0, Math.round(p * (vals.length - 1))))];
+    const a = q(0.01), b = q(0.99);
+    if (logY()) return [a / 1.5, b * 1.5];
+    const pad = (b - a) * 0.25 || Math.abs(b) * 0.05 || 1;
+    return [a - pad, b + pad];
+  }
+
+  // A text alternative for each chart: what it holds, its range, the latest value, and how much of it
+  // is clipped or zoomed away.
+  function summarize(id, spec, u) {
+    const el = $(`${id}-summary`);
+    if (!el) return;
+    const title = $(`${id}-title`).textContent;
+    if (!u) { el.textContent = `${title}: no points yet.`; return; }
+    const xs = u.data[0], n = xs.length;
+    if (!n) { el.textContent = `${title}: no points yet.`; return; }
+    const time = xMode() === "time";
+    const fx = (x) => (time ? new Date(x * 1000).toLocaleTimeString("en-GB") : `step ${TP.num(x)}`);
+    const parts = [`${title}: ${TP.num(n)} points from ${fx(xs[0])} to ${fx(xs[n - 1])}.`];
+    spec.labels.forEach((l, i) => {
+      const ys = u.data[i + 1]; let mi = null, ma = null, last = null;
+      for (let j = 0; j < ys.length; j++) { const v = ys[j]; if (v === null || !isFinite(v)) continue; last = j; if (mi === null || v < ys[mi]) mi = j; if (ma === null || v > ys[ma]) ma = j; }
+      if (last === null) return;
+      parts.push(`${l}: latest ${spec.value(ys[last])} (${fx(xs[last])}), lowest ${spec.value(ys[mi])} (${fx(xs[mi])}), highest ${spec.value(ys[ma])} (${fx(xs[ma])}).`);
+    });
+    const r = clipY() ? robust(u) : null; // (u.scales are updated a moment later, after the draw)
+    if (r) {
+      let off = 0;
+      for (let c = 1; c < u.data.length - (u.smoothCol ? 1 : 0); c++) for (const v of u.data[c]) if (v !== null && (v > r[1] || v < r[0])) off++;
+      if (off) parts.push(`${off} point${off === 1 ? " is" : "s are"} outside the clipped y range.`);
+    }
+    if (zoomed) parts.push(`Zoomed to ${fx(zoomed.min)} – ${fx(zoomed.max)}.`);
+    el.textContent = parts.join(" ");
+    $(id).dataset.clipped = (parts.find((p) => p.includes("outside the clipped")) || "").split(" ")[0] || "0";
   }
 
   // A double-click zooms out: uPlot resets every synced chart to its own data range; we then redraw
@@ -116,8 +206,10 @@
     zoomed = { min, max };
     if (!Object.keys(downsampledInfo).length) return; // everything is already here at full resolution
     clearTimeout(zoomTimer);
+    const steps = stepsIn(min, max);
+    if (!steps) return;
     zoomTimer = setTimeout(async () => {
-      const lo = Math.floor(min) - 1, hi = Math.ceil(max);
+      const lo = Math.floor(steps[0]) - 1, hi = Math.ceil(steps[1]);
       const m = await TP.api(`/api/jobs/${jobId}/metrics?max_points=${MAX_POINTS}&after_step=${lo}&before_step=${hi}`);
       if (!zoomed || zoomed.min !== min || zoomed.max !== max) return;
       detail = { min: lo + 1, max: hi, series: m.series };
@@ -125,11 +217,44 @@
       noteDownsampled(m.series, true);
     }, 120);
   }
-  function fullRange() {
+  function fullRange() { // in the x axis' units (steps, or seconds on the wall-clock axis)
+    const key = xMode() === "time" ? "t" : "step";
     let lo = Infinity, hi = -Infinity;
-    for (const s of Object.values(series)) if (s.step.length) { lo = Math.min(lo, s.step[0]); hi = Math.max(hi, s.step[s.step.length - 1]); }
+    for (const s of Object.values(series)) for (const x of s[key] || []) if (x !== null && x !== undefined) { if (x < lo) lo = x; if (x > hi) hi = x; }
     return lo <= hi ? [lo, hi] : null;
   }
+  function stepsIn(min, max) { // an x range as a step range (for fetching detail)
+    if (xMode() !== "time") return [min, max];
+    const s = series.loss || Object.values(series)[0];
+    if (!s) return null;
+    let lo = Infinity, hi = -Infinity;
+    s.t.forEach((t, i) => { if (t >= min && t <= max) { lo = Math.min(lo, s.step[i]); hi = Math.max(hi, s.step[i]); } });
+    return lo <= hi ? [lo, hi] : null;
+  }
+  // Keyboard zoom on a focused chart: + / - zoom around the middle, arrows pan, 0 / Escape / Home reset.
+  function keyZoom(e) {
+    const id = e.currentTarget.id, u = charts[id];
+    if (!u) return;
+    const full = fullRange();
+    if (!full) return;
+    const cur = zoomed || { min: full[0], max: full[1] };
+    const w = cur.max - cur.min, mid = (cur.min + cur.max) / 2;
+    let min, max;
+    if (e.key === "+" || e.key === "=") { min = mid - w / 4; max = mid + w / 4; }
+    else if (e.key === "-" || e.key === "_") { min = mid - w; max = mid + w; }
+    else if (e.key === "ArrowLeft") { min = cur.min - w / 4; max = cur.max - w / 4; }
+    else if (e.key === "ArrowRight") { min = cur.min + w / 4; max = cur.max + w / 4; }
+    else if (e.key === "0" || e.key === "Escape" || e.key === "Home") { e.preventDefault(); if (zoomed) resetZoom(); return; }
+    else return;
+    e.preventDefault();
+    if (xMode() === "step" && max - min < 2) { min = mid - 1; max = mid + 1; } // at least a few steps
+    if (min < full[0]) { max += full[0] - min; min = full[0]; }
+    if (max > full[1]) { min -= max - full[1]; max = full[1]; }
+    min = Math.max(min, full[0]);
+    if (min <= full[0] && max >= full[1]) { if (zoomed) resetZoom(); return; }
+    u.setScale("x", { min, max }); // the setScale hook moves the other charts and fetches detail
+  }
+  for (const id of Object.keys(CHARTS)) $(id).addEventListener("keydown", keyZoom);
   function resetZoom() {
     zoomed = null; detail = null;
     drawCharts(false);
@@ -151,17 +276,26 @@
     requestAnimationFrame(() => { drawPending = false; drawCharts(true); if (!zoomed) noteDownsampled(null); });
   }
   function drawCharts(keepScale) {
-    for (const [id, spec] of Object.entries(CHARTS)) {
-      const data = chartData(spec);
+    const full = fullRange();
+    const tx = zoomed && keepScale ? zoomed : full && full[1] > full[0] ? { min: full[0], max: full[1] } : null;
+    expectX = tx;
+    for (const [id, full] of Object.entries(CHARTS)) {
+      const spec = activeSpec(full);
       const box = $(id);
+      // A new series (or a new axis mode) rebuilds the chart: uPlot's series and scales are fixed at creation.
+      if (charts[id] && (charts[id].keys !== spec.keys.join(",") || charts[id].mode !== `${xMode()}|${logY()}`)) { charts[id].destroy(); delete charts[id]; }
+      if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
+      const data = chartData(spec);
       box.dataset.points = data[0].length;
-      if (!charts[id]) { if (!spec.keys.some((k) => series[k])) { emptyNote(box); continue; } box.replaceChildren(); syncing = true; try { charts[id] = makeChart(id, spec, data); } finally { syncing = false; } if (zoomed) charts[id].setScale("x", zoomed); continue; }
-      // Data updates never count as a user's zoom: only a drag (or a double-click) does.
+      box.dataset.series = spec.labels.join(",");
+      if (!charts[id]) { box.replaceChildren(); syncing = true; try { charts[id] = makeChart(id, spec, data); if (tx) charts[id].setScale("x", tx); } finally { syncing = false; } summarize(id, spec, charts[id]); continue; }
+      // Data updates never count as a user's zoom: only a drag (or a double-click, or a key) does.
       syncing = true;
       try {
         if (zoomed && keepScale) { charts[id].setData(data, false); charts[id].setScale("x", zoomed); }
-        else charts[id].setData(data, true);
+        else { charts[id].setData(data, true); if (tx) charts[id].setScale("x", tx); }
       } finally { syncing = false; }
+      summarize(id, spec, charts[id]);
     }
     if (!firstChartMarked && charts["chart-loss"] && series.loss && series.loss.step.length) {
       firstChartMarked = true;
@@ -173,24 +307,25 @@
 
   // Points arrive from two sources (websocket frames, REST refills) in any order: keep each series
   // sorted by step with every step once. The common case (newer than all) is a plain push.
-  function mergePoints(k, steps, values) {
-    const s = series[k] || (series[k] = { step: [], value: [] });
+  function mergePoints(k, steps, values, ts) {
+    const s = series[k] || (series[k] = { step: [], value: [], t: [] });
     const n = s.step.length;
     if (!steps.length) return;
-    if (!n || steps[0] > s.step[n - 1]) { for (let i = 0; i < steps.length; i++) { s.step.push(steps[i]); s.value.push(values[i]); } }
+    const tt = (i) => (ts ? ts[i] : null);
+    if (!n || steps[0] > s.step[n - 1]) { for (let i = 0; i < steps.length; i++) { s.step.push(steps[i]); s.value.push(values[i]); s.t.push(tt(i)); } }
     else {
-      const st = [], va = []; let i = 0, j = 0;
+      const st = [], va = [], ti = []; let i = 0, j = 0;
       while (i < n || j < steps.length) {
-        if (j >= steps.length || (i < n && s.step[i] < steps[j])) { st.push(s.step[i]); va.push(s.value[i]); i++; }
-        else if (i >= n || steps[j] < s.step[i]) { st.push(steps[j]); va.push(values[j]); j++; }
-        else { st.push(s.step[i]); va.push(s.value[i]); i++; j++; } // same step: keep one
+        if (j >= steps.length || (i < n && s.step[i] < steps[j])) { st.push(s.step[i]); va.push(s.value[i]); ti.push(s.t[i]); i++; }
+        else if (i >= n || steps[j] < s.step[i]) { st.push(steps[j]); va.push(values[j]); ti.push(tt(j)); j++; }
+        else { st.push(s.step[i]); va.push(s.value[i]); ti.push(s.t[i]); i++; j++; } // same step: keep one
       }
-      s.step = st; s.value = va;
+      s.step = st; s.value = va; s.t = ti;
     }
     lastStep = Math.max(lastStep, s.step[s.step.length - 1]);
   }
-  function addPoint(step, values) {
-    for (const [k, v] of Object.entries(values)) mergePoints(k, [step], [v]);
+  function addPoint(step, values, t) {
+    for (const [k, v] of Object.entries(values)) mergePoints(k, [step], [v], [t]);
   }
 
   // ---- summary ----------------------------------------------------------------------------------
@@ -201,19 +336,25 @@
     const st = $("job-state"); st.textContent = job.state; st.className = `badge ${job.state}`;
     const active = TP.ACTIVE.includes(job.state);
     const final = TP.FINAL.includes(job.state);
-    const cancelling = job.requested_action === "cancel";
+    const req = job.requested_action;
+    const cancelling = req === "cancel";
     $("cancel").hidden = !(active || ["queued", "paused"].includes(job.state)) || cancelling;
     if ($("cancel").hidden) $("cancel-confirm-box").hidden = true;
-    $("pause").hidden = !active || !!job.requested_action;
+    // A stack dump is a look, not a change of course: it never hides Pause.
+    $("pause").hidden = !active || req === "pause" || req === "cancel";
     $("resume").hidden = job.state !== "paused";
     $("stack").hidden = !active;
+    $("stack").disabled = req === "stack";
+    if (req === "stack" && active) watchStack();
     $("retry").hidden = !final;
     $("retry").textContent = job.state === "completed" ? "Run again" : "Retry";
     if (job.parent_id) $("parent").replaceChildren("cloned from ", TP.el("a", { href: `/jobs/${job.parent_id}`, text: `#${job.parent_id}` }));
     showPhase(job.phase);
     showNumbers(job.last || {});
     const r = $("reason");
-    const why = job.requested_action ? `${job.requested_action} requested; waiting for the worker…` : job.reason;
+    const why = !active && req === "stack" ? job.reason
+      : req === "stack" ? "stack dump requested; it appears in the log below when the worker has taken it…"
+        : req ? `${req} requested; waiting for the worker…` : job.reason;
     r.hidden = !why;
     r.textContent = why ? `${job.failure ? `[${job.failure}] ` : ""}${why}${job.exit_code !== null && job.exit_code !== undefined ? ` (exit code ${job.exit_code})` : ""}` : "";
     r.className = `reason ${job.state}`;
@@ -224,14 +365,70 @@
     showOutput();
   }
 
+  // Live speed figures are smoothed: an exponential moving average over the recent logged points
+  // (debiased), so one slow or fast step does not swing tokens/s or the ETA.
+  const SMOOTH_N = 30, SMOOTH_A = 0.85;
+  function smoothed(k, fallback) {
+    const s = series[k];
+    if (!s || !s.value.length) return fallback;
+    let m = 0, w = 0;
+    for (let i = Math.max(0, s.value.length - SMOOTH_N); i < s.value.length; i++) {
+      const v = s.value[i];
+      if (v === null || !isFinite(v)) continue;
+      m = SMOOTH_A * m + (1 - SMOOTH_A) * v; w = SMOOTH_A * w + (1 - SMOOTH_A);
+    }
+    return w ? m / w : fallback;
+  }
   function showNumbers(last) {
     const step = last.step ?? job.step;
+    const active = job && TP.ACTIVE.includes(job.state);
     $("step").textContent = step !== null && step !== undefined ? `${TP.num(step)}${job.total_steps ? " / " + TP.num(job.total_steps) : ""}` : "–";
     $("loss").textContent = TP.sig(last.loss);
-    $("lr").textContent = last.lr !== undefined ? Number(last.lr).toExponential(2) : "–";
-    $("tps").textContent = last.tokens_per_s !== undefined ? TP.compact(last.tokens_per_s, "tok/s") : "–";
-    $("tps").title = last.padded_tokens_per_s !== undefined ? `padded: ${TP.compact(last.padded_tokens_per_s, "tok/s")}` : "";
-    $("eta").textContent = job && TP.ACTIVE.includes(job.state) && last.eta_s !== undefined ? TP.dur(last.eta_s) : "–";
+    $("lr").textContent = last.lr !== undefined ? small(last.lr) : "–";
+    $("lr").title = last.lr !== undefined ? String(last.lr) : "";
+    const tps = smoothed("tokens_per_s", last.tokens_per_s);
+    const raw = [];
+    if (last.tokens_per_s !== undefined) raw.push(`latest: ${TP.compact(last.tokens_per_s, "tok/s")}`);
+    if (last.padded_tokens_per_s !== undefined) raw.push(`padded: ${TP.compact(smoothed("padded_tokens_per_s", last.padded_tokens_per_s), "tok/s")}`);
+    const stale = active ? staleness() : null;
+    setFigure("tps", tps !== undefined ? TP.compact(tps, "tok/s") : "–", `smoothed over the recent steps; ${raw.join(", ")}`, stale);
+    let eta;
+    const st = smoothed("step_time_s");
+    if (active && job.total_steps && st !== undefined && step !== null && step !== undefined) eta = Math.max(0, job.total_steps - step) * st;
+    else if (active) eta = smoothed("eta_s", last.eta_s);
+    setFigure("eta", active && eta !== undefined ? TP.dur(eta) : "–",
+      active && last.eta_s !== undefined ? `remaining steps × smoothed step time; latest raw estimate: ${TP.dur(last.eta_s)}` : "", stale);
+    showMfu(last, stale);
+  }
+  // A figure with its tooltip; while progress has stopped it is marked stale (greyed, a "stale" tag
+  // saying why), since it still shows the last healthy value.
+  function setFigure(id, text, title, stale) {
+    const el = $(id);
+    const tag = stale && text !== "–" ? TP.el("span", { class: "stale-tag", text: "stale", title: stale }) : "";
+    el.replaceChildren(text, tag ? " " : "", tag);
+    el.classList.toggle("stale", !!tag);
+    el.title = tag ? `stale: ${stale}. Last value while progressing; ${title}` : title;
+  }
+  // MFU against a peak measured on this device at the job's start. On a CPU that peak is taken
+  // while other processes may share the cores, so the ratio is only a rough figure: say so.
+  function showMfu(last, stale) {
+    const v = smoothed("mfu", last.mfu);
+    const dev = String((job && job.info && job.info.device) || "");
+    const cpu = dev.startsWith("cpu");
+    const peak = job && job.info && job.info.peak_flops;
+    const base = peak ? `achieved FLOP/s over a peak of ${TP.sig(peak / 1e12, 3)} TFLOP/s measured at start` : "achieved FLOP/s over the measured peak";
+    const text = v === undefined ? "–" : `${TP.num(100 * v, v < 0.1 ? 1 : 0)} %`;
+    setFigure("mfu", text, cpu ? `${base}. On a CPU the peak is measured with a short matmul while other processes may share the cores, so this ratio is rough and can read far too high or low.` : base, stale);
+    if (cpu && v !== undefined) $("mfu").append(" ", TP.el("span", { class: "caveat", text: "rough on CPU", title: $("mfu").title }));
+  }
+  const openStalls = new Map(); // alert id -> message, while a stall alert is not cleared
+  function staleness() {
+    if (!job || !TP.ACTIVE.includes(job.state)) return null;
+    if (openStalls.size) return [...openStalls.values()][0];
+    if (!lastProgress || !(series.tokens_per_s || series.eta_s)) return null;
+    const age = Date.now() / 1000 - lastProgress;
+    const limit = Math.max(30, 10 * (smoothed("step_time_s") || 0));
+    return age > limit ? `no progress for ${TP.dur(age)}` : null;
   }
 
   function showHeartbeat() {
@@ -240,6 +437,7 @@
     if (active) hb.replaceChildren(TP.rel(job.alive_at, { hb: true, none: "none yet" }));
     else hb.replaceChildren(job.alive_at ? TP.rel(job.alive_at) : "–", job.alive_at ? TP.el("span", { class: "muted", text: ` (${job.state})` }) : "");
     const el = $("elapsed");
+    $("elapsed-label").textContent = active ? "Running for" : job.state === "queued" ? "Queued" : job.started_at ? "Ran for" : "Running for";
     if (job.started_at) {
       const end = job.finished_at || (active ? null : job.alive_at) || Date.now() / 1000;
       el.textContent = TP.dur((job.finished_at || (active ? Date.now() / 1000 : end)) - job.started_at);
@@ -247,10 +445,22 @@
     } else { el.textContent = job.state === "queued" ? "waiting for a worker" : "–"; el.title = `submitted ${TP.abs(job.created_at)}`; }
   }
 
+  // While a job runs the phase line is the training process's own ("tokenizing 800/1,500
+  // examples"); once it stops, it says how the job ended and where, never a stale live phase.
   function showPhase(p) {
-    $("phase-text").textContent = !p && job && job.state === "queued" ? "waiting for a worker" : TP.phaseText(p);
+    const st = job && job.state;
+    const ended = st && (TP.FINAL.includes(st) || st === "paused");
+    $("phase-text").textContent = st === "queued" ? "waiting for a worker" : ended ? endText(p) : TP.phaseText(p);
     const bar = $("phase-progress");
-    if (p && p.total) { bar.hidden = false; bar.value = Math.min(1, (p.done || 0) / p.total); bar.title = `${Math.round(100 * bar.value)} %`; } else bar.hidden = true;
+    if (p && p.total && !ended && st !== "queued") { bar.hidden = false; bar.value = Math.min(1, (p.done || 0) / p.total); bar.title = `${Math.round(100 * bar.value)} %`; } else bar.hidden = true;
+  }
+  function endText(p) {
+    const step = job.step, total = job.total_steps;
+    const steps = step !== null && step !== undefined ? `${TP.num(step)}${total && total !== step ? "/" + TP.num(total) : ""}` : null;
+    if (job.state === "completed") return `completed${steps ? ` · ${steps} steps` : ""}${job.output_dir ? " · final model saved" : ""}`;
+    if (job.state === "paused") return `paused${steps ? ` at step ${steps}` : ""} · checkpoint saved; Resume continues from it`;
+    const where = p && p.name && !["training", "saving"].includes(p.name) ? ` during ${p.name}` : "";
+    return `${job.state}${where}${steps ? ` at step ${steps}` : ""}`;
   }
 
   // ---- alerts -----------------------------------------------------------------------------------
@@ -267,6 +477,8 @@
     $("alerts-old").hidden = n === 0;
     $("alerts-old-summary").textContent = `${n} cleared alert${n === 1 ? "" : "s"}`;
     div.className = `alert ${a.severity} ${a.state}`;
+    if (a.kind === "stalled" && a.state !== "cleared") openStalls.set(a.id, a.message); else openStalls.delete(a.id);
+    if (job) showNumbers(job.last || {});
     const ack = a.state === "open" ? TP.el("button", { type: "button", class: "small ghost", text: "Acknowledge", onclick: async (e) => {
       e.target.disabled = true;
       try { showAlert(await TP.api(`/api/alerts/${a.id}/ack`, { method: "POST" })); } catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
@@ -352,7 +564,7 @@
   function onEvent(e) {
     const d = e.data;
     if (e.kind === "metrics" || e.kind === "phase") { lastProgress = Math.max(lastProgress || 0, e.t); showProgressAge(); }
-    if (e.kind === "metrics") { addPoint(d.step, d.values); if (job) { job.last = { ...(job.last || {}), ...d.values, step: d.step }; job.step = d.step; showNumbers(job.last); } }
+    if (e.kind === "metrics") { addPoint(d.step, d.values, e.t); if (job) { job.last = { ...(job.last || {}), ...d.values, step: d.step }; job.step = d.step; showNumbers(job.last); } }
     else if (e.kind === "phase") {
       if (job) { job.phase = d; if (d.name === "training" && d.total) job.total_steps = d.total; }
       showPhase(d);
@@ -377,7 +589,7 @@
     if (j.attempts.length) lastAgent = j.attempts[j.attempts.length - 1].agent_id;
     for (const [k, s] of Object.entries(m.series)) {
       if (s.t && s.t.length) lastProgress = Math.max(lastProgress || 0, s.t[s.t.length - 1]);
-      mergePoints(k, s.step, s.value);
+      mergePoints(k, s.step, s.value, s.t);
       if (s.downsampled && first) downsampledInfo[k] = s.total_points;
     }
     drawCharts(true);
@@ -403,6 +615,9 @@
       for (const e of f.events) { onEvent(e); if (e.kind === "metrics") metrics = true; if (e.kind === "state") state = true; }
       if (metrics) scheduleDraw();
       if (job && job.state === "starting") showSummary({ state: "running", started_at: job.started_at || f.events[0].t }); // the first event makes it running
+      // Events while this page still holds "queued": its REST snapshot was older than the claim's
+      // frame (both in flight at a connect). Ask again rather than stay "queued" for the whole run.
+      else if (job && job.state === "queued" && !state) refill();
       if (state) refill();
     } else if (f.type === "job" && f.job.id === jobId) {
       const was = job && job.state;
@@ -415,8 +630,76 @@
     } else if (f.type === "alert" && f.alert.job_id === jobId) showAlert(f.alert);
   }, refill);
 
-  window.TPJOB = { series, charts, job: () => job }; // for tests and bench/ui.py
-  setInterval(() => { if (job) showHeartbeat(); }, 1000);
+  window.TPJOB = { series, charts, job: () => job, csvFor }; // for tests and bench/ui.py
+  setInterval(() => { if (job) { showHeartbeat(); if (TP.ACTIVE.includes(job.state)) showNumbers(job.last || {}); } }, 1000);
+
+  // A requested stack dump is cleared by the server once the worker has taken it, without a frame
+  // for this page: ask until it is gone (the dump itself arrives in the log).
+  let stackWatch = null;
+  function watchStack() {
+    if (stackWatch) return;
+    const until = Date.now() + 120e3;
+    stackWatch = setInterval(async () => {
+      try {
+        const j = await TP.api(`/api/jobs/${jobId}`);
+        if (j.requested_action !== "stack" || Date.now() > until) { clearInterval(stackWatch); stackWatch = null; showSummary(j); }
+      } catch (e) { if (Date.now() > until) { clearInterval(stackWatch); stackWatch = null; } }
+    }, 1000);
+  }
+
+  // ---- chart options and export -----------------------------------------------------------------
+  for (const id of ["logy", "clip", "xaxis"]) $(id).addEventListener("change", () => {
+    try { localStorage.setItem(`tp-chart-${id}`, id === "xaxis" ? $(id).value : $(id).checked ? "1" : ""); } catch (e) { /* private mode */ }
+    if (id === "xaxis") { zoomed = null; detail = null; }
+    drawCharts(!!zoomed); noteDownsampled(null);
+  });
+  try {
+    $("logy").checked = localStorage.getItem("tp-chart-logy") === "1";
+    $("clip").checked = localStorage.getItem("tp-chart-clip") === "1";
+    if (localStorage.getItem("tp-chart-xaxis") === "time") $("xaxis").value = "time";
+  } catch (e) { /* private mode */ }
+
+  function download(name, blob) {
+    const a = TP.el("a", { href: URL.createObjectURL(blob), download: name });
+    document.body.append(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10e3);
+  }
+  function csvFor(id) { // every point the chart holds, by step, with its wall-clock time
+    const spec = activeSpec(CHARTS[id]);
+    const cols = stepData(spec), when = new Map();
+    for (const k of spec.keys) { const s = sourceFor(k); if (s && s.t) s.step.forEach((x, i) => { if (s.t[i]) when.set(x, s.t[i]); }); }
+    const head = ["step", "time", ...spec.keys, ...(spec.smooth ? [`${spec.keys[0]}_smoothed`] : [])];
+    const rows = [head.join(",")];
+    cols[0].forEach((x, i) => rows.push([x, when.has(x) ? new Date(when.get(x) * 1000).toISOString() : "",
+      ...cols.slice(1).map((c) => (c[i] === null || c[i] === undefined ? "" : c[i]))].join(",")));
+    return rows.join("\n") + "\n";
+  }
+  function pngFor(id) { // the chart as drawn (axes included), with its title and legend
+    const u = charts[id];
+    const src = u.ctx.canvas, ratio = src.width / u.width;
+    const spec = activeSpec(CHARTS[id]);
+    const c = document.createElement("canvas");
+    c.width = src.width; c.height = src.height + Math.round(56 * ratio);
+    const g = c.getContext("2d");
+    g.fillStyle = "#fff"; g.fillRect(0, 0, c.width, c.height);
+    g.scale(ratio, ratio);
+    g.fillStyle = "#111827"; g.font = "600 14px system-ui, sans-serif";
+    g.fillText(`${job && job.name ? job.name + " · " : ""}${$(`${id}-title`).textContent}`, 8, 18);
+    g.drawImage(src, 0, 28, u.width, src.height / ratio);
+    let x = 8; const y = 28 + src.height / ratio + 18;
+    g.font = "12px system-ui, sans-serif";
+    spec.labels.forEach((l, i) => { g.fillStyle = (spec.colors || COLORS)[i]; g.fillRect(x, y - 8, 14, 3); g.fillStyle = "#374151"; g.fillText(l, x + 18, y); x += 26 + g.measureText(l).width; });
+    return c;
+  }
+  for (const id of Object.keys(CHARTS)) {
+    const head = $(id).previousElementSibling;
+    const name = (ext) => `job-${jobId}-${id.replace("chart-", "")}.${ext}`;
+    head.append(TP.el("span", { class: "export" },
+      TP.el("button", { type: "button", class: "small ghost", text: "CSV", title: "Save this chart's points as CSV", "aria-label": `${$(`${id}-title`).textContent}: save as CSV`,
+        onclick: () => { if (charts[id]) download(name("csv"), new Blob([csvFor(id)], { type: "text/csv" })); } }),
+      TP.el("button", { type: "button", class: "small ghost", text: "PNG", title: "Save this chart as an image", "aria-label": `${$(`${id}-title`).textContent}: save as PNG`,
+        onclick: () => { if (charts[id]) pngFor(id).toBlob((b) => download(name("png"), b), "image/png"); } })));
+  }
   $("smooth").addEventListener("input", () => { $("smooth-val").value = Number($("smooth").value).toFixed(2); drawCharts(true); });
   let resizeTimer = null;
   window.addEventListener("resize", () => {

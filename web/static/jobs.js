@@ -3,7 +3,7 @@
   const PAGE = 50;
   const ACTIVE_FILTER = ["queued", "starting", "running", "paused"];
   const url = new URLSearchParams(location.search);
-  let offset = Number(url.get("offset") || 0), jobs = new Map(), total = 0, agents = new Map(), loaded = false;
+  let offset = Number(url.get("offset") || 0), jobs = new Map(), total = 0, agents = new Map(), loaded = false, queued = 0;
   const selected = new Set();
   const $ = (id) => document.getElementById(id);
   const body = $("jobs-body"), search = $("search"), stateSel = $("state-filter");
@@ -23,11 +23,12 @@
   async function load() {
     const my = ++loadSeq;
     const p = new URLSearchParams({ limit: PAGE, offset });
-    if (search.value.trim()) p.set("q", search.value.trim().replace(/^#/, ""));
+    if (search.value.trim()) p.set("q", search.value.trim()); // "#4" is job 4; the server knows
     for (const s of states()) p.append("state", s);
-    const [data, ags] = await Promise.all([TP.api(`/api/jobs?${p}`), TP.api("/api/agents")]);
+    const [data, ags, waiting] = await Promise.all([TP.api(`/api/jobs?${p}`), TP.api("/api/agents"), TP.api("/api/jobs?state=queued&limit=1")]);
     if (my !== loadSeq) return; // a newer filter won
     agents = new Map(ags.map((a) => [a.id, a]));
+    queued = waiting.total;
     jobs = new Map(data.jobs.map((j) => [j.id, j]));
     total = data.total; loaded = true;
     render();
@@ -36,7 +37,8 @@
   function matches(j) {
     const st = states();
     if (st.length && !st.includes(j.state)) return false;
-    const q = search.value.trim().replace(/^#/, "");
+    const q = search.value.trim();
+    if (q.startsWith("#") && /^#\s*\d+$/.test(q)) return String(j.id) === q.slice(1).trim();
     if (q && !(j.name || "").includes(q) && String(j.id) !== q) return false;
     return true;
   }
@@ -49,7 +51,8 @@
     const active = TP.ACTIVE.includes(j.state);
     const frac = p && p.total ? Math.min(1, (p.done || 0) / p.total) : null;
     const nAlerts = alertsFor(j.id);
-    const ag = agents.get(j.agent_id);
+    const ranOn = j.agent_id || j.last_agent_id; // a finished job: the agent of its last attempt
+    const ag = agents.get(ranOn);
     const step = j.step ?? (last.step ?? null);
     return TP.el("tr", { "data-job": j.id, class: `state-${j.state}` },
       TP.el("td", { class: "sel" }, TP.el("input", { type: "checkbox", "aria-label": `Select ${j.name} for comparison`, checked: selected.has(j.id),
@@ -64,14 +67,15 @@
       TP.el("td", { class: "r", "data-label": "ETA", text: active && last.eta_s !== undefined ? TP.dur(last.eta_s) : "–" }),
       TP.el("td", { "data-label": "Heartbeat" }, active ? TP.rel(j.alive_at, { hb: true, none: "none yet" }) : TP.el("span", { class: "muted", text: "–" })),
       TP.el("td", { "data-label": "Alerts" }, nAlerts ? TP.el("a", { class: "alert-badge", href: `/jobs/${j.id}#alerts`, text: `⚠ ${nAlerts}`, title: `${nAlerts} open alert${nAlerts > 1 ? "s" : ""}` }) : ""),
-      TP.el("td", { "data-label": "Worker", text: j.agent_id ? (ag ? ag.name : `agent ${j.agent_id}`) : "–" }),
+      TP.el("td", { "data-label": "Worker", class: j.agent_id ? "" : "muted", text: ranOn ? (ag ? ag.name : `agent ${ranOn}`) : "–",
+        title: ranOn && !j.agent_id ? "the worker that ran its last attempt" : null }),
       TP.el("td", { "data-label": "Submitted" }, TP.rel(j.created_at)),
       TP.el("td", { "data-label": "Started" }, TP.rel(j.started_at)));
   }
 
   function phaseCell(j, active) {
     if (active || j.state === "paused") return TP.phaseText(j.phase) + (j.state === "paused" ? " (paused)" : "");
-    if (j.state === "queued") return j.attempt ? `waiting for a worker (retry ${j.attempt})` : "waiting for a worker";
+    if (j.state === "queued") return (j.attempt ? `waiting for a worker (retry ${j.attempt})` : "waiting for a worker") + (online() ? "" : " · none online");
     if (j.state === "completed") return j.started_at && j.finished_at ? `finished in ${TP.dur(j.finished_at - j.started_at)}` : "finished";
     if (j.state === "failed") return `failed${j.failure ? ": " + j.failure : ""}`;
     if (j.state === "cancelled") return j.step ? `cancelled at step ${TP.num(j.step)}` : "cancelled (never started)";
@@ -102,15 +106,44 @@
     $("next").disabled = offset + PAGE >= total;
     let run = 0, q = 0; for (const j of list) { if (TP.ACTIVE.includes(j.state)) run++; if (j.state === "queued") q++; }
     $("counts").textContent = `${run} running · ${q} queued on this page`;
+    renderNoWorker();
     syncUrl();
   }
 
-  TP.live(["jobs"], (f) => {
+  // Jobs wait and nothing can run them: say so, and how to start a worker.
+  function online() { return [...agents.values()].filter((a) => a.state === "online").length; }
+  function renderNoWorker() {
+    const box = $("no-worker");
+    const show = queued > 0 && online() === 0;
+    box.hidden = !show;
+    if (!show) return;
+    const known = [...agents.values()].sort((a, b) => (b.seen_at || 0) - (a.seen_at || 0));
+    box.replaceChildren(TP.el("strong", { text: `No worker is online: ${TP.num(queued)} queued job${queued === 1 ? " waits" : "s wait"}.` }), " ",
+      known.length ? TP.el("span", {}, `The last one seen, ${known[0].name} (${known[0].state}), reported `, TP.rel(known[0].seen_at), ". ") : "",
+      "Start a worker with ", TP.el("code", { text: `tokenpulse agent --server ${location.origin} --token-file agent_token` }),
+      " (the agent token is in the server's data directory), or run ", TP.el("code", { text: "tokenpulse up" }), ", which has one built in. ",
+      TP.el("a", { href: "/workers", text: "Workers" }));
+  }
+  let recount = null;
+  function refreshFacts() { // queued count and agents, debounced: frames can come in bursts
+    clearTimeout(recount);
+    recount = setTimeout(async () => {
+      try {
+        const [ags, waiting] = await Promise.all([TP.api("/api/agents"), TP.api("/api/jobs?state=queued&limit=1")]);
+        agents = new Map(ags.map((a) => [a.id, a])); queued = waiting.total; render();
+      } catch (e) { /* the next frame or poll tries again */ }
+    }, 300);
+  }
+
+  TP.live(["jobs", "agents"], (f) => {
     if (!loaded) return;
+    if (f.type === "agent") { refreshFacts(); return; }
     if (f.type === "job") {
       const old = jobs.get(f.job.id);
+      if (!old || old.state !== f.job.state) refreshFacts();
       if (old) {
-        if (!matches(f.job) && offset === 0 && states().length) { jobs.delete(f.job.id); total -= 1; } else jobs.set(f.job.id, { ...old, ...f.job });
+        const ranOn = f.job.agent_id || (old.agent_id ?? old.last_agent_id); // a job that ends keeps its worker
+        if (!matches(f.job) && offset === 0 && states().length) { jobs.delete(f.job.id); total -= 1; } else jobs.set(f.job.id, { ...old, ...f.job, last_agent_id: ranOn });
         render();
       } else if (offset === 0 && matches(f.job) && (jobs.size < PAGE || f.job.id > Math.max(...jobs.keys()))) {
         jobs.set(f.job.id, f.job); total += 1;
@@ -128,6 +161,7 @@
   }, load);
 
   TP.onAlert(() => { if (loaded) render(); }); // badges follow the open alerts
+  setInterval(() => { if (loaded) refreshFacts(); }, 10000); // an agent that comes back says so only by heartbeats
   let debounce = null;
   search.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(() => { offset = 0; load(); }, 200); });
   stateSel.addEventListener("change", () => { offset = 0; load(); });

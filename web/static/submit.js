@@ -85,15 +85,27 @@
     clearErrors();
     btn.disabled = true; btn.textContent = "Analyzing…"; started = Date.now();
     timer = setInterval(() => { status.textContent = `tokenizing the dataset… ${Math.round((Date.now() - started) / 1000)} s`; }, 500);
+    clearAnalysis(); // results of an earlier dataset must never stand for this one
     try {
       const a = await TP.api("/api/datasets/analyze", { method: "POST", body: spec() });
       showAnalysis(a);
       status.textContent = `analyzed in ${TP.num((Date.now() - started) / 1000, 1)} s`;
-    } catch (e) { showError(e); status.textContent = ""; }
+    } catch (e) {
+      showError(e);
+      status.textContent = "";
+      const fe = (e.errors || []).find((x) => x.field) || {};
+      status.replaceChildren(TP.el("span", { id: "analysis-error", class: "error", text: `Analysis failed: ${fe.message || e.message}` }));
+    }
     finally { clearInterval(timer); btn.disabled = false; btn.textContent = "Analyze dataset"; }
   });
 
   let hist = null;
+  function clearAnalysis() {
+    $("analysis").hidden = true;
+    for (const id of ["analysis-summary", "analysis-pct", "analysis-table", "chart-hist"]) $(id).replaceChildren();
+    $("analysis-note").textContent = "";
+    if (hist) { hist.destroy(); hist = null; }
+  }
   const LAYOUT = { max_length: "Pad to max length", dynamic: "Dynamic padding", pack: "Packing (padding-free)" };
   function showAnalysis(a) {
     const sec = $("analysis"); sec.hidden = false;
@@ -112,18 +124,27 @@
     $("analysis-pct").replaceChildren(TP.el("tr", {}, ...pk.map((k) => TP.el("th", { class: "r", text: k }))),
       TP.el("tr", {}, ...pk.map((k) => TP.el("td", { class: "r", text: `${TP.num(p[k])}` }))));
 
+    // Every layout at the same real tokens per optimizer step (training's step is a token budget):
+    // what differs is how many tokens are computed to get them, padding included.
     const rows = Object.entries(a.layouts || {});
-    const base = (a.layouts && a.layouts.max_length && a.layouts.max_length.real_tokens_per_step) || null;
-    const best = Math.max(...rows.map(([, v]) => v.real_tokens_per_step || 0));
+    const best = Math.min(...rows.map(([, v]) => v.computed_per_real_token ?? Infinity));
     $("analysis-table").replaceChildren(
-      TP.el("tr", {}, ...["Layout", "Padding waste", "Real tokens", "Padded tokens", "Speed-up"].map((h, i) => TP.el("th", { class: i ? "r" : "", text: h }))),
-      ...rows.map(([k, v]) => TP.el("tr", { class: v.real_tokens_per_step === best ? "best" : "" },
+      TP.el("tr", {}, ...[["Layout"], ["Padding waste", "Share of computed tokens that are padding"],
+        ["Tokens computed per step", "Padding included, to get the same real tokens per step"],
+        ["Computed per real token", "Tokens computed (padding included) for each real token learned from"],
+        ["Compute vs. pad to max length", "Compute for the same real tokens, relative to padding every row to max length; lower is better"]]
+        .map(([h, title], i) => TP.el("th", { class: i ? "r" : "", text: h, title }))),
+      ...rows.map(([k, v]) => TP.el("tr", { class: v.computed_per_real_token === best ? "best" : "", "data-layout": k },
         TP.el("td", { text: LAYOUT[k] || k }),
         TP.el("td", { class: "r" }, TP.el("span", { class: `waste ${v.padding_frac > 0.5 ? "bad" : v.padding_frac > 0.2 ? "warn" : "ok"}`, text: `${TP.num(100 * v.padding_frac, 1)} %` })),
-        TP.el("td", { class: "r", text: TP.num(v.real_tokens_per_step) }),
         TP.el("td", { class: "r", text: TP.num(v.padded_tokens_per_step) }),
-        TP.el("td", { class: "r", text: base ? `${TP.num(v.real_tokens_per_step / base, 2)}×` : "–" }))));
-    $("analysis-note").textContent = `Per optimizer step with ${TP.num(a.rows_per_step)} rows${a.layouts && a.layouts.pack && a.layouts.pack.row_len ? ` (packed rows of ${TP.num(a.layouts.pack.row_len)} tokens)` : ""}. Tokens are per optimizer step; padding waste is the share of computed tokens that are padding, real tokens are what the model learns from; speed-up is real tokens per step against padding to max length.`;
+        TP.el("td", { class: "r", text: v.computed_per_real_token ? `${TP.num(v.computed_per_real_token, 2)}` : "–" }),
+        TP.el("td", { class: "r", text: v.compute_vs_max_length ? `${TP.num(100 * v.compute_vs_max_length, 0)} %` : "–" }))));
+    const stepFrom = a.real_tokens_per_step_from === "tokens_per_batch" ? "as set in Tokens per optimizer step"
+      : `${TP.num(a.rows_per_step)} examples of mean length, the default`;
+    $("analysis-note").textContent = `Compared at the same ${TP.num(a.real_tokens_per_step)} real tokens per optimizer step (${stepFrom}), as training runs every layout. ` +
+      "Padding waste is the share of computed tokens that are padding; the last column is the compute each layout needs for those real tokens, relative to padding every row to max length (lower is better; attention and per-row overheads come on top)." +
+      (a.layouts && a.layouts.pack && a.layouts.pack.row_len ? ` Packed rows hold up to ${TP.num(a.layouts.pack.row_len)} tokens.` : "");
 
     const h = a.histogram || [];
     const xs = h.map((b) => (b.lo + b.hi) / 2), ys = h.map((b) => b.count);
@@ -173,17 +194,45 @@
     const note = $("clone-note"); note.hidden = false;
     note.replaceChildren("Settings copied from ", TP.el("a", { href: `/jobs/${j.id}`, text: `${j.name} #${j.id}` }), ` (${j.state}). Change what you like and submit.`);
   }
-  const sel = $("clone-from");
-  const clone = form.dataset.clone;
-  TP.api("/api/jobs?limit=100").then((d) => {
-    for (const j of d.jobs) sel.append(TP.el("option", { value: j.id, text: `#${j.id} ${j.name} (${j.state})` }));
-    if (clone) sel.value = clone;
-  });
-  sel.addEventListener("change", async () => {
-    if (!sel.value) { form.reset(); $("clone-note").hidden = true; $("f-extra").value = ""; history.replaceState(null, "", "/submit"); return; }
-    fill(await TP.api(`/api/jobs/${sel.value}`));
-    history.replaceState(null, "", `/submit?clone=${sel.value}`);
-  });
-  if (clone) TP.api(`/api/jobs/${clone}`).then(fill).catch((e) => { errBox.textContent = `Cannot clone job ${clone}: ${e.message}`; });
+  // "Start from job": any job, by #id or a name fragment; the list suggests matches as you type.
+  // (The id to clone sits on this input, not on the form: form.dataset would be the form's
+  // <input name="dataset">, which shadows the DOM property.)
+  const pickBox = $("clone-from"), options = $("clone-options"), pickErr = $("clone-error");
+  const clone = pickBox.getAttribute("data-clone");
+  let suggestSeq = 0, suggestTimer = null;
+  async function suggest() {
+    const my = ++suggestSeq, q = pickBox.value.trim();
+    const p = new URLSearchParams({ limit: 20 }); if (q && !/^#\d+ /.test(q)) p.set("q", q);
+    const d = await TP.api(`/api/jobs?${p}`);
+    if (my !== suggestSeq) return;
+    options.replaceChildren(...d.jobs.map((j) => TP.el("option", { value: `#${j.id} ${j.name}`, text: j.state })));
+  }
+  function defaults() {
+    form.reset(); $("clone-note").hidden = true; $("f-extra").value = ""; pickErr.textContent = "";
+    history.replaceState(null, "", "/submit");
+  }
+  async function pick() {
+    const q = pickBox.value.trim();
+    if (!q) return defaults();
+    let id = (/^#?\s*(\d+)(\s|$)/.exec(q) || [])[1];
+    try {
+      if (!id) { // a name: the one job that has it, or the newest that contains it
+        const d = await TP.api(`/api/jobs?${new URLSearchParams({ q, limit: 50 })}`);
+        const exact = d.jobs.filter((j) => j.name === q);
+        const hit = exact.length ? exact[0] : d.jobs[0];
+        if (!hit) { pickErr.textContent = `No job matches “${q}”. Type its #id or part of its name.`; return; }
+        id = hit.id;
+      }
+      const j = await TP.api(`/api/jobs/${id}`);
+      pickErr.textContent = "";
+      fill(j);
+      pickBox.value = `#${j.id} ${j.name}`;
+      history.replaceState(null, "", `/submit?clone=${j.id}`);
+    } catch (e) { pickErr.textContent = e.status === 404 ? `There is no job #${id}.` : `Cannot clone job ${id}: ${e.message}`; }
+  }
+  pickBox.addEventListener("input", () => { clearTimeout(suggestTimer); suggestTimer = setTimeout(suggest, 150); });
+  pickBox.addEventListener("change", pick); // Enter, leaving the box, or choosing a suggestion
+  suggest();
+  if (clone) { pickBox.value = `#${clone}`; pick(); }
   TP.live([], () => {}, null); // the header's live dot and alert badge
 })();

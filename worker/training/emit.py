@@ -3,6 +3,11 @@
 The agent opens a pipe and passes its write end as TOKENPULSE_EVENT_FD; each event is one JSON line
 {"kind", "t", "data"}. The agent adds job id and sequence number. Run standalone (no agent), events
 are printed to stderr as readable lines, so `python -m worker.training.train` is useful on its own.
+
+With narrate=True (the training process) the emitter also writes a human-readable account to
+stdout: each phase as it starts and ends, every automatic choice with its reason, a step line
+(loss, lr, tokens/s, ETA) about twenty times per run and at least every 30 s, checkpoints, alerts
+and the final state. The agent relays stdout and stderr as `log` events: this is the job's Log.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from tokenpulse.protocol import DATA_MODELS
 
 
 class Emitter:
-    def __init__(self, fd: Optional[int] = None, alive_every: float = 1.0):
+    def __init__(self, fd: Optional[int] = None, alive_every: float = 1.0, narrate: bool = False):
         env_fd = os.environ.get("TOKENPULSE_EVENT_FD")
         fd = fd if fd is not None else (int(env_fd) if env_fd else None)
         self._out = os.fdopen(fd, "w", buffering=1) if fd is not None else None
@@ -25,6 +30,10 @@ class Emitter:
         self._stop = threading.Event()
         self.phase_name: Optional[str] = None
         self.step_done: Optional[int] = None  # set by the training loop each step; rides on `alive`
+        self._narrate = narrate
+        self._said_phase: Optional[tuple] = None
+        self._train_total: Optional[float] = None
+        self._next_step_line, self._last_step_line_t = 0, 0.0
         if alive_every > 0 and self._out is not None:
             # A separate thread says "alive" whatever the main thread is doing (a hung step included):
             # alive-but-not-progressing is exactly what tells a hang from a dead process.
@@ -44,6 +53,69 @@ class Emitter:
                     pass  # the agent is gone; training may still finish and save
             elif kind != "alive":
                 print(f"[tokenpulse] {kind}: {json.dumps(data)}", file=sys.stderr, flush=True)
+        if self._narrate and kind not in ("alive", "log"):
+            try:
+                line = self._story(kind, data)
+                if line:
+                    print(line, flush=True)
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+
+    def _story(self, kind: str, d: dict) -> Optional[str]:
+        """One readable stdout line for an event, or None (most training-phase ticks say nothing)."""
+        if kind == "phase":
+            name, done, total, unit = d.get("name"), d.get("done"), d.get("total"), d.get("unit") or ""
+            if name == "training":
+                self._train_total = total
+                if (name, "start") == self._said_phase:
+                    return None
+                self._said_phase = (name, "start")
+                if not total:
+                    return "training"
+                return f"training {_n(total)} steps" if not done else f"training from step {_n(done)} of {_n(total)}"
+            finished = total is not None and done is not None and done >= total
+            if finished and name == "saving":
+                return None  # the checkpoint line that follows says where
+            key = (name, "end" if finished else "start")
+            if key == self._said_phase and not d.get("detail"):
+                return None
+            if not finished and self._said_phase and self._said_phase[0] == name and done:
+                return None  # progress ticks inside a phase (tokenizing 800/1500) stay in the phase line
+            self._said_phase = key
+            count = f" {_n(done)}/{_n(total)} {unit}" if finished and unit else ""
+            return f"{name}{' done' if finished else ''}{count}{' · ' + d['detail'] if d.get('detail') else ''}"
+        if kind == "metrics":
+            step, v = d.get("step", 0), d.get("values", {})
+            now = time.monotonic()
+            total = self._train_total
+            last = total is not None and step >= total
+            if step < self._next_step_line and now - self._last_step_line_t < 30 and not last:
+                return None
+            self._next_step_line = step + max(1, -(-int(total or 200) // 20))
+            self._last_step_line_t = now
+            parts = [f"step {_n(step)}" + (f"/{_n(total)}" if total else "")]
+            if "loss" in v:
+                parts.append(f"loss {v['loss']:.4g}")
+            if "lr" in v:
+                parts.append(f"lr {v['lr']:.3g}")
+            if "grad_norm" in v:
+                parts.append(f"grad norm {v['grad_norm']:.3g}")
+            if "tokens_per_s" in v:
+                parts.append(f"{v['tokens_per_s']:,.0f} tok/s")
+            if "eta_s" in v and not last:
+                parts.append(f"ETA {_dur(v['eta_s'])}")
+            return " · ".join(parts)
+        if kind == "info":
+            rest = {k: v for k, v in d.items() if k not in ("reason", "measured")}
+            main = ", ".join(f"{k.replace('_', ' ')}={_short(v)}" for k, v in rest.items())
+            return f"chose {main}" + (f" ({d['reason']})" if d.get("reason") else "")
+        if kind == "checkpoint":
+            return f"{'final model' if d.get('final') else 'checkpoint'} saved at step {_n(d.get('step'))}: {d.get('path')}"
+        if kind == "alert":
+            return f"{'cleared' if d.get('clear') else d.get('severity', 'warning')}: {d.get('kind')}: {d.get('message')}"
+        if kind == "state":
+            return f"{d.get('state')}: {d.get('reason') or ''}".rstrip(": ")
+        return None
 
     def phase(self, name: str, done: Optional[float] = None, total: Optional[float] = None,
               unit: Optional[str] = None, detail: Optional[str] = None) -> None:
@@ -82,3 +154,23 @@ class Emitter:
                     self._out.flush()
                 except (BrokenPipeError, ValueError):
                     pass
+
+
+def _n(x) -> str:
+    if x is None:
+        return "?"
+    return f"{x:,.0f}" if float(x) == int(x) else f"{x:,.1f}"
+
+
+def _dur(s: float) -> str:
+    s = max(0, int(round(s)))
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60} s" if s < 3600 else f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _short(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, (dict, list)):
+        t = json.dumps(v)
+        return t if len(t) <= 120 else t[:117] + "..."
+    return str(v)

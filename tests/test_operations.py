@@ -1,0 +1,59 @@
+"""Operations: Prometheus /metrics, and `tokenpulse db backup` taken while the server runs."""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT
+
+
+def scrape(server) -> dict:
+    r = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token}"})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for smp in fam.samples:
+            out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return out
+
+
+def test_metrics_endpoint(server):
+    assert httpx.get(f"{server.url}/metrics").status_code == 401  # not public
+    with server.client() as c:
+        for _ in range(2):
+            c.post("/api/jobs", json={"max_steps": 3}).raise_for_status()
+        jid = c.post("/api/jobs", json={"max_steps": 3}).json()["id"]
+        c.post(f"/api/jobs/{jid}/cancel").raise_for_status()
+    with server.ws("jobs"):
+        m = scrape(server)
+        assert m[("tokenpulse_jobs", (("state", "queued"),))] == 2
+        assert m[("tokenpulse_jobs", (("state", "cancelled"),))] == 1
+        assert m[("tokenpulse_jobs", (("state", "running"),))] == 0
+        assert m[("tokenpulse_websocket_clients", ())] >= 1
+        assert ("tokenpulse_write_queue_depth", ()) in m
+        assert ("tokenpulse_ingested_points_total", ()) in m
+        assert m[("tokenpulse_agents", (("state", "online"),))] == 0
+
+
+def test_db_backup_while_the_server_runs(server, tmp_path):
+    with server.client() as c:
+        ids = [c.post("/api/jobs", json={"max_steps": 3, "name": f"j{i}"}).json()["id"] for i in range(5)]
+    out = tmp_path / "backups" / "tp.db"
+    r = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "db", "backup", str(out),
+                        "--data-dir", str(server.data_dir)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "integrity ok" in r.stdout and "5 jobs" in r.stdout, r.stdout
+    con = sqlite3.connect(out)
+    assert [row[0] for row in con.execute("SELECT name FROM jobs ORDER BY id")] == [f"j{i}" for i in range(5)]
+    assert con.execute("SELECT version_num FROM alembic_version").fetchone()[0]  # restorable as is
+    con.close()
+    with server.client() as c:  # the server never noticed
+        assert c.get("/api/jobs").json()["total"] == len(ids)
+    bad = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "db", "backup", str(tmp_path / "x.db"),
+                          "--data-dir", str(tmp_path / "nowhere")], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "no database" in bad.stdout, bad.stdout

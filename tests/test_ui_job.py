@@ -1,0 +1,224 @@
+"""The job page in headless Chromium (issue 11, browser items 13-15, 18-20): the phase line's final
+states, smoothed and stale live figures, only the memory series that exist, chart options (log
+scale, outlier clipping, wall-clock axis, keyboard zoom), CSV/PNG export and text alternatives, the
+training process's output in the Log, and "Dump stacks" that leaves the controls as they were.
+
+A stand-in agent speaking the real agent protocol drives the figures (exact values, no training);
+the log and control items use a real agent and a real training process."""
+from __future__ import annotations
+
+import csv
+import io
+import re
+import time
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select
+
+from conftest import wait_for
+from test_ui import FAST, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+
+
+def js(d, code: str):
+    return d.execute_script(code)
+
+
+def post_events(agent, aid: int, jid: int, seq: int, events: list[tuple]) -> int:
+    """events: (kind, data, t); returns the next seq."""
+    batch = []
+    for kind, data, t in events:
+        batch.append({"kind": kind, "job_id": jid, "seq": seq, "t": t, "data": data})
+        seq += 1
+    agent.post(f"/api/agents/{aid}/events", json={"events": batch}).raise_for_status()
+    return seq
+
+
+def number(s: str) -> float:
+    m = re.search(r"([\d,.]+)\s*(k)?", s)
+    assert m, s
+    return float(m.group(1).replace(",", "")) * (1000 if m.group(2) else 1)
+
+
+class FakeRun:
+    """A job claimed by a stand-in agent that speaks the real agent protocol, with 80 logged steps
+    posted on a CPU: speed alternating between two values every step, a loss with one spike at
+    step 40, RSS but no CUDA memory, an MFU against a CPU peak. The page is open on it."""
+
+    def __init__(self, server_factory, d, tmp_path, name: str):
+        server = server_factory(agent_lost_after_s=600)  # the stand-in agent sends no heartbeats
+        agent = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.agent_token}"})
+        aid = agent.post("/api/agents", json={"name": "fake", "host": "h"}).json()["id"]
+        with server.client() as c:
+            jid = c.post("/api/jobs", json={"name": name, "max_steps": 100}).json()["id"]
+        assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
+        d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+        login(d, server)
+        d.get(f"{server.url}/jobs/{jid}")
+        until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on") and text(d, "#job-state"), "page not live")
+
+        t0 = time.time() - 80
+        evs = [("info", {"device": "cpu", "reason": "no accelerator found"}, t0),
+               ("info", {"peak_flops": 1.6e11, "flops_per_token": 6.5e6, "reason": "MFU is measured against a matmul"}, t0),
+               ("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, t0)]
+        for s in range(1, 81):
+            fast = s % 2 == 0
+            evs.append(("metrics", {"step": s, "values": {
+                "loss": 1000.0 if s == 40 else 5 - s / 40, "lr": 3e-4 * (100 - s) / 100, "grad_norm": 1.0, "rss_mb": 500.0 + s,
+                "tokens_per_s": 3000.0 if fast else 1000.0, "padded_tokens_per_s": 3300.0 if fast else 1100.0,
+                "step_time_s": 0.1 if fast else 0.3, "eta_s": (100 - s) * (0.1 if fast else 0.3), "mfu": 0.7}}, t0 + s))
+            evs.append(("phase", {"name": "training", "done": s, "total": 100, "unit": "steps"}, t0 + s))
+        seq = post_events(agent, aid, jid, 0, evs)
+        until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-points") == "80", "80 loss points")
+        self.d, self.agent, self.aid, self.jid, self.seq, self.t0 = d, agent, aid, jid, seq, t0
+
+    def post(self, events: list[tuple]) -> None:
+        self.seq = post_events(self.agent, self.aid, self.jid, self.seq, events)
+
+
+def test_live_speed_smoothed_mfu_caveat_and_only_existing_series(server_factory, browser, tmp_path):
+    """Issue 11 #19: tokens/s and ETA are smoothed; MFU on a CPU says it is rough; no "CUDA peak" on a CPU run."""
+    run = FakeRun(server_factory, browser, tmp_path, "speed")
+    d = run.d
+    # 19: smoothed tokens/s and ETA (the raw values swing 1,000 <-> 3,000 tok/s and 6 s <-> 18 s)
+    until(d, 10, lambda d: "tok/s" in text(d, "#tps"), "tokens/s shown")
+    tps = number(text(d, "#tps"))
+    assert 1500 <= tps <= 2500, text(d, "#tps")
+    assert "latest: 3,000 tok/s" in d.find_element(By.ID, "tps").get_attribute("title")
+    eta = text(d, "#eta")
+    assert re.fullmatch(r"\d+ s", eta) and 3 <= int(eta.split()[0]) <= 5, eta  # 20 steps x ~0.2 s
+    # MFU on a CPU says it is rough; the memory chart has no "CUDA peak" series on a CPU run
+    assert "70 %" in text(d, "#mfu") and "rough on CPU" in text(d, "#mfu")
+    assert "other processes" in d.find_element(By.CSS_SELECTOR, "#mfu .caveat").get_attribute("title")
+    assert d.find_element(By.ID, "chart-mem").get_attribute("data-series") == "process RSS"
+    assert "CUDA" not in text(d, "#chart-mem")
+    assert not console_errors(d), console_errors(d)
+
+
+def test_chart_log_clip_wallclock_keyboard_export_and_text(server_factory, browser, tmp_path):
+    """Issue 11 #20: log scale, outlier clipping, a wall-clock x axis, keyboard zoom, CSV and PNG
+    export, a text alternative for each chart."""
+    run = FakeRun(server_factory, browser, tmp_path, "charts")
+    d, jid, t0 = run.d, run.jid, run.t0
+    # 20: text alternative, outlier clipping, log scale, keyboard zoom, wall-clock axis
+    summary = d.find_element(By.ID, "chart-loss-summary").get_attribute("textContent")
+    assert summary.startswith("Loss: 80 points from step 1 to step 80.") and "highest 1000 (step 40)" in summary, summary
+    assert d.find_element(By.ID, "chart-loss").get_attribute("aria-describedby") == "chart-loss-summary chart-keys"
+    ymax = lambda: js(d, "return TPJOB.charts['chart-loss'].scales.y.max")  # noqa: E731
+    assert ymax() >= 1000
+    d.find_element(By.ID, "clip").click()
+    until(d, 5, lambda d: ymax() < 10, "the spike still sets the loss axis with clipping on")
+    assert "1 point is outside the clipped y range" in d.find_element(By.ID, "chart-loss-summary").get_attribute("textContent")
+    shot(d, "job-clipped", full=True)
+    d.find_element(By.ID, "logy").click()
+    until(d, 5, lambda d: js(d, "return TPJOB.charts['chart-loss'].scales.y.distr") == 3, "no log scale")
+    xr = lambda: js(d, "const x = TPJOB.charts['chart-grad'].scales.x; return [x.min, x.max]")  # noqa: E731
+    full = xr()
+    d.find_element(By.ID, "chart-loss").send_keys("+")
+    until(d, 5, lambda d: xr()[1] - xr()[0] < (full[1] - full[0]) * 0.6, "+ does not zoom (the other charts follow)")
+    zoomed_in = xr()
+    d.find_element(By.ID, "chart-loss").send_keys(Keys.ARROW_LEFT)
+    until(d, 5, lambda d: xr()[0] < zoomed_in[0] and abs((xr()[1] - xr()[0]) - (zoomed_in[1] - zoomed_in[0])) < 1e-6,
+          "left arrow does not pan")
+    d.find_element(By.ID, "chart-loss").send_keys("0")
+    until(d, 5, lambda d: xr() == full, "0 does not zoom out")
+    Select(d.find_element(By.ID, "xaxis")).select_by_value("time")
+    until(d, 5, lambda d: js(d, "return TPJOB.charts['chart-loss'].scales.x.time") is True, "no wall-clock axis")
+    assert abs(js(d, "return TPJOB.charts['chart-loss'].data[0][0]") - (t0 + 1)) < 1
+    shot(d, "job-wallclock-log", full=True)
+    Select(d.find_element(By.ID, "xaxis")).select_by_value("step")
+    d.find_element(By.ID, "logy").click()
+
+    # CSV and PNG export of a chart, saved by the browser
+    d.find_element(By.CSS_SELECTOR, "button[aria-label='Loss: save as CSV']").click()
+    f = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-loss.csv")), None), 10, "the CSV download")
+    rows = list(csv.reader(io.StringIO(f.read_text())))
+    assert rows[0] == ["step", "time", "loss", "loss_smoothed"] and len(rows) == 81, rows[:3]
+    assert rows[40][0] == "40" and float(rows[40][2]) == 1000.0 and rows[40][1].endswith("Z")
+    d.find_element(By.CSS_SELECTOR, "button[aria-label='Memory (MiB): save as PNG']").click()
+    png = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-mem.png")), None), 10, "the PNG download")
+    wait_for(lambda: png.stat().st_size > 1000, 10, "a complete PNG")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not console_errors(d), console_errors(d)
+
+
+def test_stall_marks_speed_and_eta_stale(server_factory, browser, tmp_path):
+    """Issue 11 #15: during a stall tokens/s and ETA keep their last values, marked stale with the reason."""
+    run = FakeRun(server_factory, browser, tmp_path, "stall")
+    d = run.d
+    # 15: a stall marks tokens/s and ETA stale, with the reason; recovery clears it
+    run.post([("alert", {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 60 s"},
+               time.time())])
+    until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag") and d.find_elements(By.CSS_SELECTOR, "#eta .stale-tag"),
+          "tokens/s and ETA not marked stale during a stall")
+    assert "stalled: no progress" in d.find_element(By.ID, "eta").get_attribute("title")
+    assert "stale" in d.find_element(By.ID, "tps").get_attribute("class")
+    js(d, "window.scrollTo(0, 0)")
+    shot(d, "job-stale")
+    run.post([("alert", {"kind": "stalled", "message": "progressing again", "clear": True}, time.time())])
+    until(d, 10, lambda d: not d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag"), "still stale after the stall cleared")
+    assert not console_errors(d), console_errors(d)
+
+
+def test_completed_job_final_phase_line(server_factory, browser, tmp_path):
+    """Issue 11 #14: a completed job says so (not "saving 1/1 · path"), "Ran for", lr 0 as "0"; the
+    last points are drawn."""
+    run = FakeRun(server_factory, browser, tmp_path, "final")
+    d = run.d
+    # 14: the end of the run: no stale "saving 1/1 · path", "Ran for", a learning rate of 0 as "0"
+    now = time.time()
+    evs = [("metrics", {"step": s, "values": {"loss": 3.0, "lr": 3e-4 * (100 - s) / 100, "tokens_per_s": 2000.0}}, now)
+           for s in range(81, 101)]
+    evs += [("phase", {"name": "saving", "detail": "final model"}, now),
+            ("phase", {"name": "saving", "done": 1, "total": 1, "detail": "/tmp/out/final"}, now),
+            ("checkpoint", {"step": 100, "path": "/tmp/out/final", "final": True}, now),
+            ("state", {"state": "completed", "reason": "trained 100 steps", "exit_code": 0}, now)]
+    run.post(evs)
+    until(d, 15, lambda d: text(d, "#job-state") == "completed", "not completed")
+    until(d, 5, lambda d: text(d, "#phase-text") == "completed · 100 steps · final model saved", "final phase line")
+    assert not d.find_element(By.ID, "phase-progress").is_displayed()
+    xs = "const u = TPJOB.charts['chart-loss']; return [u.data[0].length, u.scales.x.max]"
+    until(d, 5, lambda d: js(d, xs) == [100, 100], "the last points are not drawn (a shorter series set every chart's x range)")
+    assert text(d, "#elapsed-label") == "Ran for" and text(d, "#lr") == "0" and text(d, "#eta") == "–"
+    assert not d.find_elements(By.CSS_SELECTOR, ".stale-tag")
+    shot(d, "job-completed-final", full=True)
+    assert not console_errors(d), console_errors(d)
+
+
+def test_job_page_log_stack_pause_cancel(agent_server, browser):
+    """A real run: the Log shows the training process's own output; Dump stacks puts the stack in the
+    log and leaves Pause in place; paused and cancelled jobs say so in the phase line."""
+    server, d = agent_server, browser
+    login(d, server)
+    with server.client() as c:
+        jid = c.post("/api/jobs", json={"name": "log", "max_steps": 2000, "fault": {"step_sleep_s": 0.2}, **FAST}).json()["id"]
+    d.get(f"{server.url}/jobs/{jid}")
+    until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"), "not training")
+    # 18: the training process's output, not only the agent's one line
+    until(d, 60, lambda d: re.search(r"^step \d+/2,000 · loss ", text(d, "#log"), re.M), "no step lines in the log")
+    log = text(d, "#log")
+    assert "chose precision=fp32 (asked for)" in log and "tokenizing done" in log, log
+    assert d.find_elements(By.CSS_SELECTOR, "#log .line.stdout")
+    # 13: Dump stacks: the dump arrives in the log; Pause stays; the note goes once the worker took it
+    d.find_element(By.ID, "stack").click()
+    until(d, 60, lambda d: "Thread" in text(d, "#log") or "py-spy" in text(d, "#log"), "no stack dump in the log")
+    until(d, 30, lambda d: not d.find_element(By.ID, "reason").is_displayed(), "'stack requested' note stays")
+    assert d.find_element(By.ID, "pause").is_displayed() and d.find_element(By.ID, "stack").is_enabled()
+    shot(d, "job-log", full=True)
+    # 14: paused and cancelled say so, at the step they stopped
+    d.find_element(By.ID, "pause").click()
+    until(d, 60, lambda d: text(d, "#job-state") == "paused", "not paused")
+    until(d, 10, lambda d: re.fullmatch(r"paused at step [\d,]+/2,000 · checkpoint saved; Resume continues from it",
+                                        text(d, "#phase-text")), "paused phase line")
+    assert text(d, "#elapsed-label") == "Ran for"
+    d.find_element(By.ID, "resume").click()
+    until(d, 120, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"),
+          "not training after resume")
+    d.find_element(By.ID, "cancel").click()
+    d.find_element(By.ID, "cancel-confirm").click()
+    until(d, 60, lambda d: text(d, "#job-state") == "cancelled", "not cancelled")
+    until(d, 10, lambda d: re.fullmatch(r"cancelled at step [\d,]+/2,000", text(d, "#phase-text")), "cancelled phase line")
+    shot(d, "job-cancelled-final")
+    assert not console_errors(d), console_errors(d)
