@@ -135,6 +135,8 @@ def test_offline_mode_uses_the_cache_only(tmp_path, hub):
     n = len(hub.downloads)
     offline = {**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing reachable
     assert check_only(tmp_path, JOB, offline, cache) == (0, {"ok": True})
+    unreachable = {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}  # not offline, but no Hub: the cache serves
+    assert check_only(tmp_path, JOB, unreachable, cache) == (0, {"ok": True})
     code, out = check_only(tmp_path, {**JOB, "model": "tiny/never-downloaded"}, offline, cache)
     assert code == 2 and out["field"] == "model" and "offline" in out["error"], out
     assert len(hub.downloads) == n
@@ -154,3 +156,42 @@ def test_a_stuck_download_raises_a_stall_alert(hub_server, hub):
             assert hub_server.wait_job(job_id, timeout=60)["state"] == "cancelled"
     finally:
         hub.chunk_delay_s = 0
+
+
+MULTI_README = b"""---
+configs:
+- config_name: short
+  data_files:
+  - split: train
+    path: short/train.jsonl
+  - split: validation
+    path: short/validation.jsonl
+- config_name: long
+  data_files:
+  - split: train
+    path: long/train.jsonl
+---
+# two configs
+"""
+
+
+def analyze(tmp_path, spec: dict, env: dict, cache: Path):
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    r = subprocess.run([sys.executable, "-m", "worker.training.analyze", "--spec", str(tmp_path / "spec.json"),
+                        "--cache-dir", str(cache)], capture_output=True, text=True,
+                       timeout=180, env={**env, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_hub_dataset_config_and_split(tmp_path, hub):
+    rows = lambda n, w: b"".join(json.dumps({"text": " ".join([w] * (i + 1))}).encode() + b"\n" for i in range(n))  # noqa: E731
+    hub.add("datasets", "tiny/multi", {"README.md": MULTI_README, "short/train.jsonl": rows(30, "a"),
+                                       "short/validation.jsonl": rows(7, "b"), "long/train.jsonl": rows(11, "c d e")})
+    env, cache = hub_env(hub), tmp_path / "cache"
+    base = {"dataset": "tiny/multi"}
+    assert analyze(tmp_path, {**base, "dataset_config": "short"}, env, cache)[1]["examples"] == 30
+    assert analyze(tmp_path, {**base, "dataset_config": "short", "dataset_split": "validation"}, env, cache
+                   )[1]["examples"] == 7
+    assert analyze(tmp_path, {**base, "dataset_config": "long"}, env, cache)[1]["examples"] == 11
+    code, out = analyze(tmp_path, {**base, "dataset_config": "short", "dataset_split": "test"}, env, cache)
+    assert code == 2 and out["field"] == "dataset_split" and "validation" in out["error"], out

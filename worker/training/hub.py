@@ -150,6 +150,13 @@ def fetch(repo_id: str, repo_type: str, revision: Optional[str], em, field: str,
     except not_found as e:
         raise SpecError(f"{what} not found on the Hub (or it is private: give a token with HF_TOKEN on the "
                         "agent or hub_token_secret), and it is not a local path either", field) from e
+    except Exception as e:  # the Hub unreachable: a cached copy still serves, else a crash (retried)
+        try:
+            path = Path(snapshot_download(local_files_only=True, **kw))
+        except Exception:
+            raise e from None
+        em.phase(PHASE, done=0, total=0, unit="bytes",
+                 detail=f"{what}: the Hub is unreachable ({type(e).__name__}); using the cached copy")
     _resolved[key] = path
     return path
 
