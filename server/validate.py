@@ -155,8 +155,8 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
         named = any(name for _, name in wanted)
         alpaca = "instruction" in columns and "output" in columns
         if not named and not ({"text", "messages"} & set(columns) or alpaca):
-            raise SpecError("text_field", f"the dataset has no 'text', 'messages' or 'instruction'+'output' "
-                                          f"columns; name one with text_field, messages_field or "
+            raise SpecError("text_field", f"the dataset has no 'text' column (nor 'messages' for chats, nor "
+                                          f"'instruction'+'output'); name one with text_field, messages_field or "
                                           f"prompt_field/response_field (it has: {', '.join(columns)})")
         if spec.messages_field or not named and "messages" in columns:
             check_chat_template(spec)
