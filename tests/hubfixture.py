@@ -1,8 +1,10 @@
 """A small local server that speaks the Hugging Face Hub's HTTP API to the real `huggingface_hub`
 client (point HF_ENDPOINT at it). It serves the endpoints the installed client calls to resolve and
 download a repo: repo info `/api/{models|datasets}/{repo}[/revision/{rev}]`, the recursive tree
-listing `/api/{type}s/{repo}/tree/{rev}`, and file resolve `[/datasets]/{repo}/resolve/{rev}/{path}`
-(HEAD with X-Repo-Commit, ETag/X-Linked-Etag, Content-Length/X-Linked-Size; GET streams the bytes).
+listing `/api/{type}s/{repo}/tree/{rev}[/{path}]` (recursive or one level with folders, which is how
+`datasets`' streaming globs data files through HfFileSystem), and file resolve
+`[/datasets]/{repo}/resolve/{rev}/{path}` (HEAD with X-Repo-Commit, ETag/X-Linked-Etag,
+Content-Length/X-Linked-Size; GET streams the bytes). `requests` records every request line.
 
 Unknown repos and revisions answer 404 with the Hub's X-Error-Code, so the client raises its real
 RepositoryNotFoundError / RevisionNotFoundError. A repo can be private (needs `Bearer <token>`),
@@ -18,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 CHUNK = 64 * 1024
 
@@ -37,11 +39,34 @@ class Repo:
         return h.hexdigest()
 
 
+def tree(repo: Repo, sub: str, recursive: bool) -> list[dict]:
+    """Tree entries under `sub` as the Hub lists them: files, and folders when not recursive."""
+    out, folders = [], set()
+    prefix = sub + "/" if sub else ""
+    for p, b in sorted(repo.files.items()):
+        if not p.startswith(prefix):
+            continue
+        rest = p[len(prefix):]
+        if "/" in rest and not recursive:
+            folders.add(prefix + rest.split("/", 1)[0])
+            continue
+        out.append({"type": "file", "path": p, "size": len(b),
+                    "oid": hashlib.sha1(b"blob %d\0" % len(b) + b).hexdigest()})
+    if recursive:  # folders on every level, as the Hub lists them
+        for p in repo.files:
+            if p.startswith(prefix):
+                parts = p[len(prefix):].split("/")[:-1]
+                folders.update(prefix + "/".join(parts[:k + 1]) for k in range(len(parts)))
+    out += [{"type": "directory", "path": f, "oid": hashlib.sha1(f.encode()).hexdigest()} for f in sorted(folders)]
+    return out
+
+
 class HubFixture:
     def __init__(self):
         self.repos: dict[tuple[str, str], Repo] = {}  # (models|datasets, id) -> Repo
         self.chunk_delay_s = 0.0
         self.downloads: list[str] = []  # paths of file GETs, in order
+        self.requests: list[str] = []  # every request line, for reading what the client asked
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
@@ -110,6 +135,8 @@ class HubFixture:
 
             def _route(self, head: bool):
                 path = unquote(urlparse(self.path).path)
+                with hub.lock:
+                    hub.requests.append(f"{self.command} {self.path}")
                 m = re.fullmatch(r"/api/(models|datasets)/(.+?)(?:/revision/([^/]+))?", path)
                 if m and "/tree/" not in path:
                     kind, repo_id, rev = m.group(1), m.group(2), m.group(3) or "main"
@@ -123,11 +150,8 @@ class HubFixture:
                     kind, repo_id, rev = m.group(1), m.group(2), m.group(3)
                     repo = self._repo(kind, repo_id, head)
                     if repo and self._rev_ok(repo, rev, head):
-                        sub = (m.group(4) or "").strip("/")
-                        entries = [{"type": "file", "path": p, "size": len(b),
-                                    "oid": hashlib.sha1(b"blob %d\0" % len(b) + b).hexdigest()}
-                                   for p, b in sorted(repo.files.items()) if not sub or p.startswith(sub + "/")]
-                        self._json(entries, head)
+                        recursive = parse_qs(urlparse(self.path).query).get("recursive", ["false"])[0] == "true"
+                        self._json(tree(repo, (m.group(4) or "").strip("/"), recursive), head)
                     return
                 m = re.fullmatch(r"/(datasets/)?(.+?)/resolve/([^/]+)/(.+)", path)
                 if m:

@@ -195,3 +195,18 @@ def test_hub_dataset_config_and_split(tmp_path, hub):
     assert analyze(tmp_path, {**base, "dataset_config": "long"}, env, cache)[1]["examples"] == 11
     code, out = analyze(tmp_path, {**base, "dataset_config": "short", "dataset_split": "test"}, env, cache)
     assert code == 2 and out["field"] == "dataset_split" and "validation" in out["error"], out
+
+
+def test_streaming_a_hub_dataset_reads_it_from_the_hub_without_downloading_it_first(tmp_path, hub):
+    lines = (DEMO_DIR / "demo.jsonl").read_bytes().splitlines(keepends=True)[:300]
+    hub.add("datasets", "tiny/stream", {"data/train.jsonl": b"".join(lines)})
+    cache = tmp_path / "cache"
+    (tmp_path / "spec.json").write_text(json.dumps({**JOB, "dataset": "tiny/stream", "streaming": True,
+                                                    "max_steps": 2}))
+    r = subprocess.run([sys.executable, "-m", "worker.training.train", "--spec", str(tmp_path / "spec.json"),
+                        "--out", str(tmp_path / "out"), "--cache-dir", str(cache)], capture_output=True,
+                       text=True, timeout=300, env={**hub_env(hub), "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "streaming from the Hub" in r.stderr and "accumulating" in r.stderr
+    assert (tmp_path / "out" / "final" / "config.json").exists()
+    assert not list((cache / "hf" / "hub").glob("datasets--tiny--stream/snapshots/*/data/train.jsonl"))

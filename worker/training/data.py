@@ -164,6 +164,28 @@ def resolve_fields(spec: JobSpec, columns: list[str]) -> Fields:
                     "prompt_field/response_field", "text_field")
 
 
+def open_stream(spec: JobSpec, em=None, cache_dir: Optional[Path] = None):
+    """streaming=True: an IterableDataset. A Hub dataset streams straight from the Hub (nothing is
+    downloaded first: the point of streaming a dataset larger than the disk); offline, from the cache."""
+    from . import hub
+    repo = hub.dataset_repo(spec) if spec.dataset != BUILTIN_DATASET else None
+    if repo is None or hub.offline():
+        return load_rows(dataset_path(spec, em), cache_dir, streaming=True, config=spec.dataset_config,
+                         split=spec.dataset_split)
+    import datasets
+    datasets.disable_progress_bars()
+    if em is not None:
+        em.phase("loading dataset", detail=f"{repo} (streaming from the Hub)")
+    try:
+        ds = datasets.load_dataset(repo, name=spec.dataset_config, revision=spec.dataset_revision, streaming=True,
+                                   token=hub.hub_token(spec), cache_dir=_hf_cache(cache_dir))
+    except SpecError:
+        raise
+    except Exception as e:  # not found, no such config, unreadable files: the user's to fix
+        raise SpecError(f"cannot stream dataset {repo} from the Hub: {type(e).__name__}: {e}", "dataset") from e
+    return _pick_split(ds, spec.dataset_split)
+
+
 def peek_columns(path: Path, cache_dir: Optional[Path] = None, config: Optional[str] = None,
                  split: Optional[str] = None) -> list[str]:
     """Column names from the first row only: fast enough for submit-time checks on big files."""

@@ -38,6 +38,11 @@ def use_shared_cache(cache_dir: Optional[Path]) -> None:
     os.environ["HF_HOME"] = str(Path(cache_dir).resolve() / "hf")
 
 
+def offline() -> bool:
+    from huggingface_hub import constants
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def hub_token(spec: JobSpec):
     """The secret the job names, else None (huggingface_hub then uses HF_TOKEN / its stored login)."""
     if not spec.hub_token_secret:

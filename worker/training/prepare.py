@@ -83,8 +83,7 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
     em.phase("loading dataset", detail=f"{spec.dataset} (streaming)")
     if spec.fault and spec.fault.slow_data_s:
         slow_data(spec.fault.slow_data_s, em, should_stop)
-    path = D.dataset_path(spec, em)
-    stream = D.load_rows(path, cache_dir, streaming=True, config=spec.dataset_config, split=spec.dataset_split)
+    stream = D.open_stream(spec, em, cache_dir)
     fields = None
     parts, buf, n_samples, n_tokens = [], [], 0, 0
     last = 0.0
