@@ -26,6 +26,8 @@ def hub(tmp_path_factory):
     files = tiny_model_files(tmp_path_factory.mktemp("tinyllama"))
     h.add("models", "tiny/llama", files, info={"config": {"model_type": "llama"}})
     h.add("models", "tiny/private-llama", files, token=SECRET)
+    h.add("models", "tiny/ships-code", {"config.json": b"{}"},
+          info={"config": {"model_type": "custom", "auto_map": {"AutoModelForCausalLM": "modeling.Custom"}}})
     lines = (DEMO_DIR / "demo.jsonl").read_bytes().splitlines(keepends=True)[:200]
     h.add("datasets", "tiny/fortunes", {"data/train.jsonl": b"".join(lines), "README.md": b"# fortunes\n"})
     yield h
@@ -103,6 +105,8 @@ def test_unknown_hub_ids_are_a_422_naming_the_field(hub_server):
             assert r.status_code == 422, (spec, r.text)
             assert r.json()["detail"]["field"] == field, (spec, r.text)
         assert "Hub" in r.text and "token" in r.text  # the private one says how to get in
+        r = c.post("/api/jobs", json={"model": "tiny/ships-code"})
+        assert r.status_code == 422 and r.json()["detail"]["field"] == "model" and "auto_map" in r.text, r.text
 
 
 def test_private_repo_with_a_named_secret_and_the_token_never_stored(hub_server, hub):
