@@ -217,3 +217,15 @@ def test_submit_accepts_chat_and_alpaca_columns_and_names_bad_ones(server, tmp_p
         assert "chat template" in r.text
         r = post({"dataset": str(chat), "messages_field": "messages", "text_field": "messages"})
         assert r.status_code == 422 and "messages_field" in r.text, r.text
+
+
+def test_cli_analyze_counts_rendered_chat_tokens(server, tmp_path, model_dir):
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"conv": c} for c in CHATS])
+    r = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "analyze", "--json", "--model", str(model_dir),
+                        "--dataset", str(chat), "--messages-field", "conv"], capture_output=True, text=True,
+                       timeout=180, env={**server.env, "TOKENPULSE_URL": server.url, "TOKENPULSE_TOKEN": server.token})
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    tok = load_tokenizer(JobSpec(model=str(model_dir)))
+    want = [len(tok(tok.apply_chat_template(c, tokenize=False), add_special_tokens=False)["input_ids"]) for c in CHATS]
+    assert out["fields"] == {"messages": "conv"} and out["tokens"] == sum(want)
