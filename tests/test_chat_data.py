@@ -229,3 +229,27 @@ def test_cli_analyze_counts_rendered_chat_tokens(server, tmp_path, model_dir):
     tok = load_tokenizer(JobSpec(model=str(model_dir)))
     want = [len(tok(tok.apply_chat_template(c, tokenize=False), add_special_tokens=False)["input_ids"]) for c in CHATS]
     assert out["fields"] == {"messages": "conv"} and out["tokens"] == sum(want)
+
+
+def test_template_that_rewrites_earlier_turns_still_masks_by_content(tmp_path, model_dir):
+    """A template that renders earlier assistant turns differently from the last one (as templates
+    that strip reasoning do) is not prefix-stable: each turn's content is then found in the text."""
+    from transformers import AutoTokenizer
+
+    from worker.training.chat import encode_chats
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                         "{% if m['role'] == 'assistant' and not loop.last %} [earlier]{% endif %}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    chat = CHATS[2]
+    ids, masks = encode_chats(tok, [chat], "messages", True)
+    runs, cur = [], []
+    for t, m in zip(ids[0], masks[0]):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs.append(tok.decode(cur))
+            cur = []
+    runs += [tok.decode(cur)] if cur else []
+    contents = [m["content"] for m in chat if m["role"] == "assistant"]
+    assert runs[:-1] == contents[:-1] and runs[-1] == contents[-1] + END  # the last turn is prefix-stable
