@@ -13,7 +13,6 @@ import pytest
 
 from tests.conftest import make_server, wait_for
 from tests.hubfixture import HubFixture, tiny_model_files
-from tokenpulse.protocol import BUILTIN_DATASET  # noqa: F401 -- the demo data feeds the dataset repo
 from worker.training.data import DEMO_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,8 +186,11 @@ def analyze(tmp_path, spec: dict, env: dict, cache: Path):
     return r.returncode, json.loads(r.stdout)
 
 
+def rows(n: int, word: str) -> bytes:
+    return b"".join(json.dumps({"text": " ".join([word] * (i + 1))}).encode() + b"\n" for i in range(n))
+
+
 def test_hub_dataset_config_and_split(tmp_path, hub):
-    rows = lambda n, w: b"".join(json.dumps({"text": " ".join([w] * (i + 1))}).encode() + b"\n" for i in range(n))  # noqa: E731
     hub.add("datasets", "tiny/multi", {"README.md": MULTI_README, "short/train.jsonl": rows(30, "a"),
                                        "short/validation.jsonl": rows(7, "b"), "long/train.jsonl": rows(11, "c d e")})
     env, cache = hub_env(hub), tmp_path / "cache"
