@@ -1,75 +1,50 @@
-"""The training process's side of the event pipe.
-
-The agent opens a pipe and passes its write end as TOKENPULSE_EVENT_FD; each event is one JSON line
-{"kind", "t", "data"}. The agent adds job id and sequence number. Run standalone (no agent), events
-are printed to stderr as readable lines, so `python -m worker.training.train` is useful on its own.
+"""The training process's side of the event pipe: tokenpulse.events.Emitter (shared with command
+jobs' instrumentation and the explicit API, so every process of a job writes the same lines), plus
+the training process's own narration. Run standalone (no agent), events are printed to stderr as
+readable lines, so `python -m worker.training.train` is useful on its own.
 
 With narrate=True (the training process) the emitter also writes a human-readable account to
 stdout: each phase as it starts and ends, every automatic choice with its reason, a step line
 (loss, lr, tokens/s, ETA) about twenty times per run and at least every 30 s, checkpoints, alerts
 and the final state. The agent relays stdout and stderr as `log` events: this is the job's Log.
 
-Under torchrun (WORLD_SIZE > 1) every rank writes to the same pipe, opened by path
-(TOKENPULSE_EVENT_PATH, a FIFO: torchrun closes inherited descriptors); each line is one write below
-PIPE_BUF, so lines never interleave, and carries `rank`. Ranks other than 0 send only what is theirs:
-alive (with their step, step time and memory), their own identity (`info` with `rank`), alerts and
-how they ended; rank 0 tells the job's story.
+Under torchrun (WORLD_SIZE > 1) every rank writes its lines with `rank` (tokenpulse.events); ranks
+other than 0 send only what is theirs: alive (with their step, step time and memory), their
+identity (`info` with `rank`), alerts and how they ended; rank 0 tells the job's story.
 """
 from __future__ import annotations
 
 import json
-import os
-import sys
-import threading
 import time
-from typing import Any, Optional
+from typing import Optional
 
-from tokenpulse.protocol import DATA_MODELS
+from tokenpulse.events import Emitter as PipeEmitter
 
 
-class Emitter:
+class Emitter(PipeEmitter):
     def __init__(self, fd: Optional[int] = None, alive_every: float = 1.0, narrate: bool = False):
-        env_fd = os.environ.get("TOKENPULSE_EVENT_FD")
-        fd = fd if fd is not None else (int(env_fd) if env_fd else None)
-        if fd is None and os.environ.get("TOKENPULSE_EVENT_PATH"):
-            fd = os.open(os.environ["TOKENPULSE_EVENT_PATH"], os.O_WRONLY)
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        self.rank: Optional[int] = int(os.environ.get("RANK", "0")) if world > 1 else None
-        narrate = narrate and not self.rank  # one readable account per job: rank 0's
-        self.rank_step: Optional[dict] = None  # this rank's step and busy time, set by the loop
-        self._out = os.fdopen(fd, "w", buffering=1) if fd is not None else None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self.phase_name: Optional[str] = None
-        self.step_done: Optional[int] = None  # set by the training loop each step; rides on `alive`
         self._narrate = narrate
         self._said_phase: Optional[tuple] = None
         self._train_total: Optional[float] = None
         self._next_step_line, self._last_step_line_t = 0, 0.0
-        if alive_every > 0 and self._out is not None:
-            # A separate thread says "alive" whatever the main thread is doing (a hung step included):
-            # alive-but-not-progressing is exactly what tells a hang from a dead process.
-            threading.Thread(target=self._alive_loop, args=(alive_every,), daemon=True,
-                             name="tokenpulse-alive").start()
+        self.rank_step: Optional[dict] = None  # this rank's step and busy time, set by the loop
+        self._proc = None
+        super().__init__(fd=fd, alive_every=alive_every)
+        self._narrate = narrate and not self.rank  # one readable account per job: rank 0's
 
-    def emit(self, kind: str, /, **data: Any) -> None:
-        model = DATA_MODELS.get(kind)
-        if model is not None:  # validate here, so a bad event fails in the process that made it
-            data = model.model_validate(data).model_dump(exclude_none=True, mode="json")
+    def alive_extra(self) -> dict:
+        if self.rank is None:
+            return {}
+        if self._proc is None:
+            import psutil
+            self._proc = psutil.Process()
+        # per-rank telemetry for the rank table and the straggler check
+        return {**(self.rank_step or {}), "rss_mb": round(self._proc.memory_info().rss / 2 ** 20, 1)}
+
+    def emit_data(self, kind: str, data: dict) -> None:
         if self.rank and not (kind in ("alive", "state", "alert") or kind == "info" and "rank" in data):
             return  # a rank other than 0: the job's story is rank 0's
-        ev = {"kind": kind, "t": time.time(), "data": data}
-        if self.rank is not None:
-            ev["rank"] = self.rank
-        line = json.dumps(ev, allow_nan=False)
-        with self._lock:
-            if self._out is not None:
-                try:
-                    self._out.write(line + "\n")
-                except (BrokenPipeError, ValueError):
-                    pass  # the agent is gone; training may still finish and save
-            elif kind != "alive":
-                print(f"[tokenpulse] {kind}: {json.dumps(data)}", file=sys.stderr, flush=True)
+        super().emit_data(kind, data)
         if self._narrate and kind not in ("alive", "log"):
             try:
                 line = self._story(kind, data)
@@ -133,51 +108,6 @@ class Emitter:
         if kind == "state":
             return f"{d.get('state')}: {d.get('reason') or ''}".rstrip(": ")
         return None
-
-    def phase(self, name: str, done: Optional[float] = None, total: Optional[float] = None,
-              unit: Optional[str] = None, detail: Optional[str] = None) -> None:
-        self.phase_name = name
-        self.emit("phase", name=name, done=done, total=total, unit=unit, detail=detail)
-
-    def metrics(self, step: int, **values: float) -> None:
-        import math
-        clean = {k: float(v) for k, v in values.items() if v is not None}
-        # NaN/inf cannot travel in JSON; the loop raises its own alert for a non-finite loss.
-        clean = {k: v for k, v in clean.items() if math.isfinite(v)}
-        self.emit("metrics", step=step, values=clean)
-
-    def log(self, line: str) -> None:
-        self.emit("log", line=line[:8192], stream="stdout")
-
-    def alert(self, kind: str, message: str, severity: str = "warning", clear: bool = False) -> None:
-        self.emit("alert", kind=kind, message=message, severity=severity, clear=clear)
-
-    def info(self, **data: Any) -> None:
-        """Automatic choices and their reasons (precision, padding, batch size...)."""
-        self.emit("info", **data)
-
-    def _alive_loop(self, every: float) -> None:
-        proc = None
-        if self.rank is not None:
-            import psutil
-            proc = psutil.Process()
-        while not self._stop.wait(every):
-            extra = {}
-            if proc is not None:  # per-rank telemetry for the rank table and the straggler check
-                extra = {**(self.rank_step or {}), "rss_mb": round(proc.memory_info().rss / 2 ** 20, 1)}
-            if self.step_done is None:
-                self.emit("alive", phase=self.phase_name, **extra)
-            else:  # steps between metric points are progress too (log_every > 1, a slow first log)
-                self.emit("alive", phase=self.phase_name, step=self.step_done, **extra)
-
-    def close(self) -> None:
-        self._stop.set()
-        with self._lock:
-            if self._out is not None:
-                try:
-                    self._out.flush()
-                except (BrokenPipeError, ValueError):
-                    pass
 
 
 def _n(x) -> str:

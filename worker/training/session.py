@@ -22,6 +22,7 @@ from .diskspace import looks_like_disk_full
 from .distributed import broadcast, env_ranks, rank_info, setup, wrap
 from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
 from .faults import Faults
+from .hub import fetch_model
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
@@ -53,6 +54,7 @@ class Session:
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"))
         if self.ranks.on:
             em.info(**rank_info(self.ranks, self.device))  # each rank's identity, for the rank table
+        fetch_model(spec, em)  # a Hub model downloads first, as its own phase with bytes done/total
         em.phase("loading model", detail=spec.model)
         self.tokenizer = load_tokenizer(spec)
         self.state_in = None
