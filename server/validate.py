@@ -143,7 +143,23 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
         if not any(name for _, name in wanted) and "text" not in columns:
             raise SpecError("text_field", f"the dataset has no 'text' column; name one with text_field "
                                           f"or prompt_field/response_field (it has: {', '.join(columns)})")
+    if spec.eval_dataset:
+        spec = check_eval_dataset(spec, settings, [name for _, name in wanted if name] or ["text"])
     return spec
+
+
+def check_eval_dataset(spec: JobSpec, settings: Settings, fields: list[str]) -> JobSpec:
+    """The evaluation file: allowed path, readable, and holding the training data's fields."""
+    path = confined(settings, spec.eval_dataset, "eval_dataset")
+    try:
+        columns = dataset_columns(path)
+    except SpecError as e:
+        raise SpecError("eval_dataset", e.message) from None
+    missing = [f for f in fields if columns is not None and f not in columns]
+    if missing:
+        raise SpecError("eval_dataset", f"the evaluation dataset has no column {missing[0]!r} "
+                                        f"(it has: {', '.join(columns)})")
+    return spec.model_copy(update={"eval_dataset": str(path)})
 
 
 def dataset_columns(path: Path) -> Optional[list[str]]:

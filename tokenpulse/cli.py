@@ -224,9 +224,21 @@ def _watch(c: Client, job_id: int) -> int:
             time.sleep(1)
     color = {"completed": "green", "failed": "red"}.get(job["state"], "yellow")
     console.print(f"job {job_id} [{color}]{job['state']}[/]" + (f": {job['reason']}" if job.get("reason") else ""))
+    line = final_eval(job)
+    if line:
+        console.print(line)
     if job.get("output_dir"):
         console.print(f"model saved in {job['output_dir']}")
     return 0 if job["state"] == "completed" else 1
+
+
+def final_eval(job: dict) -> str:
+    """'eval loss 2.31, perplexity 10.1 (step 200)' from the job's latest values, or ''."""
+    last = job.get("last") or {}
+    if "eval/loss" not in last:
+        return ""
+    ppl = f", perplexity {last['eval/ppl']:.4g}" if "eval/ppl" in last else ""
+    return f"eval loss {last['eval/loss']:.4f}{ppl}"
 
 
 def cmd_watch(args) -> int:
@@ -236,12 +248,13 @@ def cmd_watch(args) -> int:
 def cmd_jobs(args) -> int:
     from rich.table import Table
     data = client(args).jobs(state=args.state, q=args.q, limit=args.limit)
-    table = Table("id", "name", "state", "phase", "step", "loss", "tok/s", title=f"{data['total']} jobs")
+    table = Table("id", "name", "state", "phase", "step", "loss", "eval loss", "tok/s", title=f"{data['total']} jobs")
     for j in data["jobs"]:
         p, last = j.get("phase") or {}, j.get("last") or {}
         table.add_row(str(j["id"]), j["name"], j["state"], p.get("name", ""),
                       f"{j.get('step') or 0}/{j.get('total_steps') or '?'}",
                       f"{last['loss']:.4f}" if "loss" in last else "",
+                      f"{last['eval/loss']:.4f}" if "eval/loss" in last else "",
                       f"{last['tokens_per_s']:,.0f}" if "tokens_per_s" in last else "")
     _console().print(table)
     return 0

@@ -22,7 +22,8 @@
     return v.map((x) => (x === null ? "" : small(x, 6)));
   };
   const CHARTS = {
-    "chart-loss": { keys: ["loss"], labels: ["loss"], smooth: true, value: (v) => TP.sig(v) },
+    // eval loss (held-out data, every eval_every steps) beside train loss: orange points, never smoothed
+    "chart-loss": { keys: ["loss", "eval/loss"], labels: ["loss", "eval loss"], colors: ["#2563eb", "#f97316"], smooth: true, value: (v) => TP.sig(v) },
     "chart-tps": { keys: ["padded_tokens_per_s", "tokens_per_s"], labels: ["padded", "real"], colors: ["#f97316", "#2563eb"], dash: [[5, 4], null], unit: "tok/s", axis: fmtTps, value: (v) => TP.compact(v, "tok/s") },
     "chart-step": { keys: ["step_time_s"], labels: ["step time"], unit: "s", value: (v) => (v === null || v === undefined ? "–" : `${TP.sig(v, 3)} s`) },
     "chart-lr": { keys: ["lr"], labels: ["lr"], axis: fmtLr, value: (v) => small(v, 3) },
@@ -108,7 +109,8 @@
     const s = [{ label: time ? "time" : "step", value: (u, v) => (v === null || v === undefined ? "–" : time ? new Date(v * 1000).toLocaleTimeString("en-GB") : TP.num(v)) }];
     spec.labels.forEach((l, i) => s.push({ label: l, stroke: (spec.colors || COLORS)[i], width: spec.smooth ? 1 : 1.5, spanGaps: true,
       ...(spec.dash && spec.dash[i] ? { dash: spec.dash[i] } : {}),
-      ...(spec.smooth ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
+      ...(spec.smooth && spec.keys[i] === "loss" ? { stroke: "rgba(37,99,235,0.3)" } : {}),
+      ...(spec.keys[i] === "eval/loss" ? { width: 2, points: { show: true, size: 6 } } : {}), value: (u, v) => spec.value(v) }));
     if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v) });
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
@@ -525,13 +527,25 @@
     }
     const rows = [];
     for (const ev of infoEvents) {
-      const { reason, measured, ...rest } = ev.data;
+      const { reason, measured, eval_generations, eval_step, ...rest } = ev.data; // generations have their own panel
+      if (!Object.keys(rest).length) continue;
       const main = Object.entries(rest).map(([k, v]) => `${k.replaceAll("_", " ")}: ${fmtVal(k, v)}`).join(" · ");
       rows.push(TP.el("li", {}, TP.el("span", { class: "choice", text: main }),
         reason ? TP.el("span", { class: "why", text: ` — ${reason}` }) : "",
         measured ? TP.el("details", {}, TP.el("summary", { text: "measurements" }), TP.el("pre", { text: JSON.stringify(measured, null, 1) })) : ""));
     }
     box.replaceChildren(TP.el("ul", { class: "choices" }, ...rows));
+    showGenerations();
+  }
+  // The eval prompts' greedy generations, newest eval first (each info event with eval_generations).
+  function showGenerations() {
+    const evs = infoEvents.filter((e) => Array.isArray(e.data.eval_generations));
+    const box = $("generations");
+    box.hidden = !evs.length;
+    if (!evs.length) return;
+    $("generations-list").replaceChildren(...evs.slice(-5).reverse().map((e) => TP.el("div", { class: "gen-eval" },
+      TP.el("span", { class: "label", text: `step ${TP.num(e.data.eval_step)}` }),
+      ...e.data.eval_generations.map((g) => TP.el("p", { class: "gen" }, TP.el("code", { text: g.prompt }), TP.el("span", { text: ` → ${g.output || "(nothing)"}` }))))));
   }
   function showOutput() {
     const box = $("output");

@@ -19,6 +19,7 @@ from .analysis import recommend_max_len
 from .autotune import autotune
 from .controls import Controls, Faults
 from .errors import EXIT_NAN, EXIT_OK, SpecError
+from .evaluation import Evaluator, cap, hold_out
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
@@ -38,6 +39,8 @@ class Session:
         self.telemetry = telemetry
         self.faults = Faults(spec.fault)
         self.result = None  # LoopResult, for callers in-process (tests, benchmark)
+        self.eval_data: Optional[Tokenized] = None  # held-out or separate eval examples
+        self.evaluator: Optional[Evaluator] = None
 
     # ---- setup -------------------------------------------------------------------------------
     def _model(self):
@@ -150,6 +153,28 @@ class Session:
                      f"(covers {spec.length_coverage:g}% of examples)", severity="warning")
         return lay, step_tokens
 
+    def _eval_split(self, data: Optional[Tokenized]) -> Optional[Tokenized]:
+        """Set self.eval_data (held out from `data` by seed, or a separate dataset); returns the
+        training examples."""
+        spec, em = self.spec, self.em
+        if spec.eval_fraction is not None and data is not None:
+            data, ev = hold_out(data, spec.eval_fraction, spec.seed)
+            why = f"{spec.eval_fraction:g} of the examples held out (chosen by seed {spec.seed})"
+        elif spec.eval_dataset:
+            ev, _ = load_tokenized(spec.model_copy(update={"dataset": spec.eval_dataset, "fault": None}),
+                                   self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop)
+            if ev.n == 0:
+                raise SpecError("the evaluation dataset has no examples", "eval_dataset")
+            why = f"separate dataset {spec.eval_dataset}"
+        else:
+            return data
+        self.eval_data = cap(ev, spec.eval_max_examples, spec.seed)
+        em.info(eval_examples=self.eval_data.n, eval_held_out=ev.n, eval_every=spec.eval_every,
+                eval_every_min=spec.eval_every_min,
+                reason=why + (f"; evaluating on {self.eval_data.n:,} of them (eval_max_examples)"
+                              if self.eval_data.n < ev.n else ""))
+        return data
+
     def _precision(self) -> str:
         if self.state_in is not None:
             p = self.state_in["precision"]
@@ -172,6 +197,7 @@ class Session:
                 tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
         if data.n == 0:
             raise SpecError("dataset has no examples", "dataset")
+        data = self._eval_split(data)
         precision = self._precision()
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
@@ -208,6 +234,7 @@ class Session:
         spec, em = self.spec, self.em
         if spec.epochs is not None and spec.max_steps is None:
             raise SpecError("streaming needs max_steps (the stream's length is unknown)", "max_steps")
+        self._eval_split(None)
         precision = self._precision()
         chunk_tokens = 200_000
 
@@ -287,6 +314,8 @@ class Session:
                     f"{precision} matmul on this device ({peak / 1e12:.2f} TFLOP/s)")
         tel = Telemetry(em, flops_per_token=fpt, peak_flops=peak, log_every=spec.log_every, enabled=self.telemetry)
         last_ckpt = {"t": time.monotonic()}
+        ev = self.evaluator = Evaluator(spec, self.eval_data, lay, self.tokenizer, self.device, precision, em,
+                                        self.controls.should_stop) if self.eval_data is not None else None
 
         def save(st: LoopState) -> Path:
             em.phase("saving", detail=f"checkpoint at step {st.step}")
@@ -298,12 +327,17 @@ class Session:
             last_ckpt["t"] = time.monotonic()
             return p
 
-        def on_step(st: LoopState) -> None:
+        def on_step(st: LoopState) -> bool:
+            evaluated = ev is not None and ev.due(st.step, total)
+            if evaluated:
+                ev.run(model, st.step)
             due = spec.checkpoint_every and st.step % spec.checkpoint_every == 0
             due = due or (spec.checkpoint_every_min and time.monotonic() - last_ckpt["t"] >= 60 * spec.checkpoint_every_min)
             if due and st.step < total:
                 save(st)
+            if (due or evaluated) and st.step < total:
                 em.phase("training", done=st.step, total=total, unit="steps")
+            return evaluated
 
         em.phase("training", done=state.step, total=total, unit="steps")
         res = run(model, opt, sched, batches, state, total, precision, self.device, tel,
@@ -320,6 +354,8 @@ class Session:
             p = save(state)
             em.emit("state", state="paused", reason=f"paused at step {state.step}; resume from {p}")
             return EXIT_OK
+        if ev is not None and (ev.last is None or ev.last["step"] != state.step):
+            ev.run(model, state.step)  # the data ran out before the last planned step: the final eval
         em.phase("saving", detail="final model")
         final = self.out / "final"
         tmp = self.out / ".tmp-final"
