@@ -25,6 +25,7 @@
       if (kind === "int" || kind === "float") setPath(s, el.name, isFinite(Number(v)) ? Number(v) : v);
       else if (kind === "auto-int") setPath(s, el.name, v === "auto" ? "auto" : isFinite(Number(v)) ? Number(v) : v);
       else if (kind === "list") setPath(s, el.name, v.split(",").map((x) => x.trim()).filter(Boolean));
+      else if (kind === "lines") setPath(s, el.name, v.split("\n").map((x) => x.trim()).filter(Boolean)); // eval prompts may hold commas
       else setPath(s, el.name, v);
     }
     const extra = $("f-extra").value.trim();
@@ -184,7 +185,7 @@
       }
       const el = form.elements[k];
       if (!el) { if (v !== null) extra[k] = v; continue; }
-      if (el.type === "checkbox") el.checked = !!v; else el.value = v === null || v === undefined ? "" : v;
+      if (el.type === "checkbox") el.checked = !!v; else el.value = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(el.dataset.kind === "lines" ? "\n" : ", ") : v;
     }
     $("f-extra").value = Object.keys(extra).length ? JSON.stringify(extra) : "";
     if (lora) $("details-lora").open = true;
