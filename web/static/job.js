@@ -386,6 +386,9 @@
     const active = job && TP.ACTIVE.includes(job.state);
     $("step").textContent = step !== null && step !== undefined ? `${TP.num(step)}${job.total_steps ? " / " + TP.num(job.total_steps) : ""}` : "–";
     $("loss").textContent = TP.sig(last.loss);
+    const ev = last["eval/loss"]; // the latest (at the end: the final) evaluation
+    $("eval-box").hidden = ev === undefined;
+    if (ev !== undefined) $("eval-loss").textContent = `${TP.sig(ev)}${last["eval/ppl"] !== undefined ? ` (ppl ${TP.sig(last["eval/ppl"], 3)})` : ""}`;
     $("lr").textContent = last.lr !== undefined ? small(last.lr) : "–";
     $("lr").title = last.lr !== undefined ? String(last.lr) : "";
     const tps = smoothed("tokens_per_s", last.tokens_per_s);
