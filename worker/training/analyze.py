@@ -41,9 +41,12 @@ def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
     model_max = _model_max(spec)
     fixed = spec.max_seq_length if spec.max_seq_length != "auto" else None
     out = analyze_lengths(data.lengths, spec.length_coverage, model_max, fixed, n_total=info["examples"],
-                          tokens_per_batch=spec.tokens_per_batch, group_by_length=spec.group_by_length)
+                          tokens_per_batch=spec.tokens_per_batch, group_by_length=spec.group_by_length,
+                          pad_all=spec.padding == "max_length")
     out["fields"] = {k: v for k, v in info["fields"].items() if v}
     out["tokenization_cache"] = "hit" if info["cache_hit"] else "miss"
+    from .preflight import analysis_warnings, spec_warnings
+    out["warnings"] = spec_warnings(spec) + analysis_warnings(spec, out)
     return out
 
 

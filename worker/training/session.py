@@ -28,6 +28,7 @@ from .prepare import load_tokenized, stream_chunks
 from .tokenization import Tokenized
 
 DEFAULT_ROWS_PER_STEP = 16  # JobSpec: tokens_per_batch defaults to 16 examples' worth of real tokens
+TRUNCATION_ALERT_FRAC = 0.01  # more examples cut than this is an alert, not just an info line
 
 
 class Session:
@@ -76,19 +77,33 @@ class Session:
     def _choose_max_len(self, lengths: np.ndarray) -> int:
         spec, em = self.spec, self.em
         model_max = self._model_max()
+        rec = recommend_max_len(lengths, spec.length_coverage, model_max, pad_all=spec.padding == "max_length")
         if spec.max_seq_length != "auto":
             L = min(spec.max_seq_length, model_max) if model_max else spec.max_seq_length
             tr = int((lengths > L).sum())
             em.info(max_seq_length=L, reason="asked for" + (f" (clamped to the model's {model_max})"
                     if L != spec.max_seq_length else ""), truncated=tr, truncated_frac=tr / max(1, len(lengths)),
-                    recommended_max_seq_length=recommend_max_len(lengths, spec.length_coverage, model_max))
-            return L
-        L = recommend_max_len(lengths, spec.length_coverage, model_max)
-        tr = int((lengths > L).sum())
-        pct = float(np.percentile(lengths, spec.length_coverage)) if len(lengths) else 0
-        em.info(max_seq_length=L, recommended_max_seq_length=L, truncated=tr, truncated_frac=tr / max(1, len(lengths)),
-                reason=f"covers {spec.length_coverage:g}% of examples (p{spec.length_coverage:g} = "
-                       f"{pct:.0f} tokens, rounded up to a multiple of 8); truncates {tr} of {len(lengths)}")
+                    recommended_max_seq_length=rec)
+        else:
+            L = rec
+            tr = int((lengths > L).sum())
+            pct = float(np.percentile(lengths, spec.length_coverage)) if len(lengths) else 0
+            longest = int(lengths.max()) if len(lengths) else 0
+            cov = f"{spec.length_coverage:g}"
+            if tr == 0 and longest > pct:
+                reason = (f"covers every example: the longest has {longest} tokens and the few beyond "
+                          f"p{cov} = {pct:.0f} cost little; rounded up to a multiple of 8")
+            else:
+                reason = (f"covers {cov}% of examples (p{cov} = {pct:.0f} tokens, rounded up to a multiple "
+                          f"of 8); truncates {tr} of {len(lengths)}")
+            em.info(max_seq_length=L, recommended_max_seq_length=L, truncated=tr,
+                    truncated_frac=tr / max(1, len(lengths)), reason=reason)
+        frac = tr / max(1, len(lengths))
+        if frac > TRUNCATION_ALERT_FRAC:  # cutting many examples silently changes what the model learns
+            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% whole" if rec > L else
+                   f"the model takes at most {model_max} tokens: split or shorten the longest examples")
+            em.alert("truncation", f"{tr:,} of {len(lengths):,} examples ({frac:.1%}) are longer than "
+                     f"max_seq_length={L} and are cut; {fix}", severity="warning")
         return L
 
     def _choose_mode(self) -> str:

@@ -1,0 +1,74 @@
+"""Preflight everywhere (issue 15 item 5): the automatic max length covers the longest example when
+that costs little, truncation above 1% of examples is an alert, and the analysis's warnings (with
+their fixes) come back from a submit and are printed by `tokenpulse submit`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from conftest import ROOT
+from tokenpulse.protocol import JobSpec
+from worker.training.analysis import analyze_lengths, recommend_max_len
+from worker.training.preflight import analysis_warnings, spec_warnings
+
+
+def issue_lengths() -> np.ndarray:
+    """10,000 examples: p99.9 at 1,427 tokens, the longest 1,481, 8 examples above 1,440."""
+    rng = np.random.default_rng(0)
+    body = np.sort(rng.integers(20, 1400, 9989))
+    tail = [1427, 1436, 1438, 1445, 1450, 1455, 1460, 1466, 1470, 1475, 1481]
+    return np.concatenate([body, tail])
+
+
+def test_auto_max_length_covers_the_longest_example_when_that_costs_little():
+    lengths = issue_lengths()
+    assert len(lengths) == 10_000 and lengths.max() == 1481
+    assert round(float(np.percentile(lengths, 99.9))) == 1427
+    assert (lengths > 1440).sum() == 8  # what the percentile alone (1,440) would cut
+    assert recommend_max_len(lengths, 99.9) == 1488
+    a = analyze_lengths(lengths, 99.9)
+    assert a["recommended_max_seq_length"] == 1488 and a["truncated"] == 0
+    # padding every row to max_length makes every row pay for the longer length: the percentile only
+    assert recommend_max_len(lengths, 99.9, pad_all=True) == 1440
+    # a far longer outlier is not worth it (memory and attention follow the longest row)
+    assert recommend_max_len(np.concatenate([lengths, [4000]]), 99.9) == 1440
+    # the model's limit still wins
+    assert recommend_max_len(lengths, 99.9, model_max=1024) == 1024
+
+
+def test_warning_rules_name_the_field_and_the_fix():
+    lengths = issue_lengths()
+    spec = JobSpec(max_seq_length=512)
+    got = analysis_warnings(spec, analyze_lengths(lengths, 99.9, max_seq_length=512))
+    assert [w["kind"] for w in got] == ["truncation"] and got[0]["field"] == "max_seq_length"
+    assert "max_seq_length=1488" in got[0]["fix"] and "are longer than max_seq_length=512" in got[0]["message"]
+    spec = JobSpec(max_seq_length=2048, padding="max_length")
+    got = analysis_warnings(spec, analyze_lengths(lengths, 99.9, max_seq_length=2048, pad_all=True))
+    assert [w["kind"] for w in got] == ["padding"] and got[0]["field"] == "padding"
+    assert got[0]["fix"].startswith("padding=auto (packing") and "wastes 65%" in got[0]["message"], got
+    dyn = JobSpec(padding="dynamic")
+    got = analysis_warnings(dyn, analyze_lengths(lengths, 99.9))
+    assert [w["kind"] for w in got] == ["padding"] and "group_by_length=true" in got[0]["fix"]
+    assert analysis_warnings(JobSpec(), analyze_lengths(lengths, 99.9)) == []  # the defaults are fine
+    w = spec_warnings(JobSpec(streaming=True, epochs=2))
+    assert w[0]["field"] == "epochs" and w[0]["fix"] == "set max_steps instead of epochs"
+    assert spec_warnings(JobSpec(streaming=True, epochs=2, max_steps=10))[0]["fix"] == "leave epochs out"
+
+
+def test_truncation_above_one_percent_is_an_alert(tmp_path):
+    from test_training import Recorder, quick_spec
+    from worker.training.controls import Controls
+    from worker.training.session import Session
+    em = Recorder()
+    assert Session(quick_spec(max_steps=1, max_seq_length=32), tmp_path, em, Controls()).run() == 0
+    alerts = [d for k, d in em.events if k == "alert" and d["kind"] == "truncation"]
+    assert len(alerts) == 1 and alerts[0]["severity"] == "warning", alerts
+    assert "max_seq_length=32 and are cut" in alerts[0]["message"] and "max_seq_length=2" in alerts[0]["message"]
+    em = Recorder()  # the automatic length cuts (almost) nothing: no alert
+    assert Session(quick_spec(max_steps=1), tmp_path / "b", em, Controls()).run() == 0
+    assert not [d for k, d in em.events if k == "alert" and d["kind"] == "truncation"]
