@@ -14,7 +14,7 @@ import numpy as np
 from conftest import ROOT
 from tokenpulse.protocol import JobSpec
 from worker.training.analysis import analyze_lengths, recommend_max_len
-from worker.training.preflight import analysis_warnings, spec_warnings
+from tokenpulse.preflight import analysis_warnings, spec_warnings
 
 
 def issue_lengths() -> np.ndarray:

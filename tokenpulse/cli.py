@@ -165,8 +165,19 @@ def cmd_submit(args) -> int:
         job = client(args).submit(spec)
     except ApiError as e:
         return report_error(e)
-    _console().print(f"job [bold]{job['id']}[/] ({job['name']}) queued: {client(args).url}/jobs/{job['id']}")
+    console = _console()
+    console.print(f"job [bold]{job['id']}[/] ({job['name']}) queued: {client(args).url}/jobs/{job['id']}")
+    print_warnings(console, job)
     return watch(client(args), job["id"]) if args.follow else 0
+
+
+def print_warnings(console, job: dict) -> None:
+    """The submit's preflight advice: each warning with its field and fix (the job runs as asked)."""
+    for w in job.get("warnings") or []:
+        console.print(f"[yellow]warning[/] {w['field']}: {w['message']}", highlight=False)
+        console.print(f"  fix: {w['fix']}", highlight=False)
+    if (job.get("preflight") or {}).get("analysis") == "pending":
+        console.print("the data analysis behind the warnings is still running; `tokenpulse analyze` shows it in full")
 
 
 def cmd_demo(args) -> int:

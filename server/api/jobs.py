@@ -12,6 +12,7 @@ from sqlalchemy import func, or_, select
 from server import store
 from server.deps import AppDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
+from server.preflight import preflight
 from server.series import read_series
 from server.validate import SpecError, check_spec_async
 from tokenpulse.protocol import ACTIVE_STATES, JobSpec, JobState
@@ -60,11 +61,15 @@ async def submit(tp, spec: JobSpec, parent_id: Optional[int] = None) -> dict:
     detail = await tp.db.write(create)
     tp.hub.publish("jobs", {"type": "job", "job": {k: v for k, v in detail.items() if k not in ("spec", "info")}},
                    droppable=False)
-    return detail
+    # after the job is queued (an agent may start it meanwhile): advice, never a refusal
+    return {**detail, **await preflight(spec, tp.settings, tp.db)}
 
 
 @router.post("", status_code=201)
 async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
+    """Queue a job. The answer carries `warnings`: preflight advice (padding waste, truncation, a
+    batch size far from what was measured, streaming with epochs), each with the field and the fix;
+    the job runs as asked regardless."""
     return await submit(tp, spec)
 
 

@@ -70,9 +70,24 @@
     const btn = $("submit"); btn.disabled = true;
     try {
       const j = await TP.api("/api/jobs", { method: "POST", body: spec() });
-      location.href = `/jobs/${j.id}`;
+      if (j.warnings && j.warnings.length) { showWarnings(j); btn.disabled = false; } else location.href = `/jobs/${j.id}`;
     } catch (e) { showError(e); btn.disabled = false; }
   });
+  // The submit's preflight advice: the job is queued and runs as asked; each warning names the
+  // setting and the fix, so the user can open the job, or cancel it and change the setting.
+  const warnList = (ws) => TP.el("ul", { class: "warnings" }, ...ws.map((w) => TP.el("li", {},
+    TP.el("strong", { text: `${w.field}: ` }), w.message, TP.el("span", { class: "fix", text: ` — fix: ${w.fix}` }))));
+  function showWarnings(j) {
+    const box = $("submit-warnings");
+    box.hidden = false;
+    box.replaceChildren(TP.el("p", {}, `Job #${j.id} is queued and runs as asked, with ${j.warnings.length} warning${j.warnings.length === 1 ? "" : "s"}: `,
+      TP.el("a", { href: `/jobs/${j.id}`, id: "open-job", text: `open job #${j.id}` }),
+      " · ", TP.el("button", { type: "button", class: "small ghost", text: "Cancel it", onclick: async (e) => {
+        e.target.disabled = true;
+        try { await TP.api(`/api/jobs/${j.id}/cancel`, { method: "POST" }); e.target.textContent = "Cancelled"; } catch (err) { e.target.disabled = false; errBox.textContent = err.message; }
+      } })), warnList(j.warnings));
+    box.scrollIntoView({ block: "nearest" });
+  }
   form.addEventListener("input", (ev) => { // an edited field loses its stale error
     const el = ev.target; if (!el.classList.contains("invalid")) return;
     el.classList.remove("invalid"); el.removeAttribute("aria-invalid");
@@ -103,7 +118,7 @@
   let hist = null;
   function clearAnalysis() {
     $("analysis").hidden = true;
-    for (const id of ["analysis-summary", "analysis-pct", "analysis-table", "chart-hist"]) $(id).replaceChildren();
+    for (const id of ["analysis-summary", "analysis-warnings", "analysis-pct", "analysis-table", "chart-hist"]) $(id).replaceChildren();
     $("analysis-note").textContent = "";
     if (hist) { hist.destroy(); hist = null; }
   }
@@ -115,6 +130,7 @@
     const useBtn = TP.el("button", { type: "button", class: "small", id: "use-recommended", text: `Use ${rec}`, onclick: () => {
       form.elements.max_seq_length.value = rec; form.elements.max_seq_length.focus(); } });
     const truncated = a.truncated ?? 0;
+    $("analysis-warnings").replaceChildren(...((a.warnings || []).length ? [warnList(a.warnings)] : []));
     $("analysis-summary").replaceChildren(
       TP.el("p", { class: "recommend" }, "Recommended max sequence length: ", TP.el("strong", { id: "recommended", text: `${TP.num(rec)} tokens` }), " ", useBtn),
       TP.el("p", { text: `Covers ${a.length_coverage} % of examples whole` + (a.model_max_length ? `; the model accepts up to ${TP.num(a.model_max_length)} tokens.` : ".") }),

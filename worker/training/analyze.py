@@ -45,7 +45,7 @@ def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
                           pad_all=spec.padding == "max_length")
     out["fields"] = {k: v for k, v in info["fields"].items() if v}
     out["tokenization_cache"] = "hit" if info["cache_hit"] else "miss"
-    from .preflight import analysis_warnings, spec_warnings
+    from tokenpulse.preflight import analysis_warnings, spec_warnings
     out["warnings"] = spec_warnings(spec) + analysis_warnings(spec, out)
     return out
 

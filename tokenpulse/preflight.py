@@ -1,8 +1,8 @@
-"""Preflight advice: what the analysis of a spec's data says is likely wrong, each with its fix.
+"""Preflight advice: what a spec and the analysis of its data say is likely wrong, each with its fix.
 
-Pure rules over the analysis dict (analysis.analyze_lengths) and the spec: no torch, no data. The
-analyzer adds them to its output as `warnings`; the server returns them from a submit. They are
-advice: the job runs as asked.
+Pure rules over the spec and the analysis dict (worker.training.analysis.analyze_lengths): no torch,
+no data, so both the analyzer (`python -m worker.training.analyze`, which adds them to its output as
+`warnings`) and the server (submit) use them. They are advice: the job runs as asked.
 """
 from __future__ import annotations
 
@@ -59,3 +59,30 @@ def analysis_warnings(spec: JobSpec, a: dict) -> list[dict]:
             out.append(warning("padding", "padding", f"padding={mode} wastes {waste:.0%} of the computed tokens "
                                                      f"on padding", fix))
     return out
+
+
+BATCH_FAR = 4  # a micro-batch this many times off the measured best is "far"
+
+
+def batch_size_warnings(spec: JobSpec, chosen: dict, job_id: int) -> list[dict]:
+    """A fixed batch_size against what an earlier job on the same model and data measured
+    (its autotune info: the rows it chose, row_len, and the table of measured shapes)."""
+    if not isinstance(spec.batch_size, int) or not isinstance(chosen.get("batch_size"), int):
+        return []
+    best, bs = chosen["batch_size"], spec.batch_size
+    table = chosen.get("measured") or []
+    fitting = [m["rows"] for m in table if m.get("fits")]
+    failed = [m["rows"] for m in table if not m.get("fits")]
+    tps = max((m.get("tokens_per_s") or 0 for m in table), default=0)
+    seen = (f"job #{job_id} measured {best} rows of {chosen.get('row_len')} tokens fastest on this model and "
+            f"data" + (f" ({tps:,.0f} real tokens/s forward+backward)" if tps else ""))
+    if failed and bs >= min(failed) and (not fitting or bs > max(fitting)):
+        return [warning("batch_size", "batch_size", f"batch_size={bs} did not fit in memory when measured; {seen}",
+                        f"batch_size={best} or batch_size=auto")]
+    # compare tokens per micro-batch (rows x row length): the user's rows are max_seq_length long
+    row_len = chosen.get("row_len") or 1
+    mine = bs * (spec.max_seq_length if isinstance(spec.max_seq_length, int) else chosen.get("max_seq_length") or row_len)
+    if mine >= BATCH_FAR * best * row_len or mine * BATCH_FAR <= best * row_len:
+        return [warning("batch_size", "batch_size", f"batch_size={bs} is far from what fits best: {seen}",
+                        f"batch_size={best} or batch_size=auto (measures what fits and is fastest)")]
+    return []
