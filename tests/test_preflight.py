@@ -72,3 +72,58 @@ def test_truncation_above_one_percent_is_an_alert(tmp_path):
     em = Recorder()  # the automatic length cuts (almost) nothing: no alert
     assert Session(quick_spec(max_steps=1), tmp_path / "b", em, Controls()).run() == 0
     assert not [d for k, d in em.events if k == "alert" and d["kind"] == "truncation"]
+
+
+def test_submit_answers_with_warnings_and_their_fixes(server_factory, tmp_path):
+    """REST: the analysis's warnings come back with the created job (which is queued as asked); the
+    analysis runs in a child once per data and settings, then comes from the cache; automatic
+    settings need no analysis. CLI: `tokenpulse submit` prints each warning with its fix."""
+    s = server_factory(preflight_wait_s=300)  # a loaded test box: never "still running" here
+    with s.client() as c:
+        r = c.post("/api/jobs", json={"name": "cut", "max_seq_length": 32})
+        assert r.status_code == 201, r.text
+        job = r.json()
+        assert job["state"] == "queued" and job["preflight"]["analysis"] == "done", job["preflight"]
+        (w,) = job["warnings"]
+        assert w["kind"] == "truncation" and w["field"] == "max_seq_length", w
+        assert "are longer than max_seq_length=32" in w["message"] and w["fix"].startswith("max_seq_length=")
+        again = c.post("/api/jobs", json={"name": "cut again", "max_seq_length": 32}).json()
+        assert again["preflight"]["analysis"] == "cached" and again["warnings"] == job["warnings"]
+        assert again["preflight"]["seconds"] < 2
+        r = c.post("/api/jobs", json={"padding": "max_length", "max_seq_length": 1024}).json()
+        assert [w["kind"] for w in r["warnings"]] == ["padding"] and "padding=auto" in r["warnings"][0]["fix"]
+        r = c.post("/api/jobs", json={"name": "auto"}).json()
+        assert r["warnings"] == [] and r["preflight"]["analysis"] == "not needed"
+        r = c.post("/api/jobs", json={"streaming": True, "epochs": 1, "max_steps": 5}).json()
+        assert [w["field"] for w in r["warnings"]] == ["epochs"], r["warnings"]
+        assert c.get(f"/api/jobs/{job['id']}").json()["state"] == "queued"  # advice only
+    path = tmp_path / "job.yaml"
+    path.write_text("name: from-cli\nmax_seq_length: 32\n")
+    env = {**os.environ, "TOKENPULSE_URL": s.url, "TOKENPULSE_TOKEN": s.token, "COLUMNS": "250"}
+    out = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "submit", str(path)], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "queued" in out.stdout and f"warning max_seq_length: {w['message']}" in out.stdout, out.stdout
+    assert f"fix: {w['fix']}" in out.stdout, out.stdout
+
+
+def test_batch_size_far_from_an_earlier_measurement_is_a_warning(server):
+    """A fixed batch_size against what an earlier job on the same model and data measured (its
+    autotune table, reported by its agent as an info event)."""
+    import httpx
+    agent = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.agent_token}"})
+    aid = agent.post("/api/agents", json={"name": "fake", "host": "h"}).json()["id"]
+    with server.client() as c:
+        jid = c.post("/api/jobs", json={"name": "tuned"}).json()["id"]
+        assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
+        measured = [{"row_len": 256, "rows": 16, "tokens_per_s": 9000.0, "fits": True},
+                    {"row_len": 512, "rows": 8, "tokens_per_s": 7000.0, "fits": True}]
+        agent.post(f"/api/agents/{aid}/events", json={"events": [
+            {"kind": "info", "job_id": jid, "seq": 0, "t": time.time(),
+             "data": {"batch_size": 16, "row_len": 256, "max_seq_length": 256, "measured": measured}}]}).raise_for_status()
+        r = c.post("/api/jobs", json={"batch_size": 1, "max_seq_length": 256}).json()
+        bw = [w for w in r["warnings"] if w["kind"] == "batch_size"]
+        assert bw and f"job #{jid} measured 16 rows of 256 tokens fastest" in bw[0]["message"], r["warnings"]
+        assert bw[0]["fix"].startswith("batch_size=16")
+        r = c.post("/api/jobs", json={"batch_size": 12, "max_seq_length": 256}).json()
+        assert not [w for w in r["warnings"] if w["kind"] == "batch_size"], r["warnings"]
