@@ -21,6 +21,7 @@ from .controls import Controls, Faults
 from .errors import EXIT_NAN, EXIT_OK, SpecError
 from .evaluation import Evaluator, cap, hold_out
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
+from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
 from .precision import measure_peak_flops, pick_device, pick_precision
@@ -125,6 +126,7 @@ class Session:
     def _layout(self, data: Tokenized, mode: str, max_len: int, precision: str) -> tuple[Layout, int]:
         """Micro-batch shape and grad_accum; measured when batch_size is auto."""
         spec, em = self.spec, self.em
+        apply_test_headroom()  # test-only (env): real allocator failures for batches that do not fit
         lengths = np.minimum(data.lengths, max_len)
         mean = float(lengths.mean()) if len(lengths) else 1.0
         step_tokens = spec.tokens_per_batch or int(round(DEFAULT_ROWS_PER_STEP * mean))
