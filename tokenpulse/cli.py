@@ -161,6 +161,8 @@ def cmd_submit(args) -> int:
         key, _, value = kv.partition("=")
         import yaml
         spec[key] = yaml.safe_load(value)
+    if args.test:
+        spec["test_run"] = True
     try:
         job = client(args).submit(spec)
     except ApiError as e:
@@ -399,6 +401,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("spec")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting")
     p.add_argument("-f", "--follow", action="store_true", help="watch it until it ends")
+    p.add_argument("--test", action="store_true", help="first a quick test run: the whole job end to end on a "
+                   "few steps (load, tokenize, train, eval, checkpoint, resume, save, reload); a failure ends it at once")
     p.set_defaults(fn=cmd_submit)
 
     p = sub.add_parser("demo", help="submit the built-in demo job and watch it")

@@ -24,6 +24,7 @@ from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
+from .quicktest import run_test
 from .precision import measure_peak_flops, pick_device, pick_precision
 from .prepare import load_tokenized, stream_chunks
 from .tokenization import Tokenized
@@ -43,6 +44,7 @@ class Session:
         self.result = None  # LoopResult, for callers in-process (tests, benchmark)
         self.eval_data: Optional[Tokenized] = None  # held-out or separate eval examples
         self.evaluator: Optional[Evaluator] = None
+        self.sample: Optional[int] = None  # tokenize only a sample of this many examples (the test run)
 
     # ---- setup -------------------------------------------------------------------------------
     def _model(self):
@@ -206,10 +208,13 @@ class Session:
         spec, em = self.spec, self.em
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()  # our phase events report progress; bars only clutter stderr
+        if spec.test_run and self.resume is None:
+            run_test(spec, self.out, em, self.controls, self.cache_dir)  # raises SpecError naming the check
         self._model()
         if spec.streaming:
             return self._run_streaming()
-        data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop)
+        data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, sample=self.sample,
+                                    should_stop=self.controls.should_stop)
         em.info(tokenization_cache="hit" if info["cache_hit"] else "miss", examples=data.n,
                 tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
         if data.n == 0:
