@@ -42,6 +42,7 @@ class Observer:
         self.checkpoints: list[dict] = []
         self.step_done = None
         self.phase_name = None
+        self._relayed = 0.0
 
     def begin(self, check: str) -> None:
         """`check` is running now; every check before it (they run in order) has passed."""
@@ -68,6 +69,7 @@ class Observer:
     # -- the Emitter interface a Session uses --------------------------------------------------
     def phase(self, name: str, done=None, total=None, unit=None, detail=None) -> None:
         self.phase_name = name
+        self._relay(name, done, total, unit)
         if self.current in ("resume", "reload"):
             return  # the resumed run's own phases are all part of the resume check
         check = {"loading model": "load model", "tuning batch size": "batches", "packing": "batches",
@@ -84,6 +86,17 @@ class Observer:
             return
         if check:
             self.begin(check)
+
+    def _relay(self, name, done, total, unit) -> None:
+        """The sub-run's progress (tokenizing 120/256...) as the test run's detail, at most every 0.5 s,
+        so a long check still shows progress to the stall detector and the page."""
+        now = time.monotonic()
+        if self.current is None or now - self._relayed < 0.5:
+            return
+        self._relayed = now
+        count = f" {done:,.0f}/{total:,.0f} {unit or ''}".rstrip() if done is not None and total else ""
+        self.em.phase("test run", done=len(self.passed), total=len(self.checks), unit="checks",
+                      detail=f"{self.current}: {name}{count}")
 
     def emit(self, kind: str, /, **data) -> None:
         if kind == "state":
