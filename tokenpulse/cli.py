@@ -336,7 +336,7 @@ def cmd_analyze(args) -> int:
     if args.text_field:
         spec["text_field"] = args.text_field
     try:
-        a = client(args).analyze(spec)
+        a = client(args).analyze(spec, measure=args.measure)
     except ApiError as e:
         return report_error(e)
     if args.json:
@@ -358,6 +358,15 @@ def cmd_analyze(args) -> int:
         table.add_row(name, f"{100 * s['padding_frac']:.1f} %", f"{s['padded_tokens_per_step']:,.0f}",
                       f"{s['computed_per_real_token']:.2f}", f"{100 * s['compute_vs_max_length']:.0f} %")
     console.print(table)
+    mem = a.get("memory")
+    if mem:
+        t = Table("max_seq_length", "largest micro-batch", "tokens/s", "limited by",
+                  title=f"Measured on {mem['device']} ({mem['precision']}): rows of full length that fit")
+        for m in mem["table"]:
+            t.add_row(f"{m['seq_len']:,}", f"{m['max_rows']} rows" if m["fits"] else ("does not fit" if m["fits"] is False else "not measured"),
+                      f"{m['tokens_per_s']:,.0f}" if m["fits"] else "", m["limited_by"])
+        console.print(t)
+    print_warnings(console, a)
     return 0
 
 
@@ -457,6 +466,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--dataset")
     p.add_argument("--text-field")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--measure", type=float, default=0, metavar="SECONDS",
+                   help="also measure, per candidate sequence length, the largest micro-batch that fits and its tokens/s")
     p.set_defaults(fn=cmd_analyze)
 
     args = ap.parse_args(argv)

@@ -96,14 +96,18 @@
 
   // ---- Analyze dataset ---------------------------------------------------------------------------
   let started = 0, timer = null;
-  $("analyze").addEventListener("click", async () => {
+  // measure: seconds the worker code may spend finding, per sequence length, the largest micro-batch that fits
+  const MEASURE_S = 30;
+  $("analyze").addEventListener("click", () => runAnalysis(0));
+  $("measure").addEventListener("click", () => runAnalysis(MEASURE_S));
+  async function runAnalysis(measure) {
     const btn = $("analyze"), status = $("analyze-status");
     clearErrors();
-    btn.disabled = true; btn.textContent = "Analyzing…"; started = Date.now();
-    timer = setInterval(() => { status.textContent = `tokenizing the dataset… ${Math.round((Date.now() - started) / 1000)} s`; }, 500);
+    btn.disabled = true; $("measure").disabled = true; btn.textContent = "Analyzing…"; started = Date.now();
+    timer = setInterval(() => { status.textContent = `${measure ? "tokenizing and measuring memory" : "tokenizing the dataset"}… ${Math.round((Date.now() - started) / 1000)} s`; }, 500);
     clearAnalysis(); // results of an earlier dataset must never stand for this one
     try {
-      const a = await TP.api("/api/datasets/analyze", { method: "POST", body: spec() });
+      const a = await TP.api(`/api/datasets/analyze${measure ? `?measure=${measure}` : ""}`, { method: "POST", body: spec() });
       showAnalysis(a);
       status.textContent = `analyzed in ${TP.num((Date.now() - started) / 1000, 1)} s`;
     } catch (e) {
@@ -112,11 +116,24 @@
       const fe = (e.errors || []).find((x) => x.field) || {};
       status.replaceChildren(TP.el("span", { id: "analysis-error", class: "error", text: `Analysis failed: ${fe.message || e.message}` }));
     }
-    finally { clearInterval(timer); btn.disabled = false; btn.textContent = "Analyze dataset"; }
-  });
+    finally { clearInterval(timer); btn.disabled = false; $("measure").disabled = false; btn.textContent = "Analyze dataset"; }
+  }
 
+  // The sequence-length vs micro-batch trade-off, measured by the worker code on this machine.
+  function showMemory(m) {
+    const box = $("analysis-memory");
+    box.hidden = !m;
+    if (!m) return;
+    const cell = (r) => (r.fits ? `${TP.num(r.max_rows)} rows` : r.fits === false ? "does not fit" : "not measured");
+    $("analysis-memory-note").textContent = `Measured on ${m.device} (${m.precision}) with rows full of your data's tokens, within about ${TP.num(m.budget_s)} s: the largest micro-batch that fits at each max sequence length, and its speed. "limited by time" or "cap" means more rows may fit.`;
+    $("analysis-memory-table").replaceChildren(
+      TP.el("tr", {}, ...["Max sequence length", "Largest micro-batch", "Tokens/s", "Limited by"].map((h, i) => TP.el("th", { class: i ? "r" : "", text: h }))),
+      ...m.table.map((r) => TP.el("tr", { "data-seq-len": r.seq_len }, TP.el("td", { text: TP.num(r.seq_len) }), TP.el("td", { class: "r", text: cell(r) }),
+        TP.el("td", { class: "r", text: r.fits ? TP.compact(r.tokens_per_s, "tok/s") : "–" }), TP.el("td", { class: "r", text: r.limited_by }))));
+  }
   let hist = null;
   function clearAnalysis() {
+    $("analysis-memory").hidden = true;
     $("analysis").hidden = true;
     for (const id of ["analysis-summary", "analysis-warnings", "analysis-pct", "analysis-table", "chart-hist"]) $(id).replaceChildren();
     $("analysis-note").textContent = "";
@@ -131,6 +148,7 @@
       form.elements.max_seq_length.value = rec; form.elements.max_seq_length.focus(); } });
     const truncated = a.truncated ?? 0;
     $("analysis-warnings").replaceChildren(...((a.warnings || []).length ? [warnList(a.warnings)] : []));
+    showMemory(a.memory);
     $("analysis-summary").replaceChildren(
       TP.el("p", { class: "recommend" }, "Recommended max sequence length: ", TP.el("strong", { id: "recommended", text: `${TP.num(rec)} tokens` }), " ", useBtn),
       TP.el("p", { text: `Covers ${a.length_coverage} % of examples whole` + (a.model_max_length ? `; the model accepts up to ${TP.num(a.model_max_length)} tokens.` : ".") }),
