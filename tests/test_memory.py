@@ -57,3 +57,24 @@ def test_autotune_treats_an_allocator_failure_as_does_not_fit(tmp_path):
     assert {"row_len": 1024, "rows": 8, "tokens_per_s": 0.0, "fits": False} in table, table
     assert chosen["batch_size"] <= 4 and all(m["fits"] for m in table if m["rows"] <= 4), table
     assert "completed: trained 2 steps" in out.stdout
+
+
+def test_analysis_measures_the_largest_micro_batch_per_sequence_length(server_factory):
+    """`tokenpulse analyze --measure`: per candidate max_seq_length, the largest micro-batch of full
+    rows that fits (measured in the analysis child, which gets the same address-space headroom: far
+    below the 16,384-token CPU cap) and its tokens/s: longer rows, fewer of them."""
+    s = server_factory(**{HEADROOM_ENV.removeprefix("TOKENPULSE_").lower(): 700})
+    env = {**os.environ, "TOKENPULSE_URL": s.url, "TOKENPULSE_TOKEN": s.token, "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "analyze", "--measure", "400"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "rows of full length that fit" in out.stdout, out.stdout
+    table = {}
+    for line in out.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if len(cells) == 4 and cells[0].replace(",", "").isdigit() and cells[1].endswith(("row", "rows")):
+            table[int(cells[0].replace(",", ""))] = (int(cells[1].split()[0]), float(cells[2].replace(",", "")), cells[3])
+    assert {256, 512, 1024, 2048} <= set(table), out.stdout
+    rows = [table[L][0] for L in (256, 512, 1024, 2048)]
+    assert all(table[L][2] == "memory" and table[L][1] > 0 for L in (256, 512, 1024, 2048)), out.stdout
+    assert rows == sorted(rows, reverse=True) and rows[0] > rows[-1] >= 1 and table[1024][0] < 8, out.stdout

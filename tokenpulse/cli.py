@@ -363,7 +363,7 @@ def cmd_analyze(args) -> int:
         t = Table("max_seq_length", "largest micro-batch", "tokens/s", "limited by",
                   title=f"Measured on {mem['device']} ({mem['precision']}): rows of full length that fit")
         for m in mem["table"]:
-            t.add_row(f"{m['seq_len']:,}", f"{m['max_rows']} rows" if m["fits"] else ("does not fit" if m["fits"] is False else "not measured"),
+            t.add_row(f"{m['seq_len']:,}", f"{m['max_rows']} row{'' if m['max_rows'] == 1 else 's'}" if m["fits"] else ("does not fit" if m["fits"] is False else "not measured"),
                       f"{m['tokens_per_s']:,.0f}" if m["fits"] else "", m["limited_by"])
         console.print(t)
     print_warnings(console, a)
