@@ -59,9 +59,9 @@ def measure_fit(spec, tok, data, model_max, seq_len, budget_s, em) -> dict:
     from .precision import pick_device, pick_precision
     device, _ = pick_device(spec)
     model = load_model(spec, tok, device)
+    precision, _, _ = pick_precision(spec, device, getattr(model.config, "hidden_size", 256))
     from .memory import apply_test_headroom
     apply_test_headroom()  # test-only (env): real allocator failures at a known size
-    precision, _, _ = pick_precision(spec, device, getattr(model.config, "hidden_size", 256))
 
     def progress(k, n):
         em.phase("measuring memory", done=k, total=n, unit="lengths")

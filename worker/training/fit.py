@@ -37,10 +37,11 @@ def full_rows(data: Tokenized, rows: int, length: int, seed: int) -> dict:
     return {"input_ids": ids, "targets": tgt}
 
 
-def time_step(model, batch: dict, precision: str, device: torch.device, reps: int = 2) -> Optional[float]:
-    """Seconds per forward+backward of this micro-batch (the first call warms up), None if it does not fit."""
-    b = {k: v.to(device) for k, v in batch.items()}
+def time_step(model, make_batch, precision: str, device: torch.device, reps: int = 2) -> Optional[float]:
+    """Seconds per forward+backward of the micro-batch make_batch() builds (the first call warms up),
+    None if it does not fit (building it included)."""
     try:
+        b = {k: v.to(device) for k, v in make_batch().items()}
         dt = []
         for _ in range(reps + 1):
             t0 = time.perf_counter()
@@ -82,7 +83,7 @@ def fit_table(model, data: Tokenized, precision: str, device: torch.device, mode
             if rows > MAX_ROWS:
                 why = "cap"
                 break
-            dt = time_step(model, full_rows(data, rows, L, seed), precision, device)
+            dt = time_step(model, lambda: full_rows(data, rows, L, seed), precision, device)
             if dt is None:
                 why = "memory"
                 break
