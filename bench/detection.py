@@ -81,7 +81,9 @@ class Bench:
         self.c = self.s.client()
         self.rows: list[dict] = []
 
-    def submit(self, **spec) -> int:
+    def submit(self, fault=None, **spec) -> int:
+        if fault:  # test-only faults travel in the agent's TOKENPULSE_FAULT_PLAN file, keyed by job name
+            spec["name"] = self.s.plan_fault(f"fault-{len(self.rows)}-{time.monotonic_ns()}", **fault)
         r = self.c.post("/api/jobs", json={**BASE, **spec})
         r.raise_for_status()
         return r.json()["id"]

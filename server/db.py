@@ -18,20 +18,23 @@ import itertools
 import queue
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 T = TypeVar("T")
+STALL_S = 5.0  # a write queued this long means the writer was stalled (heartbeats ~1 ms normally)
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": busy_timeout_s},
                                pool_size=8, max_overflow=8)
 
         @event.listens_for(engine, "connect")
@@ -39,7 +42,7 @@ def make_engine(url: str) -> Engine:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
             cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
             # No checkpoint inside a commit: at 50k points/s the WAL passes the default 1,000 pages
             # every second or two, and that commit would copy them and fsync (100+ ms on a busy
             # disk) while live frames wait. Database's checkpointer thread does it instead.
@@ -65,11 +68,14 @@ def upgrade_to_head(url: str) -> None:
 
 
 class Database:
-    def __init__(self, url: str):
+    def __init__(self, url: str, busy_timeout_s: float = 30.0):
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, busy_timeout_s)
         self.Session = sessionmaker(self.engine, expire_on_commit=False)
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self.stalled_at = 0.0  # when a write last ended stalled or failed (see _note_stall)
+        self.in_stall = False  # the last write failed in the database (locked, disk full)
+        self.outages: dict[str, dict] = {}  # webhook alerts about database trouble, open until it ends
         self._order = itertools.count()
         self._writer = threading.Thread(target=self._run, name="db-writer", daemon=True)
         self._writer.start()
@@ -96,6 +102,7 @@ class Database:
 
     def submit(self, fn: Callable[[Session], T], bulk: bool = False) -> "concurrent.futures.Future[T]":
         fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.queued_at = time.time()  # for stall accounting
         self._queue.put((1 if bulk else 0, next(self._order), fn, fut))
         return fut
 
@@ -122,9 +129,26 @@ class Database:
                 result = fn(s)
                 s.commit()
         except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self._note_stall(fut, failed=isinstance(e, OperationalError))
             fut.set_exception(e)
         else:
+            self._note_stall(fut, failed=False)
             fut.set_result(result)
+
+    def _note_stall(self, fut, failed: bool) -> None:
+        """A write that waited past STALL_S (another process's lock, a slow disk) or failed in the
+        database (locked past the busy timeout, a full disk) means heartbeats could not be stored
+        meanwhile: the reaper counts agents' leases from the end of such a stall."""
+        now = time.time()
+        if failed:
+            self.in_stall, self.stalled_at = True, now
+        elif self.in_stall or now - getattr(fut, "queued_at", now) > STALL_S:
+            self.in_stall, self.stalled_at = False, now
+
+    def stall_ended_at(self) -> float:
+        """When the latest write stall ended: now while the last write failed (the stall goes on,
+        or the write asking is the first through after it), else the end of the latest one (0: never)."""
+        return time.time() if self.in_stall else self.stalled_at
 
     def _yield(self, s: Session) -> None:
         """For a long bulk write, between its chunks (s.info["yield"]()): commit what it has done,

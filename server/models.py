@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -16,7 +16,8 @@ class Job(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(16), index=True)
-    spec: Mapped[str] = mapped_column(Text)  # JobSpec as JSON
+    kind: Mapped[str] = mapped_column(String(16), default="train", server_default="train")  # train, command
+    spec: Mapped[str] = mapped_column(Text)  # JobSpec (kind train) or CommandSpec (kind command) as JSON
     priority: Mapped[int] = mapped_column(Integer, default=0)
     parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("jobs.id"), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
@@ -25,7 +26,8 @@ class Job(Base):
     # indexed: heartbeats and event batches look up "this agent's jobs" (pending commands)
     agent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("agents.id"), nullable=True, index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
-    requested_action: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)
+    requested_action: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)  # cancel or pause
+    stack_requested_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # one-shot, apart
     # Live summary, updated by ingest so the jobs list needs no join over metrics.
     phase: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # PhaseData JSON
     step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
@@ -56,6 +58,8 @@ class Agent(Base):
     seen_at: Mapped[float] = mapped_column(Float)
     # The token that registered it: only that token may act as this agent (revoking it stops it).
     token_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    # Started with --allow-commands: only such agents are handed command jobs (code execution).
+    accepts_commands: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Attempt(Base):
@@ -145,6 +149,8 @@ class Token(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(16))  # user, agent
+    # Space-separated extra rights of a user token: "commands" (may submit command jobs).
+    scopes: Mapped[str] = mapped_column(String(200), default="", server_default="")
     hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)

@@ -3,7 +3,8 @@
 
 An agent is lost after `agent_lost_after_s` without a heartbeat, counted from the later of its last
 heartbeat and this server's start: a server restart gives every agent a full lease to reconnect
-instead of failing all running jobs at once.
+instead of failing all running jobs at once. The end of a database write stall (server/db.py
+`stalled_at`) counts like a start: heartbeats that could not be stored are not the agents' fault.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from typing import Optional
 from sqlalchemy import select
 
 from server import store
-from server.ingest import alert_dict, upsert_alert
+from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Agent, Job
+from server.storage_errors import clear_outages
 from tokenpulse.protocol import ACTIVE_STATES, JobState
 
 log = logging.getLogger("tokenpulse.reaper")
@@ -49,12 +51,21 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
     return frames
 
 
+def lease_origin(db, started_at: float) -> float:
+    """Where leases count from: the server's start, or the end of the latest database write stall
+    (another process's lock, a full disk) if later. Heartbeats that arrived but could not be stored
+    are the server's silence, not the agents': each gets a full lease after it, as after a start."""
+    return max(started_at, db.stall_ended_at())
+
+
 async def reaper_loop(tp) -> None:
     started_at = time.time()
     while True:
         await asyncio.sleep(tp.settings.reaper_every_s)
         try:
-            frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s, started_at))
+            frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s,
+                                                      lease_origin(tp.db, started_at)))
+            clear_outages(tp)  # this pass was written: a full disk or a lock is over
             for topic, payload, droppable in frames:
                 tp.hub.publish(topic, payload, droppable)
                 if payload.get("type") == "alert" and tp.webhooks is not None:

@@ -19,10 +19,11 @@ class Settings(BaseSettings):
 
     agent_lost_after_s: float = Field(30.0, description="an agent silent this long is lost")
     reaper_every_s: float = 2.0
+    busy_timeout_s: float = Field(30.0, gt=0, description="how long a write waits for another process's "
+                                  "lock on the SQLite file before answering 503")
     # Paths a job may name (model, dataset). Empty: anywhere the server's user can read.
     path_roots: list[Path] = Field(default_factory=list)
     allow_remote_code: bool = False
-    allow_fault_injection: bool = Field(False, description="accept spec.fault (tests and demos only)")
     max_body_bytes: int = 16 * 1024 * 1024
     webhooks: list[str] = Field(default_factory=list, description="URLs that receive alerts as JSON")
     webhook_timeout_s: float = 5.0

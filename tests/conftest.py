@@ -55,6 +55,20 @@ class Server:
     def agent_token(self) -> str:
         return (self.data_dir / "agent_token").read_text().strip()
 
+    @property
+    def fault_plan(self) -> Path:
+        return Path(self.env["TOKENPULSE_FAULT_PLAN"])
+
+    def plan_fault(self, job_name: str, **fault) -> str:
+        """Test-only fault injection: the job named job_name gets these faults (read by its training
+        process at start, through the agent's environment). Returns the name, for the spec."""
+        plan = json.loads(self.fault_plan.read_text()) if self.fault_plan.exists() else {}
+        plan[job_name] = fault
+        tmp = self.fault_plan.with_suffix(".tmp")
+        tmp.write_text(json.dumps(plan))
+        tmp.replace(self.fault_plan)  # a training process starting now reads the old or the new plan, whole
+        return job_name
+
     def client(self, token: Optional[str] = None) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60,
                             headers={"Authorization": f"Bearer {token or self.token}"})
@@ -116,7 +130,8 @@ class Server:
 def make_server(tmp_path: Path, **settings) -> Server:
     port = free_port()
     data_dir = tmp_path / "data"
-    env = {**os.environ, "TOKENPULSE_ALLOW_FAULT_INJECTION": "1", "PYTHONUNBUFFERED": "1"}
+    # Agents started from this server's env (and their training processes) read the fault plan.
+    env = {**os.environ, "TOKENPULSE_FAULT_PLAN": str(tmp_path / "fault-plan.json"), "PYTHONUNBUFFERED": "1"}
     env.update({f"TOKENPULSE_{k.upper()}": (json.dumps(v) if isinstance(v, (list, dict)) else str(v))
                 for k, v in settings.items()})
     return Server(url=f"http://127.0.0.1:{port}", data_dir=data_dir, env=env, port=port)

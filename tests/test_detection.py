@@ -66,7 +66,7 @@ def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
     s = server_factory()
     s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
     with s.client() as c:
-        jid = submit(c, fault={"hang_at_step": 8})
+        jid = submit(c, name=s.plan_fault("hangs", hang_at_step=8))
         wait_step(c, jid, 8)
         # the timeout is learned from this job's step times (3 s floor on an idle machine; more
         # when the machine is busy): wait long enough for either, then judge against its own.
@@ -76,13 +76,15 @@ def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
         assert "no progress in 'training' at 8/400 steps" in a["message"], a["message"]
         timeout = float(a["message"].split("(timeout ")[1].split(" s")[0])
         assert timeout >= 3
-        assert a["created_at"] - hung_since <= timeout + 2, (a["created_at"] - hung_since, a["message"])
+        # + a check period, the stack capture and scheduling on a loaded 2-core machine (the
+        # benchmark holds the tighter + 2 s on a quiet one)
+        assert a["created_at"] - hung_since <= timeout + 4, (a["created_at"] - hung_since, a["message"])
         assert "_fault_hang" in a["stack"], a["stack"][:3000]
         assert "stuck at _fault_hang (" in a["message"], a["message"]
         assert ("py-spy dump" if tool == "py-spy" else "faulthandler dump") in a["stack"]
-        assert "before_step" in a["stack"]  # the caller's frame too: the exact line it is stuck on
+        assert "loop.py" in a["stack"]  # the callers' frames too: the loop line it is stuck on
         c.post(f"/api/jobs/{jid}/cancel")
-        job = s.wait_job(jid, timeout=30)
+        job = s.wait_job(jid, timeout=60)
         assert job["state"] == "cancelled"
         a = alerts(c, jid, "stalled")[0]
         assert a["state"] == "cleared" and "Cleared: the training process ended" in a["message"]
@@ -91,7 +93,7 @@ def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
 def test_slow_data_phase_reporting_progress_is_not_stalled(agent_server):
     s = agent_server
     with s.client() as c:
-        jid = submit(c, max_steps=3, fault={"slow_data_s": 10})  # > 3x the 3 s stall timeout
+        jid = submit(c, max_steps=3, name=s.plan_fault("slow-data", slow_data_s=10))  # > 3x the 3 s stall timeout
         job = s.wait_job(jid, timeout=120)
         assert job["state"] == "completed", job
         assert alerts(c, jid, "stalled") == []
@@ -108,7 +110,7 @@ def test_kill9_training_process_fails_naming_the_signal(agent_server):
         pids = training_pids(s.agents[0])
         assert len(pids) == 1
         os.kill(pids[0], signal.SIGKILL)
-        job = s.wait_job(jid, timeout=20)
+        job = s.wait_job(jid, timeout=60)
         assert job["state"] == "failed" and job["signal"] == "SIGKILL" and job["failure"] == "signal"
         assert "killed by SIGKILL" in job["reason"] and "last progress" in job["reason"], job["reason"]
         crashed = alerts(c, jid, "crashed")
@@ -125,7 +127,7 @@ def test_kill9_agent_is_lost_and_its_job_requeued_in_time(server_factory):
         agent.send_signal(signal.SIGKILL)
         t0 = time.time()
         try:
-            job = s.wait_job(jid, states=("queued", "failed"), timeout=15)
+            job = s.wait_job(jid, states=("queued", "failed"), timeout=60)
             took = time.time() - t0
         finally:
             for pid in orphans:
@@ -134,7 +136,9 @@ def test_kill9_agent_is_lost_and_its_job_requeued_in_time(server_factory):
                 except ProcessLookupError:
                     pass
         assert job["state"] == "queued" and job["failure"] == "lost", job  # policy: one retry left
-        assert took <= 3 + 1 + 0.5 + 1.5, took  # lease + heartbeat period + reaper period + slack
+        # lease + heartbeat period + reaper period + slack for a loaded 2-core machine (a lease that
+        # never lapses would never requeue it)
+        assert took <= 3 + 1 + 0.5 + 5, took
         lost = alerts(c, jid, "worker_lost")
         assert lost and "requeued" in lost[0]["message"] and "no heartbeat" in lost[0]["message"]
         agents = c.get("/api/agents").json()
@@ -146,7 +150,7 @@ def test_throughput_falling_5x_raises_slow_then_clears(agent_server):
     s = agent_server
     with s.client() as c:
         # per-job slow_factor 3 (default 4): a busy machine must not shrink the 5x under the bar
-        jid = submit(c, max_steps=45, fault={"slow_after_step": 22, "slow_factor": 5},
+        jid = submit(c, max_steps=45, name=s.plan_fault("slows", slow_after_step=22, slow_factor=5),
                      stall={**FAST["stall"], "slow_factor": 3})
         a = wait_for(lambda: alerts(c, jid, "slow"), 120, "a slow alert", every=0.5)[0]
         assert "throughput fell" in a["message"], a["message"]
@@ -209,10 +213,10 @@ def test_webhook_gets_each_alert_once_with_retries_after_500(server_factory):
         s = server_factory(webhooks=[rx.url], webhook_retries=3, webhook_timeout_s=2)
         s.start_agent("a1", env=ONE_THREAD)
         with s.client() as c:
-            jid = submit(c, fault={"crash_at_step": 2})
+            jid = submit(c, name=s.plan_fault("crashes", crash_at_step=2))
             job = s.wait_job(jid, timeout=60)
             assert job["state"] == "failed"
-            wait_for(lambda: [b for code, b in rx.bodies if code == 200], 10, "a delivered webhook")
+            wait_for(lambda: [b for code, b in rx.bodies if code == 200], 60, "a delivered webhook")
             time.sleep(2)  # anything else would arrive by now
         crashed = [(code, b) for code, b in rx.bodies if b["kind"] == "crashed"]
         assert [code for code, _ in crashed] == [500, 200], rx.bodies
@@ -236,7 +240,7 @@ def test_webhooks_send_each_change_once_retry_timeouts_and_never_block():
             self.rfile.read(int(self.headers["Content-Length"]))
             slow["n"] += 1
             if slow["n"] == 1:
-                time.sleep(1.5)
+                time.sleep(3)  # past the client's timeout: what is exercised
             self.send_response(200)
             self.end_headers()
 
@@ -247,7 +251,7 @@ def test_webhooks_send_each_change_once_retry_timeouts_and_never_block():
     threading.Thread(target=slow_srv.serve_forever, daemon=True).start()
 
     async def run():
-        wh = Webhooks([rx.url, f"http://127.0.0.1:{slow_srv.server_port}/"], timeout_s=0.5, retries=2,
+        wh = Webhooks([rx.url, f"http://127.0.0.1:{slow_srv.server_port}/"], timeout_s=1.0, retries=2,
                       backoff_s=0.05)
         wh.start()
         a = {"id": 7, "job_id": 1, "kind": "slow", "severity": "warning", "state": "open", "message": "slow: x"}
@@ -256,12 +260,11 @@ def test_webhooks_send_each_change_once_retry_timeouts_and_never_block():
         wh.send(dict(a))  # a repeat of the same content: not sent again
         wh.send({**a, "message": "slow: x; y"})  # a change: sent
         wh.send({**a, "state": "cleared", "message": "slow: x; y\nCleared: no longer slow"})
-        assert time.perf_counter() - t0 < 0.05  # send never waits on a receiver
-        for _ in range(100):
-            if len(rx.bodies) >= 3 and slow["n"] >= 4:
-                break
+        assert time.perf_counter() - t0 < 0.3  # send never waits on a receiver (one would take 3 s)
+        deadline = time.monotonic() + 60
+        while not (len(rx.bodies) >= 3 and slow["n"] >= 4) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window for any extra (wrong) send to show up: counted below
         await wh.stop()
         return wh
 
@@ -294,3 +297,27 @@ def test_reaper_gives_every_agent_a_full_lease_after_a_server_start(tmp_path):
         assert s.scalars(select(Agent)).one().state == "online"
         frames = reap(s, 30, started_at=now - 31, now=now)  # a full lease passed: lost
         assert frames and frames[0][1]["agent"]["state"] == "lost"
+
+
+@pytest.mark.parametrize("tool", ["py-spy", "faulthandler"])
+def test_a_stopped_training_process_gets_a_stack_read_from_outside(server_factory, tool):
+    """SIGSTOP: the process can run neither its alive thread nor its faulthandler. py-spy's default
+    dump cannot suspend an already stopped process; the stack must still name the line it stopped on."""
+    s = server_factory()
+    agent = s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
+    with s.client() as c:
+        jid = submit(c)
+        wait_step(c, jid, 5)
+        pid = wait_for(lambda: training_pids(agent), 30, "the training process")[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            a = wait_for(lambda: alerts(c, jid, "stalled"), 90, "a stalled alert")[0]
+            assert "process state T (stopped" in a["message"] and "still reports" not in a["message"], a["message"]
+            where = re.search(r"stuck at (\S+) \((\S+\.py):(\d+)\)", a["message"])
+            assert where, (a["message"], a["stack"][:3000])
+            path, line = where.group(2), int(where.group(3))
+            assert os.path.isfile(path) and 0 < line <= len(open(path).read().splitlines()), where.group(0)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+        assert s.wait_job(jid)["state"] == "failed"

@@ -10,6 +10,8 @@ import time
 
 import httpx
 
+from conftest import wait_for
+
 from server.hub import MAX_MERGED_BYTES, MAX_MERGED_EVENTS, Frame, Hub
 
 
@@ -82,16 +84,21 @@ def test_stalled_websocket_client_does_not_delay_others(server_factory):
     got: dict[int, float] = {}  # seq -> arrival time, at the live client
     alerts_live: list[str] = []
 
+    subscribed = threading.Event()
+
     def read_live():
         for msg in live:
             f = json.loads(msg)
-            if f["type"] == "events":
+            if f["type"] == "subscribed":
+                subscribed.set()
+            elif f["type"] == "events":
                 for e in f["events"]:
                     got[e["seq"]] = time.time()
             elif f["type"] == "alert":
                 alerts_live.append(f["alert"]["message"])
     threading.Thread(target=read_live, daemon=True).start()
-    time.sleep(0.3)
+    live.send(json.dumps({"subscribe": topics.split(",")}))  # answered once the hub has us
+    assert subscribed.wait(30), "the live client's subscription was never confirmed"
     sent_at: dict[int, float] = {}
     seq, alerts = 0, []
     line = "x" * 8000  # log lines make big frames: ~8 MB in all, past what the socket buffers hold
@@ -110,21 +117,18 @@ def test_stalled_websocket_client_does_not_delay_others(server_factory):
         assert r.status_code == 200
         for e in evs:
             sent_at[e["seq"]] = time.time()
-    deadline = time.time() + 20
-    while len(got) < seq and time.time() < deadline:
-        time.sleep(0.05)
-    assert len(got) == seq, f"the live client got {len(got)} of {seq} events"
+    wait_for(lambda: len(got) >= seq, 60, "every event at the live client", every=0.05,
+             show=lambda: f"got {len(got)} of {seq}")
     delays = sorted(got[s] - sent_at[s] for s in sent_at)
-    assert delays[len(delays) * 9 // 10] < 1.0, delays[-5:]  # the stalled client held nobody back
+    # the stalled client held nobody back (held back, the live one would wait until the end; the
+    # bound leaves room for a loaded 2-core machine)
+    assert delays[len(delays) * 9 // 10] < 3.0, delays[-5:]
     assert alerts_live == alerts
     # Now the stalled client reads: every alert is there, in order; metric frames were coalesced.
 
     frames = []
-    while True:
-        try:
-            frames.append(json.loads(stalled.recv(timeout=2)))
-        except TimeoutError:
-            break
+    while not frames or not (frames[-1]["type"] == "events" and frames[-1]["events"][-1]["seq"] == seq - 1):
+        frames.append(json.loads(stalled.recv(timeout=60)))  # frames are in order: read to the last event
     stalled_alerts = [f["alert"]["message"] for f in frames if f["type"] == "alert"]
     assert stalled_alerts == alerts
     ev_frames = [f for f in frames if f["type"] == "events"]

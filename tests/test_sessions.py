@@ -3,7 +3,6 @@ token); failed logins are throttled; a cookie-authenticated websocket must come 
 origin, scheme included."""
 from __future__ import annotations
 
-import time
 
 import httpx
 import pytest

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from conftest import wait_for
+
 
 def read_frames(ws, job_id: int, until_state=("completed", "failed", "cancelled"), timeout: float = 300):
     """Collect websocket frames for a job until it reaches a final state."""
@@ -90,16 +92,12 @@ def test_demo_job_streams_phase_heartbeat_metrics_state_and_matches_storage(agen
 def test_cancel_running_job_stops_training_process(agent_server):
     s = agent_server
     with s.client() as c:
-        job = c.post("/api/jobs", json={"name": "slow", "max_steps": 10000,
-                                         "fault": {"step_sleep_s": 0.05}}).json()
+        job = c.post("/api/jobs", json={"name": s.plan_fault("slow", step_sleep_s=0.05),
+                                         "max_steps": 10000}).json()
         s.wait_job(job["id"], states=("running",), timeout=60)
         # wait until it is training, so the cancel hits a live training loop
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            j = c.get(f"/api/jobs/{job['id']}").json()
-            if (j.get("phase") or {}).get("name") == "training":
-                break
-            time.sleep(0.2)
+        wait_for(lambda: (c.get(f"/api/jobs/{job['id']}").json().get("phase") or {}).get("name") == "training",
+                 120, "the training phase")
         r = c.post(f"/api/jobs/{job['id']}/cancel")
         assert r.status_code == 200 and r.json()["requested_action"] == "cancel"
         done = s.wait_job(job["id"], timeout=60)
@@ -124,6 +122,9 @@ def test_two_agents_five_jobs_each_runs_exactly_once(server):
     server.start_agent("a1")
     server.start_agent("a2")
     with server.client() as c:
+        # both registered before the queue fills: on a busy machine one could otherwise run them all
+        wait_for(lambda: sum(a["state"] == "online" for a in c.get("/api/agents").json()) == 2, 120,
+                 "both agents online")
         ids = [c.post("/api/jobs", json={"name": f"j{i}", "max_steps": 8}).json()["id"] for i in range(5)]
         jobs = [server.wait_job(i, timeout=300) for i in ids]
         assert [j["state"] for j in jobs] == ["completed"] * 5

@@ -349,3 +349,10 @@ def test_memory_stays_bounded_over_a_long_job():
             s.observe("phase", {"name": "saving"}, c())
         s.observe("metrics", {"step": k, "values": {"step_time_s": 0.1, "tokens_per_s": 1000}}, c.tick(0.1))
     assert len(s.arrivals) <= 2000 and len(s.samples) <= 2000 and len(s.pauses_at) <= 25
+
+
+def test_stuck_at_finds_the_main_thread_by_pid_when_unnamed():
+    from worker.agent.stall import stuck_at
+    spy = ('py-spy dump (--nonblocking; process 7349 state: T (stopped)):\nProcess 7349: python -c\n\n'
+           'Thread 7360 (idle)\n    wait (/x/threading.py:331)\nThread 7349 (idle)\n    stuck (/x/a.py:4)\n')
+    assert stuck_at(spy) == "stuck (/x/a.py:4)"

@@ -278,8 +278,9 @@ def test_checkpoints_rotate_and_are_atomic(tmp_path):
 
 def test_nan_loss_fails_with_alert(tmp_path):
     em = Recorder()
-    from tokenpulse.protocol import FaultSpec
-    assert Session(quick_spec(fault=FaultSpec(nan_at_step=3)), tmp_path, em, Controls()).run() == EXIT_NAN
+    from worker.training.faults import Fault, Faults
+    faults = Faults(Fault(nan_at_step=3))
+    assert Session(quick_spec(), tmp_path, em, Controls(), faults=faults).run() == EXIT_NAN
     alert = [d for k, d in em.events if k == "alert"][0]
     assert alert["kind"] == "nan" and "step 3" in alert["message"]
     assert em.events[-1][1]["state"] == "failed" and em.events[-1][1]["failure"] == "nan"
@@ -287,11 +288,15 @@ def test_nan_loss_fails_with_alert(tmp_path):
 
 # ---- the real process ---------------------------------------------------------------------------------
 
-def run_train(tmp_path, spec: dict, extra=(), on_event=None, timeout=90):
+def run_train(tmp_path, spec: dict, extra=(), on_event=None, timeout=90, fault=None):
     spec_path = tmp_path / f"spec-{time.monotonic_ns()}.json"
     spec_path.write_text(json.dumps(spec))
     r, w = os.pipe()
     env = {**os.environ, "TOKENPULSE_EVENT_FD": str(w)}
+    if fault is not None:  # the test-only channel: a plan file named in the environment, by job name
+        plan = tmp_path / "fault-plan.json"
+        plan.write_text(json.dumps({spec.get("name", ""): fault}))
+        env["TOKENPULSE_FAULT_PLAN"] = str(plan)
     proc = subprocess.Popen([sys.executable, "-m", "worker.training.train", "--spec", str(spec_path), "--out",
                              str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), *extra],
                             cwd=REPO, env=env, pass_fds=(w,), stderr=subprocess.PIPE, text=True)
@@ -331,8 +336,8 @@ def test_train_subprocess_emits_phases_metrics_state_in_order(tmp_path):
 
 
 def test_train_subprocess_pause_by_signal_then_resume(tmp_path):
-    spec = {"max_steps": 12, "precision": "fp32", "batch_size": 2, "grad_accum": 1,
-            "fault": {"step_sleep_s": 0.1}}
+    spec = {"name": "sleepy", "max_steps": 12, "precision": "fp32", "batch_size": 2, "grad_accum": 1}
+    sleepy = {"step_sleep_s": 0.1}
     sent = []
 
     def pause_at_3(proc, ev):
@@ -340,12 +345,12 @@ def test_train_subprocess_pause_by_signal_then_resume(tmp_path):
             proc.send_signal(signal.SIGUSR2)
             sent.append(1)
 
-    code, events, err = run_train(tmp_path, spec, on_event=pause_at_3)
+    code, events, err = run_train(tmp_path, spec, on_event=pause_at_3, fault=sleepy)
     assert code == 0, err
     assert events[-1]["data"]["state"] == "paused"
     cp = [e["data"] for e in events if e["kind"] == "checkpoint"][-1]
     assert 3 <= cp["step"] < 12
-    code, events2, err = run_train(tmp_path, spec, extra=("--resume", cp["path"]))
+    code, events2, err = run_train(tmp_path, spec, extra=("--resume", cp["path"]), fault=sleepy)
     assert code == 0, err
     steps = [e["data"]["step"] for e in events2 if e["kind"] == "metrics"]
     assert steps[0] == cp["step"] + 1 and steps[-1] == 12
@@ -357,8 +362,8 @@ def test_train_subprocess_sigterm_cancels(tmp_path):
         if ev["kind"] == "metrics" and ev["data"]["step"] == 2:
             proc.terminate()
 
-    code, events, err = run_train(tmp_path, {"max_steps": 50, "batch_size": 2, "grad_accum": 1,
-                                             "fault": {"step_sleep_s": 0.1}}, on_event=term_at_2)
+    code, events, err = run_train(tmp_path, {"name": "sleepy", "max_steps": 50, "batch_size": 2, "grad_accum": 1},
+                                  on_event=term_at_2, fault={"step_sleep_s": 0.1})
     assert code == 0, err
     assert events[-1]["data"]["state"] == "cancelled"
     assert max(e["data"]["step"] for e in events if e["kind"] == "metrics") < 50
@@ -392,3 +397,22 @@ def test_streaming_accumulates_and_trains(tmp_path):
     acc = [d for k, d in em.events if k == "phase" and d["name"] == "accumulating"]
     assert acc and "samples" in acc[-1]["detail"] and "tokens" in acc[-1]["detail"]
     assert em.events[-1][1]["state"] == "completed"
+
+
+def test_fault_plan_is_read_from_the_environment_by_job_name(tmp_path):
+    """The test-only channel: TOKENPULSE_FAULT_PLAN names a JSON file keyed by job name ("*" for the
+    rest); no variable, no faults; a typo in a plan is an error, not a silently healthy job."""
+    from pydantic import ValidationError
+
+    from worker.training.faults import PLAN_ENV, Faults, plan_for
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"hangs": {"hang_at_step": 8}, "*": {"step_sleep_s": 0.5}}))
+    env = {PLAN_ENV: str(plan)}
+    assert plan_for("hangs", env).hang_at_step == 8
+    assert plan_for("other", env).step_sleep_s == 0.5 and plan_for(None, env).hang_at_step is None
+    assert plan_for("hangs", {}) is None
+    assert plan_for("hangs", {PLAN_ENV: str(tmp_path / "not-written-yet.json")}) is None
+    plan.write_text(json.dumps({"hangs": {"hang_at_stpe": 8}}))
+    with pytest.raises(ValidationError):
+        plan_for("hangs", env)
+    assert Faults().at("loss", 3) is False  # no plan: every hook is a no-op

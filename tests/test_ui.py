@@ -58,7 +58,7 @@ def login(d, server) -> None:
     assert "/login" in d.current_url
     d.find_element(By.ID, "token").send_keys(server.token)
     d.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    wait(d, 15).until(lambda d: d.current_url.rstrip("/") == server.url and d.find_elements(By.CSS_SELECTOR, "#conn.on"))
+    wait(d, 30).until(lambda d: d.current_url.rstrip("/") == server.url and d.find_elements(By.CSS_SELECTOR, "#conn.on"))
 
 
 def wait(d, timeout: float) -> WebDriverWait:
@@ -85,10 +85,16 @@ def shot(d, name: str, full: bool = False) -> None:
         w = d.get_window_size()["width"]
         h = d.execute_script("return document.documentElement.scrollHeight")
         d.set_window_size(w, min(max(h, 800) + 90, 4000))
-        time.sleep(0.3)
+        painted(d)
     d.save_screenshot(str(SHOTS / f"{name}.png"))
     if full:
         d.set_window_size(1280, 800)
+
+
+def painted(d) -> None:
+    """Wait until the page has laid out and painted a frame after a change (two animation frames)."""
+    d.execute_async_script("const done = arguments[arguments.length - 1];"
+                           "requestAnimationFrame(() => requestAnimationFrame(() => done()))")
 
 
 def console_errors(d) -> list[str]:
@@ -118,7 +124,7 @@ def test_ui_end_to_end(agent_server, browser):
     lr.clear()
     lr.send_keys("5")
     d.find_element(By.ID, "submit").click()
-    wait(d, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#f-learning_rate-error"))
+    wait(d, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#f-learning_rate-error"))
     assert "invalid" in lr.get_attribute("class")
     assert "/submit" in d.current_url
     shot(d, "submit-validation")
@@ -133,7 +139,7 @@ def test_ui_end_to_end(agent_server, browser):
     steps.clear()
     steps.send_keys("30")
     d.find_element(By.ID, "submit").click()
-    wait(d, 15).until(lambda d: re.search(r"/jobs/\d+$", d.current_url))
+    wait(d, 30).until(lambda d: re.search(r"/jobs/\d+$", d.current_url))
     job_id = int(d.current_url.rsplit("/", 1)[1])
 
     # -- watch it: phase text changes, chart points increase, the job ends completed --
@@ -150,7 +156,8 @@ def test_ui_end_to_end(agent_server, browser):
             break
         time.sleep(0.1)
     assert text(d, "#job-state") == "completed", (phases, points)
-    time.sleep(0.5)  # the final refill
+    until(d, 30, lambda d: (d.execute_script("return TPJOB.series.loss.step") or [0])[-1] == 30,
+          "the final refill never reached step 30")
     final_points = int(d.find_element(By.ID, "chart-loss").get_attribute("data-points"))
     names = {re.split(r"[\d·]", p)[0].strip() for p in phases}
     assert len(names) >= 2, phases  # e.g. loading model, tokenizing, training
@@ -168,21 +175,21 @@ def test_ui_end_to_end(agent_server, browser):
 
     # -- jobs page lists it, completed; workers shows the agent; compare overlays it --
     d.get(server.url + "/")
-    wait(d, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job_id}"] .badge.completed'))
+    wait(d, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job_id}"] .badge.completed'))
     row = d.find_element(By.CSS_SELECTOR, f'tr[data-job="{job_id}"]').text
     assert "ui-demo" in row and "30 / 30" in row and "tok/s" in row, row
     shot(d, "jobs")
     d.get(server.url + "/workers")
-    wait(d, 15).until(lambda d: "a1" in text(d, "#workers-body") and "online" in text(d, "#workers-body"))
+    wait(d, 30).until(lambda d: "a1" in text(d, "#workers-body") and "online" in text(d, "#workers-body"))
     shot(d, "workers")
     d.get(f"{server.url}/compare?job={job_id}")
-    wait(d, 15).until(lambda d: d.execute_script("return document.querySelectorAll('#chart-cmp-loss canvas').length") == 1)
+    wait(d, 30).until(lambda d: d.execute_script("return document.querySelectorAll('#chart-cmp-loss canvas').length") == 1)
     shot(d, "compare")
     errors += console_errors(d)
 
     # -- cancel a slow job from its page --
     with server.client() as c:
-        slow = c.post("/api/jobs", json={"name": "slow", "max_steps": 2000, "fault": {"step_sleep_s": 0.2}, **FAST}).json()
+        slow = c.post("/api/jobs", json={"name": server.plan_fault("slow", step_sleep_s=0.2), "max_steps": 2000, **FAST}).json()
     d.get(f"{server.url}/jobs/{slow['id']}")
     until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"),
           "the slow job is not training")
@@ -197,17 +204,17 @@ def test_ui_end_to_end(agent_server, browser):
     assert d.find_element(By.ID, "resume").is_displayed() and not d.find_element(By.ID, "pause").is_displayed()
     d.find_element(By.ID, "resume").click()
     until(d, 120, lambda d: text(d, "#job-state") == "running", "not running again after resume")
-    until(d, 10, lambda d: "#2" in text(d, "#attempts"), "no second attempt listed")
+    until(d, 30, lambda d: "#2" in text(d, "#attempts"), "no second attempt listed")
     d.find_element(By.ID, "cancel").click()
     d.find_element(By.ID, "cancel-confirm").click()
     until(d, 60, lambda d: text(d, "#job-state") == "cancelled", "not cancelled")
-    assert server.wait_job(slow["id"], timeout=10)["state"] == "cancelled"
+    assert server.wait_job(slow["id"], timeout=60)["state"] == "cancelled"
     shot(d, "job-cancelled")
 
     # -- phone width: the jobs list becomes cards, nothing scrolls sideways --
     d.set_window_size(390, 844)
     d.get(server.url + "/")
-    wait(d, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job_id}"]'))
+    wait(d, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job_id}"]'))
     assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
     shot(d, "jobs-phone")
     errors += console_errors(d)
@@ -222,17 +229,18 @@ def test_reconnect_fills_gap(server_factory, browser):
     d = browser
     login(d, server)
     with server.client() as c:
-        job = c.post("/api/jobs", json={"name": "restart", "max_steps": 40, "fault": {"step_sleep_s": 0.1}, **FAST}).json()
+        job = c.post("/api/jobs", json={"name": server.plan_fault("restart", step_sleep_s=0.1), "max_steps": 40, **FAST}).json()
     d.get(f"{server.url}/jobs/{job['id']}")
     until(d, 180, lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 3,
           "no chart points before the restart")
     server.kill(signal.SIGTERM)
-    wait(d, 10).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#conn.on"))
+    wait(d, 30).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#conn.on"))
     time.sleep(2)  # training goes on; the agent journals the events it cannot send
     server.start()
     wait(d, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"))
     until(d, 180, lambda d: text(d, "#job-state") == "completed", "not completed after the restart")
-    time.sleep(1)
+    until(d, 30, lambda d: (d.execute_script("return TPJOB.series.loss.step") or [0])[-1] == 40,
+          "the chart never reached the last step")
     steps = d.execute_script("return TPJOB.series.loss.step")
     assert steps == list(range(steps[0], steps[0] + len(steps))), f"hole in the chart: {steps}"
     assert steps[-1] == 40
@@ -241,16 +249,42 @@ def test_reconnect_fills_gap(server_factory, browser):
     assert not errs, errs
 
 
-def test_submit_form_covers_every_jobspec_field():
-    """The submit form has an input (with help text) for every JobSpec setting; only test-only fault
-    injection is left to the extra-JSON box."""
+def test_submit_form_covers_every_jobspec_field(server):
+    """The submit page has a hand-written input (label and help) for every JobSpec setting. Checked
+    against the hand-written FORM table and the page as served; form_fields() also gives a catch-all
+    input to any field the table lacks, so checking its output alone could never fail."""
+    from html.parser import HTMLParser
+
     from tokenpulse.protocol import JobSpec, LoraSpec, StallSpec
-    from web.pages import form_fields
-    fields = {f["name"]: f for g in form_fields() for f in g["fields"]}
-    want = {n for n in JobSpec.model_fields if n not in ("lora", "stall", "fault")}
+    from web.pages import FORM
+    want = {n for n in JobSpec.model_fields if n not in ("lora", "stall")}
     want |= {f"lora.{n}" for n in LoraSpec.model_fields} | {f"stall.{n}" for n in StallSpec.model_fields}
-    assert want <= set(fields), want - set(fields)
-    assert all(f["help"] for f in fields.values())
+    written = {name: help_text for _, _, fields in FORM for name, _, _, help_text in fields}
+    assert want <= set(written), f"JobSpec fields without a hand-written form entry: {want - set(written)}"
+    assert all(written.values()), [n for n, h in written.items() if not h]
+
+    class Inputs(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.inputs, self.helps, self._help = {}, {}, None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag in ("input", "select", "textarea") and a.get("name"):
+                self.inputs[a["name"]] = a.get("aria-describedby")
+            self._help = a["id"] if tag == "span" and "help" in (a.get("class") or "") else None
+
+        def handle_data(self, data):
+            if self._help:
+                self.helps[self._help] = self.helps.get(self._help, "") + data.strip()
+
+    with server.client() as c:
+        r = c.get("/submit")
+    assert r.status_code == 200 and 'id="submit-form"' in r.text, r.text[:500]
+    page = Inputs()
+    page.feed(r.text)
+    assert want <= set(page.inputs), f"no input on the page for {want - set(page.inputs)}"
+    assert all(page.helps.get(page.inputs[n]) for n in want), [n for n in want if not page.helps.get(page.inputs[n])]
 
 
 def test_alert_banner_stack_ack_and_notification(server, browser):
@@ -271,7 +305,7 @@ def test_alert_banner_stack_ack_and_notification(server, browser):
           static get permission() { return "granted"; } static requestPermission() { return Promise.resolve("granted"); } };"""})
     login(d, server)
     d.get(f"{server.url}/jobs/{jid}")
-    until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on") and text(d, "#job-state"), "page not live")
+    until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on") and text(d, "#job-state"), "page not live")
     now = time.time()
     events = [{"kind": "phase", "job_id": jid, "seq": 0, "t": now, "data": {"name": "training", "done": 3, "total": 10, "unit": "steps"}},
               {"kind": "metrics", "job_id": jid, "seq": 1, "t": now, "data": {"step": 3, "values": {"loss": 2.5}}},
@@ -279,20 +313,20 @@ def test_alert_banner_stack_ack_and_notification(server, browser):
                   "kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 60 s",
                   "stack": "Thread 0x1 (most recent call first):\n  File \"train.py\", line 42 in step"}}]
     agent.post(f"/api/agents/{aid}/events", json={"events": events}).raise_for_status()
-    until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts-live .alert.critical.open"), "no alert banner")
+    until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts-live .alert.critical.open"), "no alert banner")
     banner = d.find_element(By.CSS_SELECTOR, "#alerts-live .alert")
     assert "stalled" in banner.text and "Stack dump (2 lines)" in banner.text
     assert text(d, "#phase-text") == "training 3/10 steps"
     assert text(d, "#job-name") == "stuck <img src=x onerror=alert(1)>"  # names are text, never markup
     assert not d.find_elements(By.CSS_SELECTOR, "main img")
-    until(d, 5, lambda d: text(d, "#alert-count") == "⚠ 1", "header badge")
+    until(d, 30, lambda d: text(d, "#alert-count") == "⚠ 1", "header badge")
     assert d.execute_script("return window.__notes") == [[f"tokenpulse: job {jid} stalled", "stalled: no progress in 'training' for 60 s"]]
     banner.find_element(By.TAG_NAME, "summary").click()
     assert 'line 42 in step' in banner.find_element(By.TAG_NAME, "pre").text
     shot(d, "job-alert")
     banner.find_element(By.XPATH, ".//button[text()='Acknowledge']").click()
-    until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts-live .alert.acked"), "not acknowledged")
-    until(d, 5, lambda d: not d.find_element(By.ID, "alert-count").is_displayed(), "badge still shown")
+    until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts-live .alert.acked"), "not acknowledged")
+    until(d, 30, lambda d: not d.find_element(By.ID, "alert-count").is_displayed(), "badge still shown")
     with server.client() as c:
         assert c.get("/api/alerts", params={"job_id": jid}).json()[0]["state"] == "acked"
     assert not console_errors(d), console_errors(d)

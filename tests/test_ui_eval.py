@@ -34,7 +34,7 @@ def test_eval_loss_on_chart_generations_panel_and_compare(server_factory, browse
     d = browser
     login(d, server)
     d.get(f"{server.url}/jobs/{jid}")
-    until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-series") == "loss,eval loss",
+    until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-series") == "train loss,eval loss",
           "eval loss beside train loss on the loss chart")
     # the eval column holds the two eval points, at steps 10 and 20
     col = js(d, "const u = TPJOB.charts['chart-loss']; return u.data[0].map((x, i) => [x, u.data[2][i]]).filter((p) => p[1] !== null)")

@@ -193,7 +193,8 @@ def test_job_page_log_stack_pause_cancel(agent_server, browser):
     server, d = agent_server, browser
     login(d, server)
     with server.client() as c:
-        jid = c.post("/api/jobs", json={"name": "log", "max_steps": 2000, "fault": {"step_sleep_s": 0.2}, **FAST}).json()["id"]
+        name = server.plan_fault("log", step_sleep_s=0.2)
+        jid = c.post("/api/jobs", json={"name": name, "max_steps": 2000, **FAST}).json()["id"]
     d.get(f"{server.url}/jobs/{jid}")
     until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"), "not training")
     # 18: the training process's output, not only the agent's one line

@@ -57,12 +57,16 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
         console.print(f"[bold green]tokenpulse[/] is up at [link={url}]{url}[/]")
         console.print(f"access token: [bold]{token}[/]  (also in {settings.data_dir / 'token'})")
         for i in range(embedded_agents):
+            # On one machine the embedded worker runs as the user who started it: it takes command
+            # jobs (tokenpulse run), which only the initial user token (or one granted the right) submits.
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "tokenpulse.cli", "agent", "--server", url,
                  "--token-file", str(settings.data_dir / "agent_token"),
-                 "--work-dir", str(settings.data_dir / f"agent-{i}")]))
+                 "--work-dir", str(settings.data_dir / f"agent-{i}"), "--allow-commands"],
+                preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None))
         if embedded_agents:
             console.print(f"{embedded_agents} embedded worker(s) started; Ctrl-C stops everything")
+            stop_family_on_signals(server, agents, console)
         if demo:
             job = Client(url, token).submit({"name": "demo"})
             console.print(f"demo job submitted: {url}/jobs/{job['id']}")
@@ -77,15 +81,66 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
         run(main())
     except KeyboardInterrupt:
         pass
-    finally:
+    finally:  # the server ended some other way (an error): its agents must not outlive it
         for p in agents:
-            p.send_signal(signal.SIGTERM)
-        for p in agents:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        wait_all(agents, 30)
     return 0
+
+
+def _stop_with_parent() -> None:
+    """In an embedded agent, before exec: when `tokenpulse up` dies (kill -9 included) the kernel
+    sends the agent SIGTERM, so it stops (checkpointing its jobs) instead of living on to join
+    whatever server starts next on the port."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def stop_family_on_signals(server, agents: list[subprocess.Popen], console) -> None:
+    """SIGTERM/SIGINT stop the whole family, agents first: each checkpoints its jobs and reports them
+    requeued while the server still listens; then the server stops. (uvicorn's own handlers would
+    stop the server at once and re-raise SIGTERM, killing this process before it stops its agents:
+    they lived on, and joined whatever server started next on the port.) A second signal kills the
+    agents (their training processes die with them) and stops the server at once."""
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task] = []
+
+    async def stop_agents_then_server() -> None:
+        for p in agents:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        # an agent gives each job up to 60 s to checkpoint, then up to 30 s to send what is left
+        await asyncio.to_thread(wait_all, agents, 120)
+        server.should_exit = True
+
+    def on_signal(signum, frame) -> None:
+        if not stopping:
+            console.print(f"{signal.Signals(signum).name}: stopping the workers (their jobs checkpoint and "
+                          "requeue), then the server; again to stop at once")
+            stopping.append(loop.create_task(stop_agents_then_server()))
+        else:
+            for p in agents:
+                if p.poll() is None:
+                    p.kill()
+            server.should_exit = server.force_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: loop.call_soon_threadsafe(on_signal, signum, frame))
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Wait for every process, up to timeout in all; SIGKILL whatever is left."""
+    end = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def cmd_server(args) -> int:
@@ -118,7 +173,8 @@ def cmd_agent(args) -> int:
         raise SystemExit("an agent needs --token, --token-file or TOKENPULSE_AGENT_TOKEN (an agent token)")
     agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity,
                   heartbeat_s=args.heartbeat, grace_s=args.grace,
-                  resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None)
+                  resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None,
+                  allow_commands=args.allow_commands)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -227,7 +283,8 @@ def _watch(c: Client, job_id: int) -> int:
                 extra.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA measuring…")
             if job.get("alive_at") and job["state"] in ("running", "starting"):
                 extra.append(f"heartbeat {time.time() - job['alive_at']:.0f} s ago")
-            desc = phase.get("name", "waiting for a worker")
+            desc = phase.get("name") or ("waiting for a worker" if job["state"] == "queued" else
+                                         "running" if job["state"] in ("starting", "running") else "")
             if phase.get("total"):
                 desc += f" {phase.get('done', 0):,.0f}/{phase['total']:,.0f} {phase.get('unit') or ''}"
             progress.update(task, description=desc, total=phase.get("total"), completed=phase.get("done") or 0,
@@ -252,6 +309,40 @@ def final_eval(job: dict) -> str:
         return ""
     ppl = f", perplexity {last['eval/ppl']:.4g}" if "eval/ppl" in last else ""
     return f"eval loss {last['eval/loss']:.4f}{ppl}"
+
+
+def parse_env(pairs: Optional[list[str]]) -> dict[str, str]:
+    env = {}
+    for kv in pairs or []:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--env {kv!r}: give NAME=VALUE")
+        env[key] = value
+    return env
+
+
+def cmd_run(args) -> int:
+    """Run a command (your own training script) as a job on an agent."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SystemExit("nothing to run: tokenpulse run [options] -- python train.py ...")
+    spec = {"command": command, "cwd": str(Path(args.cwd).resolve()) if args.cwd else os.getcwd(),
+            "env": parse_env(args.env), "secret_env": args.secret_env or [], "instrument": not args.no_instrument}
+    for key in ("name", "priority", "max_retries"):
+        if getattr(args, key) is not None:
+            spec[key] = getattr(args, key)
+    c = client(args)
+    try:
+        job = c.run(**spec)
+    except ApiError as e:
+        return report_error(e)
+    console = _console()
+    console.print(f"job [bold]{job['id']}[/] ({job['name']}) queued: {c.url}/jobs/{job['id']}")
+    if job.get("reason"):
+        console.print(f"[yellow]note[/] {job['reason']}")
+    return watch(c, job["id"]) if args.follow else 0
 
 
 def cmd_watch(args) -> int:
@@ -297,17 +388,19 @@ def cmd_tokens(args) -> int:
     c, console = client(args), _console()
     try:
         if args.tokens_cmd == "create":
-            t = c.request("POST", "/api/tokens", json={"name": args.name, "role": args.role})
-            console.print(f"{t['role']} token {t['id']} ({t['name']}): [bold]{t['token']}[/]")
+            t = c.request("POST", "/api/tokens", json={"name": args.name, "role": args.role,
+                                                       "allow_commands": args.allow_commands})
+            scopes = ", may submit command jobs" if "commands" in t.get("scopes", []) else ""
+            console.print(f"{t['role']} token {t['id']} ({t['name']}{scopes}): [bold]{t['token']}[/]")
             console.print("shown once: only its hash is stored")
         elif args.tokens_cmd == "revoke":
             t = c.request("POST", f"/api/tokens/{args.id}/revoke")
             console.print(f"token {t['id']} ({t['name']}) revoked")
         else:
             from rich.table import Table
-            table = Table("id", "name", "role", "created", "revoked")
+            table = Table("id", "name", "role", "scopes", "created", "revoked")
             for t in c.request("GET", "/api/tokens"):
-                table.add_row(str(t["id"]), t["name"], t["role"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
+                table.add_row(str(t["id"]), t["name"], t["role"], " ".join(t.get("scopes", [])), time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
                               time.strftime("%Y-%m-%d %H:%M", time.localtime(t["revoked_at"])) if t["revoked_at"] else "")
             console.print(table)
     except ApiError as e:
@@ -344,6 +437,7 @@ def cmd_analyze(args) -> int:
         return 0
     from rich.table import Table
     console = _console()
+    # Keys as worker/training/analysis.py's analyze_lengths returns them (tests/test_cli.py runs this).
     p = a.get("percentiles", {})
     console.print(f"{a['examples']:,} examples" + (f" (lengths from a sample of {a['sample_size']:,})" if a.get("sampled") else ""))
     console.print("token length: " + ", ".join(f"{k} {v:,.0f}" for k, v in p.items()))
@@ -401,6 +495,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--max-jobs", type=int)
     p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    p.add_argument("--allow-commands", action="store_true",
+                   help="take command jobs (tokenpulse run): code execution on this machine, as this user, "
+                        "for anyone holding a token with the commands scope. Off unless given")
     p.add_argument("--resume-root", action="append", metavar="DIR",
                    help="load checkpoints to resume from only under DIR (repeatable; default: the work "
                         "dir's parent). Put a shared checkpoint filesystem here to resume across machines")
@@ -413,6 +510,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--test", action="store_true", help="first a quick test run: the whole job end to end on a "
                    "few steps (load, tokenize, train, eval, checkpoint, resume, save, reload); a failure ends it at once")
     p.set_defaults(fn=cmd_submit)
+
+    p = sub.add_parser("run", help="run your own command as a job: tokenpulse run [options] -- python train.py ...",
+                       description="Run a command (your training script) as a job on an agent that takes "
+                                   "command jobs: supervised, its output logged, cancellable. Everything after "
+                                   "-- is the command, run as given (no shell).")
+    p.add_argument("--name", help="a label (default: the command)")
+    p.add_argument("--cwd", help="working directory on the agent (default: the current directory)")
+    p.add_argument("--env", action="append", metavar="NAME=VALUE",
+                   help="an environment variable (repeatable); a plain setting, shown on the job page")
+    p.add_argument("--secret-env", action="append", metavar="NAME",
+                   help="pass this variable from the agent's own environment (repeatable): for tokens and "
+                        "keys; its value is never sent to or stored by the server")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--max-retries", type=int)
+    p.add_argument("--no-instrument", action="store_true",
+                   help="do not add tokenpulse's reporting hook (Trainer/tqdm progress, metrics) to the job")
+    p.add_argument("-f", "--follow", action="store_true", help="watch it until it ends (Ctrl+C stops watching only)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+    p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("demo", help="submit the built-in demo job and watch it")
     p.add_argument("--no-follow", action="store_true")
@@ -449,6 +565,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     t.add_argument("name")
     t.add_argument("--role", choices=("user", "agent"), default="agent",
                    help="agent: can only claim jobs and report events; user: everything else")
+    t.add_argument("--allow-commands", action="store_true",
+                   help="(user tokens) may also submit command jobs, i.e. run code on agents that take them")
     t = tsub.add_parser("revoke", help="refuse a token from now on")
     t.add_argument("id", type=int)
     p.set_defaults(fn=cmd_tokens)

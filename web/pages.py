@@ -9,7 +9,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from server import auth
-from server.deps import token_from
+from server.security import token_from
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
@@ -200,7 +200,7 @@ def form_fields() -> list[dict]:
     for prefix, model in models.items():
         for leaf, f in model.model_fields.items():
             name = f"{prefix}.{leaf}" if prefix else leaf
-            if name in listed or name in ("lora", "stall", "fault"):
+            if name in listed or name in ("lora", "stall"):
                 continue
             kind = field_kind(f.annotation)
             default = f.get_default(call_default_factory=True) if not f.is_required() else None

@@ -22,8 +22,8 @@
     return v.map((x) => (x === null ? "" : small(x, 6)));
   };
   const CHARTS = {
-    // eval loss (held-out data, every eval_every steps) beside train loss: orange points, never smoothed
-    "chart-loss": { keys: ["loss", "eval/loss"], labels: ["loss", "eval loss"], colors: ["#2563eb", "#f97316"], smooth: true, value: (v) => TP.sig(v) },
+    // Eval loss beside train loss: tokenpulse's own jobs log eval/loss, a Trainer script eval_loss.
+    "chart-loss": { keys: ["loss", "eval/loss", "eval_loss"], labels: ["train loss", "eval loss", "eval loss"], colors: ["#2563eb", "#dc2626", "#dc2626"], points: [false, true, true], smooth: true, value: (v) => TP.sig(v) },
     "chart-tps": { keys: ["padded_tokens_per_s", "tokens_per_s"], labels: ["padded", "real"], colors: ["#f97316", "#2563eb"], dash: [[5, 4], null], unit: "tok/s", axis: fmtTps, value: (v) => TP.compact(v, "tok/s") },
     "chart-step": { keys: ["step_time_s"], labels: ["step time"], unit: "s", value: (v) => (v === null || v === undefined ? "–" : `${TP.sig(v, 3)} s`) },
     "chart-lr": { keys: ["lr"], labels: ["lr"], axis: fmtLr, value: (v) => small(v, 3) },
@@ -39,7 +39,35 @@
   function activeSpec(spec) {
     const idx = spec.keys.map((k, i) => i).filter((i) => series[spec.keys[i]] && series[spec.keys[i]].step.length);
     const pick = (a) => (a ? idx.map((i) => a[i]) : a);
-    return { ...spec, keys: pick(spec.keys), labels: pick(spec.labels), colors: spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]), dash: pick(spec.dash) };
+    return { ...spec, keys: pick(spec.keys), labels: pick(spec.labels), colors: spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]), dash: pick(spec.dash), points: pick(spec.points),
+      smooth: spec.smooth && idx[0] === 0 }; // the smoothed line belongs to the first series only
+  }
+
+  // Every other metric the job logs (a Trainer script's, the explicit API's, eval/*) gets a chart of
+  // its own, grouped by its prefix ("train/...", "eval/...", or "eval_..." as Trainer names them).
+  const SHOWN_ELSEWHERE = new Set(["eta_s", "mfu", "epoch"]); // figures in the status panel
+  const chartId = (k) => `chart-x-${k.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+  const groupOf = (k) => (k.includes("/") ? k.split("/")[0] : k.startsWith("eval_") ? "eval" : "other");
+  function addExtraCharts() {
+    const known = new Set(Object.values(CHARTS).flatMap((c) => c.keys));
+    for (const k of Object.keys(series).sort()) {
+      if (known.has(k) || SHOWN_ELSEWHERE.has(k) || !series[k].step.length) continue;
+      const id = chartId(k), group = groupOf(k);
+      let sec = $(`charts-${group}`);
+      if (!sec) {
+        sec = TP.el("section", { id: `charts-${group}`, class: "charts extra-charts", "aria-label": `${group} metrics` },
+          TP.el("h2", { class: "group-title", text: group === "other" ? "Other metrics" : `${group}/` }));
+        const groups = [...document.querySelectorAll(".extra-charts")].filter((g) => g.id > sec.id);
+        (groups[0] ? groups[0].before(sec) : $("extra-charts").append(sec));
+      }
+      sec.append(TP.el("div", { class: "chart-box" },
+        TP.el("div", { class: "chart-head" }, TP.el("h2", { id: `${id}-title`, text: k })),
+        TP.el("div", { id, class: "chart", "data-points": "0", tabindex: "0", role: "group", "aria-labelledby": `${id}-title`, "aria-describedby": `${id}-summary chart-keys` }),
+        TP.el("p", { id: `${id}-summary`, class: "sr-only chart-summary", "aria-live": "off" })));
+      CHARTS[id] = { keys: [k], labels: [k], value: (v) => (Math.abs(v) < 1e-3 && v !== 0 ? small(v, 3) : TP.sig(v)), extra: true };
+      $(id).addEventListener("keydown", keyZoom);
+      addExport(id);
+    }
   }
 
   // Exponential moving average, debiased at the start (as TensorBoard does) so the first points
@@ -107,10 +135,10 @@
     const box = $(id);
     const time = xMode() === "time";
     const s = [{ label: time ? "time" : "step", value: (u, v) => (v === null || v === undefined ? "–" : time ? new Date(v * 1000).toLocaleTimeString("en-GB") : TP.num(v)) }];
-    spec.labels.forEach((l, i) => s.push({ label: l, stroke: (spec.colors || COLORS)[i], width: spec.smooth ? 1 : 1.5, spanGaps: true,
+    spec.labels.forEach((l, i) => s.push({ label: l, stroke: (spec.colors || COLORS)[i], width: spec.smooth && i === 0 ? 1 : 1.5, spanGaps: true,
       ...(spec.dash && spec.dash[i] ? { dash: spec.dash[i] } : {}),
-      ...(spec.smooth && spec.keys[i] === "loss" ? { stroke: "rgba(37,99,235,0.3)" } : {}),
-      ...(spec.keys[i] === "eval/loss" ? { width: 2, points: { show: true, size: 6 } } : {}), value: (u, v) => spec.value(v) }));
+      ...(spec.points && spec.points[i] ? { points: { show: true, size: 6 } } : {}),
+      ...(spec.smooth && i === 0 ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
     if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v) });
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
@@ -281,6 +309,7 @@
     const full = fullRange();
     const tx = zoomed && keepScale ? zoomed : full && full[1] > full[0] ? { min: full[0], max: full[1] } : null;
     expectX = tx;
+    addExtraCharts();
     for (const [id, full] of Object.entries(CHARTS)) {
       const spec = activeSpec(full);
       const box = $(id);
@@ -342,21 +371,24 @@
     const cancelling = req === "cancel";
     $("cancel").hidden = !(active || ["queued", "paused"].includes(job.state)) || cancelling;
     if ($("cancel").hidden) $("cancel-confirm-box").hidden = true;
-    // A stack dump is a look, not a change of course: it never hides Pause.
-    $("pause").hidden = !active || req === "pause" || req === "cancel";
+    // A stack dump is a look, not a change of course: it never hides Pause. A command job pauses
+    // only when its instrumentation said it can (a Trainer script).
+    $("pause").hidden = !active || req === "pause" || req === "cancel" ||
+      (job.kind === "command" && !(job.info && job.info.pausable));
     $("resume").hidden = job.state !== "paused";
     $("stack").hidden = !active;
-    $("stack").disabled = req === "stack";
-    if (req === "stack" && active) watchStack();
+    $("stack").disabled = !!job.stack_requested;
+    if (job.stack_requested && active) watchStack();
     $("retry").hidden = !final;
     $("retry").textContent = job.state === "completed" ? "Run again" : "Retry";
     if (job.parent_id) $("parent").replaceChildren("cloned from ", TP.el("a", { href: `/jobs/${job.parent_id}`, text: `#${job.parent_id}` }));
     showPhase(job.phase);
     showNumbers(job.last || {});
     const r = $("reason");
-    const why = !active && req === "stack" ? job.reason
-      : req === "stack" ? "stack dump requested; it appears in the log below when the worker has taken it…"
-        : req ? `${req} requested; waiting for the worker…` : job.reason;
+    const why = !active ? job.reason
+      : req ? `${req} requested; waiting for the worker…`
+        : job.stack_requested ? "stack dump requested; it appears in the log below when the worker has taken it…"
+          : job.reason;
     r.hidden = !why;
     r.textContent = why ? `${job.failure ? `[${job.failure}] ` : ""}${why}${job.exit_code !== null && job.exit_code !== undefined ? ` (exit code ${job.exit_code})` : ""}` : "";
     r.className = `reason ${job.state}`;
@@ -550,6 +582,19 @@
       TP.el("span", { class: "label", text: `step ${TP.num(e.data.eval_step)}` }),
       ...e.data.eval_generations.map((g) => TP.el("p", { class: "gen" }, TP.el("code", { text: g.prompt }), TP.el("span", { text: ` → ${g.output || "(nothing)"}` }))))));
   }
+  // A command job: what runs where, with which settings; secrets by name only (the server never has them).
+  function showCommand(s) {
+    const quote = (a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replaceAll("'", `'"'"'`)}'`);
+    const row = (k, ...v) => [TP.el("dt", { text: k }), TP.el("dd", {}, ...v)];
+    const env = Object.entries(s.env || {});
+    $("command-info").replaceChildren(
+      ...row("Command", TP.el("code", { id: "command-line", text: s.command.map(quote).join(" ") })),
+      ...row("Working directory", s.cwd ? TP.el("code", { text: s.cwd }) : "a fresh directory per job on the worker"),
+      ...row("Environment", ...(env.length ? env.map(([k, v]) => TP.el("div", {}, TP.el("code", { text: `${k}=${v}` }))) : ["–"])),
+      ...row("Secrets", (s.secret_env || []).length ? `${s.secret_env.join(", ")} (from the worker's environment; values never stored or shown)` : "–"),
+      ...row("Instrumentation", s.instrument === false ? "off" : "on (progress and metrics reported without code changes)"));
+    $("command-box").hidden = false;
+  }
   function showOutput() {
     const box = $("output");
     const items = [];
@@ -614,6 +659,7 @@
     showSummary(j);
     showProgressAge();
     $("config").textContent = JSON.stringify(j.spec, null, 2);
+    if (j.kind === "command") showCommand(j.spec);
     showAttempts(j.attempts);
     infoEvents.length = 0; checkpoints.length = 0;
     for (const e of other.events) (e.kind === "info" ? infoEvents : checkpoints).push(e);
@@ -659,7 +705,7 @@
     stackWatch = setInterval(async () => {
       try {
         const j = await TP.api(`/api/jobs/${jobId}`);
-        if (j.requested_action !== "stack" || Date.now() > until) { clearInterval(stackWatch); stackWatch = null; showSummary(j); }
+        if (!j.stack_requested || Date.now() > until) { clearInterval(stackWatch); stackWatch = null; showSummary(j); }
       } catch (e) { if (Date.now() > until) { clearInterval(stackWatch); stackWatch = null; } }
     }, 1000);
   }
@@ -708,7 +754,7 @@
     spec.labels.forEach((l, i) => { g.fillStyle = (spec.colors || COLORS)[i]; g.fillRect(x, y - 8, 14, 3); g.fillStyle = "#374151"; g.fillText(l, x + 18, y); x += 26 + g.measureText(l).width; });
     return c;
   }
-  for (const id of Object.keys(CHARTS)) {
+  function addExport(id) {
     const head = $(id).previousElementSibling;
     const name = (ext) => `job-${jobId}-${id.replace("chart-", "")}.${ext}`;
     head.append(TP.el("span", { class: "export" },
@@ -717,6 +763,7 @@
       TP.el("button", { type: "button", class: "small ghost", text: "PNG", title: "Save this chart as an image", "aria-label": `${$(`${id}-title`).textContent}: save as PNG`,
         onclick: () => { if (charts[id]) pngFor(id).toBlob((b) => download(name("png"), b), "image/png"); } })));
   }
+  for (const id of Object.keys(CHARTS)) addExport(id);
   $("smooth").addEventListener("input", () => { $("smooth-val").value = Number($("smooth").value).toFixed(2); drawCharts(true); });
   let resizeTimer = null;
   window.addEventListener("resize", () => {

@@ -8,6 +8,11 @@ the journals left on disk are replayed at the next start.
 The journal stays small on long runs: once the acknowledged lines outnumber the pending ones it is
 rewritten (to a temp file, then renamed: a crash mid-rewrite leaves the old journal whole), and it is
 emptied whenever everything is acknowledged.
+
+A journal write that fails (ENOSPC: the disk is full; or any other OSError) never raises into the
+caller: the event stays pending in memory and is still sent, `disk_error` says why, and the next
+add() after space returns rewrites the whole journal from memory (a temp file, then renamed), which
+also drops the torn line the failed write may have left. Nothing already journaled is lost.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import os
 import time
 from pathlib import Path
 from typing import Optional
+
+from worker.agent.disk import disk_words
 
 log = logging.getLogger("tokenpulse.outbox")
 
@@ -33,6 +40,9 @@ class Outbox:
         self.next_seq: dict[int, int] = {}
         self.lines: dict[int, int] = {}  # lines in each journal file (pending + acknowledged)
         self._files = {}
+        self.disk_error: Optional[str] = None  # why the journal cannot be written now (None: it can)
+        self._unjournaled: set[int] = set()  # jobs whose journal misses pending events
+        self._retry_at = 0.0
 
     def path(self, job_id: int) -> Path:
         return self.dir / f"{job_id}.jsonl"
@@ -52,11 +62,67 @@ class Outbox:
         self.next_seq[job_id] = seq + 1
         ev = {"kind": kind, "job_id": job_id, "seq": seq, "t": t or time.time(), "data": data}
         self.pending.setdefault(job_id, []).append(ev)
-        # Line-buffered: each event reaches the OS before add() returns, so kill -9 of the agent
-        # loses none (a machine crash can lose the last page; fsync per event would cost too much).
-        self._file(job_id).write(json.dumps(ev) + "\n")
-        self.lines[job_id] = self.lines.get(job_id, 0) + 1
+        if job_id in self._unjournaled:
+            if time.monotonic() >= self._retry_at:  # not a full rewrite per event while the disk is full
+                self._rewrite(job_id)
+            return ev  # journaled by the rewrite, or kept in memory and sent all the same
+        try:
+            # Line-buffered: each event reaches the OS before add() returns, so kill -9 of the agent
+            # loses none (a machine crash can lose the last page; fsync per event would cost too much).
+            self._file(job_id).write(json.dumps(ev) + "\n")
+            self.lines[job_id] = self.lines.get(job_id, 0) + 1
+        except OSError as e:
+            self._failed(job_id, e)
         return ev
+
+    def _failed(self, job_id: int, e: OSError) -> None:
+        f = self._files.pop(job_id, None)
+        if f is not None:
+            try:
+                f.close()  # flushing what is buffered may fail again; the descriptor closes anyway
+            except OSError:
+                pass
+        self._unjournaled.add(job_id)
+        self._retry_at = time.monotonic() + 1.0
+        why = disk_words(self.dir, e)
+        if self.disk_error is None:
+            log.error("journal: %s; events are kept in memory (and still sent) until it can be written "
+                      "again", why)
+        self.disk_error = why
+
+    def _rewrite(self, job_id: int) -> bool:
+        """The journal from memory: every pending event, to a temp file renamed over the old one.
+        False (and the old journal untouched) when it still cannot be written."""
+        pending = self.pending.get(job_id, [])
+        f = self._files.pop(job_id, None)
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+        tmp = self.path(job_id).with_suffix(".tmp")
+        try:
+            with tmp.open("w") as out:
+                out.writelines(json.dumps(e) + "\n" for e in pending)
+            os.replace(tmp, self.path(job_id))
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            self._failed(job_id, e)
+            return False
+        self.lines[job_id] = len(pending)
+        if job_id in self._unjournaled:
+            self._unjournaled.discard(job_id)
+            if not self._unjournaled and self.disk_error is not None:
+                log.warning("journal: writable again (%s); %s pending events journaled", self.dir, len(pending))
+                self.disk_error = None
+        return True
+
+    def retry_journal(self) -> bool:
+        """Try again to journal what only memory holds (called now and then); True when all is written."""
+        if self._unjournaled and time.monotonic() >= self._retry_at:
+            for job_id in list(self._unjournaled):
+                self._rewrite(job_id)
+        return not self._unjournaled
 
     def batch(self, limit: int = BATCH_EVENTS, max_bytes: int = BATCH_BYTES) -> list[dict]:
         """The oldest pending events, in seq order per job, at most `limit` and about `max_bytes`."""
@@ -93,14 +159,7 @@ class Outbox:
         lines = self.lines.get(job_id, 0)
         if lines - len(pending) < (COMPACT_AFTER if pending else 200):
             return  # not worth a rewrite yet
-        f = self._files.pop(job_id, None)
-        if f is not None:
-            f.close()
-        tmp = self.path(job_id).with_suffix(".tmp")
-        with tmp.open("w") as out:
-            out.writelines(json.dumps(e) + "\n" for e in pending)
-        os.replace(tmp, self.path(job_id))
-        self.lines[job_id] = len(pending)
+        self._rewrite(job_id)
 
     def size(self) -> int:
         return sum(len(v) for v in self.pending.values())
@@ -111,9 +170,15 @@ class Outbox:
             return
         self.pending.pop(job_id, None)
         self.lines.pop(job_id, None)
+        self._unjournaled.discard(job_id)
+        if not self._unjournaled:
+            self.disk_error = None
         f = self._files.pop(job_id, None)
         if f is not None:
-            f.close()
+            try:
+                f.close()
+            except OSError:
+                pass
         self.path(job_id).unlink(missing_ok=True)
 
     def recover(self) -> None:

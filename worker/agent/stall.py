@@ -205,10 +205,13 @@ class StallDetector:
             alive = (f"; the process has also said nothing for {quiet:.0f} s (its alive thread is silent: "
                      f"frozen, a deadlock holding the GIL, SIGSTOP, or uninterruptible I/O)")
         else:
-            alive = "; the process is alive (its alive thread still reports) but its work does not move"
+            alive = ALIVE_CLAUSE
         return Verdict("stalled", f"stalled: no progress in {self.where()} for {silent:.0f} s (timeout "
                        f"{limit:.0f} s: {self.explain_timeout()}){alive}",
                        silent_s=silent, timeout_s=limit, phase=self.phase)
+
+
+ALIVE_CLAUSE = "; the process is alive (its alive thread still reports) but its work does not move"
 
 
 def stuck_at(stack: Optional[str]) -> Optional[str]:
@@ -231,4 +234,9 @@ def stuck_at(stack: Optional[str]) -> Optional[str]:
                         return nxt
                 if nxt:
                     return nxt  # py-spy: func (path:line)
+    # py-spy names threads only once the threading module is loaded; the main thread's id is the pid
+    pid = next((x.split()[1].rstrip(":") for x in lines if x.startswith("Process ")), None)
+    for i, line in enumerate(lines):
+        if pid and line.startswith(f"Thread {pid} ") and i + 1 < len(lines) and lines[i + 1].strip():
+            return lines[i + 1].strip()
     return None

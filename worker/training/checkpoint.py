@@ -5,6 +5,7 @@ step-NNNNNNN is always complete; a crash mid-write leaves only a temp dir nobody
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -14,6 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from worker.training.diskspace import looks_like_disk_full
 from worker.checkpoint_layout import (MODEL_DIR, STATE_FILE, checkpoint_step, list_checkpoints, step_dir,
                                       tmp_dir, write_meta)
 
@@ -41,12 +43,23 @@ def save(out_dir: Path, step: int, model, tokenizer, optimizer, scheduler, state
     final, tmp = step_dir(out_dir, step), tmp_dir(out_dir, step, os.getpid())
     final.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / MODEL_DIR)
-    tokenizer.save_pretrained(tmp / MODEL_DIR)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "rng": rng_state(), **state}, tmp / STATE_FILE)
-    write_meta(tmp, step)
+    try:
+        model.save_pretrained(tmp / MODEL_DIR)
+        tokenizer.save_pretrained(tmp / MODEL_DIR)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict() if scaler is not None else None,
+                    "rng": rng_state(), **state}, tmp / STATE_FILE)
+        write_meta(tmp, step)
+    except Exception as e:
+        full = looks_like_disk_full(e, final.parent)  # judged before the cleanup frees space again
+        shutil.rmtree(tmp, ignore_errors=True)  # half a checkpoint is useless; its space is not (a full disk)
+        if full and not (isinstance(e, OSError) and e.errno == errno.ENOSPC):
+            raise OSError(errno.ENOSPC, f"No space left on device ({type(e).__name__}: {str(e)[:300]})",
+                          str(tmp)) from e
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # same step saved twice (pause right after a periodic save): replace it
         shutil.rmtree(final)
     os.rename(tmp, final)

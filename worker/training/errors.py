@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 # Exit codes of `python -m worker.training.train` / `python -m worker.training.analyze` (the agent maps them to failures).
-EXIT_OK, EXIT_CRASH, EXIT_SPEC, EXIT_FAULT_CRASH, EXIT_NAN, EXIT_OOM = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_CRASH, EXIT_SPEC, EXIT_FAULT_CRASH, EXIT_NAN, EXIT_OOM, EXIT_DISK_FULL = 0, 1, 2, 3, 4, 5, 6
 
 
 def clip(text: str, limit: int = 8000) -> str:
@@ -24,3 +24,19 @@ class SpecError(Exception):
 
 class Cancelled(Exception):
     """SIGTERM arrived during a data phase: stop without training."""
+
+
+class DiskFull(Exception):
+    """No space left (ENOSPC/EDQUOT) while writing `path` during `doing` (e.g. "saving a checkpoint
+    at step 40"): named with the filesystem it fills, never retried (the same disk would fill again)."""
+
+    def __init__(self, path, doing: str, cause: OSError):
+        from .diskspace import describe_fs
+        self.path, self.doing = path, doing
+        self.message = f"no space left on {describe_fs(path)} while {doing}"
+        super().__init__(self.message)
+
+
+def is_disk_full(e: BaseException) -> bool:
+    import errno
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)

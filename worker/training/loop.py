@@ -15,7 +15,8 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from .controls import Controls, Faults
+from .controls import Controls
+from .faults import Faults
 from .packing import IGNORE
 from .precision import autocast
 
@@ -83,7 +84,7 @@ class Telemetry:
 
 def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], state: LoopState,
         total_steps: int, precision: str, device: torch.device, tel: Telemetry,
-        controls: Controls, faults: Faults, on_step: Optional[Callable[[LoopState], Optional[bool]]] = None,
+        controls: Controls, faults: Faults = Faults(), on_step: Optional[Callable[[LoopState], Optional[bool]]] = None,
         scaler=None, max_grad_norm: float = 1.0) -> LoopResult:
     """Train from state.step to total_steps. `steps` yields (epoch, the step's collated micro-batches).
     on_step(state) runs after each step; a true return means it evaluated (left out of tokens/s)."""
@@ -139,7 +140,7 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
                 return r
             return LoopResult("cancelled" if controls.cancel else "paused", state.step, all_losses)
         step = state.step  # 0-based index of the step about to run
-        faults.before_step(step)
+        faults.at("step", step)
         t0 = time.perf_counter()
         try:
             state.epoch, micro = next(steps)
@@ -153,7 +154,7 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         for b in micro:
             b = to_device(b, device)
             loss = forward_loss(model, b, precision, device) / n_targets
-            if faults.nan_now(step):
+            if faults.at("loss", step):
                 loss = loss * float("nan")
             (scaler.scale(loss) if scaler is not None else loss).backward()
             loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()
@@ -184,7 +185,7 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
             win["real"] += sum(b["n_real"] for b in micro)
             win["padded"] += sum(b["n_padded"] for b in micro)
             win["examples"] += sum(b["n_examples"] for b in micro)
-        faults.after_step(step, time.perf_counter() - t0)
+        faults.at("step_end", step, seconds=time.perf_counter() - t0)
         if state.step % tel.log_every == 0 or state.step == total_steps:
             r = flush(state.step)
             if r:

@@ -11,6 +11,7 @@ from tokenpulse.protocol import JobSpec
 
 from . import data as D
 from .errors import Cancelled
+from .faults import Faults
 from .tokenization import Tokenized, cache_key, cached_tokenize, encode_batch, tokenize_all
 
 
@@ -18,23 +19,12 @@ def _noop(*a, **k):
     pass
 
 
-def slow_data(seconds: float, em, should_stop: Callable[[], bool]) -> None:
-    """Fault injection: a data phase that takes `seconds`, visibly alive (progress every 0.5 s)."""
-    t0 = time.monotonic()
-    while (el := time.monotonic() - t0) < seconds:
-        em.phase("loading dataset", done=round(el, 1), total=seconds, unit="s", detail="slow_data_s fault")
-        if should_stop():
-            raise Cancelled()
-        time.sleep(min(0.5, seconds - el))
-
-
 def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = None,
                    sample: Optional[int] = None, should_stop: Callable[[], bool] = lambda: False,
-                   ) -> tuple[Tokenized, dict]:
+                   faults: Faults = Faults()) -> tuple[Tokenized, dict]:
     """Tokenize the dataset (or a random sample of `sample` examples); info says what happened."""
     em.phase("loading dataset", detail=spec.dataset)
-    if spec.fault and spec.fault.slow_data_s:
-        slow_data(spec.fault.slow_data_s, em, should_stop)
+    faults.at("data", em=em, should_stop=should_stop)
     path = D.dataset_path(spec)
     fp = D.fingerprint(path)
     rows = None
@@ -72,14 +62,14 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
 
 
 def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Optional[Path] = None,
-                  should_stop: Callable[[], bool] = lambda: False, batch: int = 64) -> Iterator[Tokenized]:
+                  should_stop: Callable[[], bool] = lambda: False, batch: int = 64,
+                  faults: Faults = Faults()) -> Iterator[Tokenized]:
     """streaming=True: read the file as a stream, yield chunks of >= chunk_tokens tokens for packing.
 
     Emits an "accumulating" phase at least every second while a chunk fills.
     """
     em.phase("loading dataset", detail=f"{spec.dataset} (streaming)")
-    if spec.fault and spec.fault.slow_data_s:
-        slow_data(spec.fault.slow_data_s, em, should_stop)
+    faults.at("data", em=em, should_stop=should_stop)
     path = D.dataset_path(spec)
     stream = D.load_rows(path, cache_dir, streaming=True)
     fields = None

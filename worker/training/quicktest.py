@@ -19,6 +19,7 @@ from typing import Optional
 from tokenpulse.protocol import JobSpec
 
 from .errors import Cancelled, SpecError, clip
+from .faults import Faults
 
 TEST_STEPS = 3
 TEST_SAMPLE = 256  # examples tokenized for the test run
@@ -126,7 +127,7 @@ def test_spec(spec: JobSpec) -> JobSpec:
         "max_steps": TEST_STEPS, "epochs": None, "checkpoint_every": TEST_STEPS - 1, "checkpoint_every_min": None,
         "keep_checkpoints": 2, "eval_every": None, "eval_every_min": None,
         "eval_max_examples": min(spec.eval_max_examples, TEST_EVAL_EXAMPLES), "warmup_steps": 0,
-        "log_every": 1, "test_run": False, "fault": None})
+        "log_every": 1, "test_run": False})
 
 
 def run_test(spec: JobSpec, out: Path, em, controls, cache_dir: Optional[Path]) -> None:
@@ -139,7 +140,7 @@ def run_test(spec: JobSpec, out: Path, em, controls, cache_dir: Optional[Path]) 
     shutil.rmtree(tmp, ignore_errors=True)
     em.phase("test run", done=0, total=len(checks), unit="checks", detail=f"{TEST_STEPS} steps end to end")
     try:
-        s = Session(tspec, tmp, obs, controls, cache_dir=cache_dir, telemetry=False)
+        s = Session(tspec, tmp, obs, controls, cache_dir=cache_dir, telemetry=False, faults=Faults())
         s.sample = TEST_SAMPLE
         obs.begin("load model")
         s.run()
@@ -153,7 +154,7 @@ def run_test(spec: JobSpec, out: Path, em, controls, cache_dir: Optional[Path]) 
         del s
         obs.begin("resume")
         r = Session(tspec, tmp / "resumed", obs, controls, cache_dir=cache_dir, telemetry=False,
-                    resume=Path(ckpts[0]["path"]))
+                    resume=Path(ckpts[0]["path"]), faults=Faults())  # the job's test faults are for the full run
         r.sample = TEST_SAMPLE
         n_states = len(obs.states)
         r.run()

@@ -17,9 +17,11 @@ from tokenpulse.protocol import JobSpec
 from . import checkpoint as ckpt
 from .analysis import recommend_max_len
 from .autotune import autotune
-from .controls import Controls, Faults
-from .errors import EXIT_NAN, EXIT_OK, SpecError
+from .controls import Controls
+from .diskspace import looks_like_disk_full
+from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
 from .evaluation import Evaluator, cap, hold_out
+from .faults import Faults
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
@@ -35,12 +37,13 @@ TRUNCATION_ALERT_FRAC = 0.01  # more examples cut than this is an alert, not jus
 
 class Session:
     def __init__(self, spec: JobSpec, out: Path, em, controls: Controls, cache_dir: Optional[Path] = None,
-                 resume: Optional[Path] = None, telemetry: bool = True):
+                 resume: Optional[Path] = None, telemetry: bool = True, faults: Optional[Faults] = None):
         self.spec, self.out, self.em, self.controls = spec, Path(out), em, controls
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.resume = Path(resume) if resume else None
         self.telemetry = telemetry
-        self.faults = Faults(spec.fault)
+        # Test-only faults come from TOKENPULSE_FAULT_PLAN, never from the spec.
+        self.faults = faults if faults is not None else Faults.for_job(spec.name)
         self.result = None  # LoopResult, for callers in-process (tests, benchmark)
         self.eval_data: Optional[Tokenized] = None  # held-out or separate eval examples
         self.evaluator: Optional[Evaluator] = None
@@ -180,7 +183,7 @@ class Session:
             data, ev = hold_out(data, spec.eval_fraction, spec.seed)
             why = f"{spec.eval_fraction:g} of the examples held out (chosen by seed {spec.seed})"
         elif spec.eval_dataset:
-            ev, _ = load_tokenized(spec.model_copy(update={"dataset": spec.eval_dataset, "fault": None}),
+            ev, _ = load_tokenized(spec.model_copy(update={"dataset": spec.eval_dataset}),
                                    self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop)
             if ev.n == 0:
                 raise SpecError("the evaluation dataset has no examples", "eval_dataset")
@@ -214,7 +217,7 @@ class Session:
         if spec.streaming:
             return self._run_streaming()
         data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, sample=self.sample,
-                                    should_stop=self.controls.should_stop)
+                                    should_stop=self.controls.should_stop, faults=self.faults)
         em.info(tokenization_cache="hit" if info["cache_hit"] else "miss", examples=data.n,
                 tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
         if data.n == 0:
@@ -265,7 +268,7 @@ class Session:
             while True:
                 got = False
                 for c in stream_chunks(spec, self.tokenizer, em, chunk_tokens, self.cache_dir,
-                                       self.controls.should_stop):
+                                       self.controls.should_stop, faults=self.faults):
                     got = True
                     yield epoch, c
                 if not got:
@@ -341,10 +344,15 @@ class Session:
 
         def save(st: LoopState) -> Path:
             em.phase("saving", detail=f"checkpoint at step {st.step}")
-            p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
-                          {"data_pos": st.data_pos, "epoch": st.epoch, "layout": lay.to_dict(), "precision": precision,
-                           "total_steps": total, "spec": spec.model_dump(mode="json")},
-                          keep=spec.keep_checkpoints, scaler=scaler)
+            try:
+                p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
+                              {"data_pos": st.data_pos, "epoch": st.epoch, "layout": lay.to_dict(),
+                               "precision": precision, "total_steps": total, "spec": spec.model_dump(mode="json")},
+                              keep=spec.keep_checkpoints, scaler=scaler)
+            except OSError as e:
+                if is_disk_full(e):
+                    raise DiskFull(self.out, f"saving a checkpoint at step {st.step}", e) from e
+                raise
             em.emit("checkpoint", step=st.step, path=str(p), final=False)
             last_ckpt["t"] = time.monotonic()
             return p
@@ -382,13 +390,20 @@ class Session:
         final = self.out / "final"
         tmp = self.out / ".tmp-final"
         shutil.rmtree(tmp, ignore_errors=True)
-        if hasattr(model, "merge_and_unload") and not (spec.lora and spec.lora.load_in_4bit):
-            # LoRA: final/ is the merged model (loads with from_pretrained alone); the adapter beside it.
-            model.save_pretrained(tmp / "adapter")
-            model.merge_and_unload().save_pretrained(tmp)
-        else:
-            model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
+        try:
+            if hasattr(model, "merge_and_unload") and not (spec.lora and spec.lora.load_in_4bit):
+                # LoRA: final/ is the merged model (loads with from_pretrained alone); the adapter beside it.
+                model.save_pretrained(tmp / "adapter")
+                model.merge_and_unload().save_pretrained(tmp)
+            else:
+                model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+        except Exception as e:
+            full = looks_like_disk_full(e, self.out)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if full:
+                raise DiskFull(self.out, "saving the final model", e) from e
+            raise
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         em.phase("saving", done=1, total=1, detail=str(final))

@@ -1,7 +1,7 @@
 """The training process: `python -m worker.training.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`.
 
 Exit codes: 0 completed / cancelled / paused, 1 crash, 2 bad spec or input, 3 injected crash,
-4 non-finite loss, 5 out of memory. The last event is always a `state` (except for exit 3 and kills).
+4 non-finite loss, 5 out of memory, 6 disk full. The last event is always a `state` (except for exit 3 and kills).
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 from tokenpulse.protocol import JobSpec
 
 from .emit import Emitter
-from .errors import EXIT_CRASH, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, SpecError, clip
+from .errors import (EXIT_CRASH, EXIT_DISK_FULL, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, DiskFull, SpecError,
+                     clip, is_disk_full)
 
 
 def parse_args(argv=None):
@@ -39,6 +40,20 @@ def read_spec(path: Path) -> JobSpec:
         raise SpecError(f"invalid spec: {e}", "spec") from e
 
 
+def disk_full(em: Emitter, e: DiskFull, out: Path) -> int:
+    """Named, alerted, and final (never retried: the same disk would fill again); what is stored
+    stays: the newest complete checkpoint is named so the run can go on from it once space is freed."""
+    from worker.checkpoint_layout import checkpoint_step, list_checkpoints
+    kept = [p for p in list_checkpoints(out) if checkpoint_step(p) is not None]
+    keep = (f"; the newest complete checkpoint is kept: {kept[-1]} (step {checkpoint_step(kept[-1])})" if kept
+            else "; no complete checkpoint yet")
+    reason = f"{e.message}{keep}"
+    em.log(reason)
+    em.alert("disk_full", reason[:2000], severity="critical")
+    em.emit("state", state="failed", reason=reason[:8000], failure="disk_full", exit_code=EXIT_DISK_FULL)
+    return EXIT_DISK_FULL
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     em = Emitter(narrate=True)  # stdout: a readable account, relayed by the agent as the job's log
@@ -52,6 +67,8 @@ def main(argv=None) -> int:
         em.log(clip(f"spec error ({e.field}): {e.message}"))
         em.emit("state", state="failed", reason=clip(e.message), failure="spec", exit_code=EXIT_SPEC)
         return EXIT_SPEC
+    except DiskFull as e:
+        return disk_full(em, e, args.out)
     except Cancelled:
         em.emit("state", state="cancelled", reason="cancelled (SIGTERM) before training")
         return EXIT_OK
@@ -62,6 +79,8 @@ def main(argv=None) -> int:
             em.emit("state", state="failed", reason=clip(f"out of memory: {e}", 2000), failure="oom",
                     exit_code=EXIT_OOM)
             return EXIT_OOM
+        if is_disk_full(e):  # a write elsewhere (tokenization cache, logs) found the disk full
+            return disk_full(em, DiskFull(getattr(e, "filename", None) or args.out, "training", e), args.out)
         if isinstance(e, KeyboardInterrupt):
             em.emit("state", state="cancelled", reason="interrupted")
             return EXIT_OK

@@ -1,0 +1,141 @@
+"""A full disk, made real: a small tmpfs (tests/smallfs.py) under the agent's work dir or the
+server's data dir, filled to the last byte, then freed. Named, alerted, never wedged, recovered."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from conftest import make_server, wait_for
+from smallfs import fill, small_fs
+
+LONG = {"max_steps": 5000, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
+        "max_retries": 0}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def job(c, jid: int) -> dict:
+    return c.get(f"/api/jobs/{jid}").json()
+
+
+def alerts(c, jid: int, kind: str) -> list[dict]:
+    return c.get("/api/alerts", params={"job_id": jid, "kind": kind}).json()
+
+
+def test_agent_disk_full_is_alerted_never_wedges_and_recovers(server):
+    with small_fs(server.data_dir.parent / "work-a1", "16m") as work:
+        agent = server.start_agent("a1", env=ONE_THREAD)
+        with server.client() as c:
+            jid = c.post("/api/jobs", json=LONG).json()["id"]
+            wait_for(lambda: (job(c, jid).get("step") or 0) >= 3, 120, "training steps")
+            filler = fill(work)
+            a = wait_for(lambda: alerts(c, jid, "disk_full"), 60, "a disk_full alert")[0]
+            assert a["severity"] == "critical" and "no space left on the device of" in a["message"], a
+            step = job(c, jid)["step"]
+            wait_for(lambda: job(c, jid)["step"] >= step + 3, 60, "training to go on, its events still sent")
+            assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+            ended = server.wait_job(jid, timeout=60)  # before: the job stayed running; cancel did nothing
+            assert ended["state"] == "cancelled", ended
+            log = (server.data_dir.parent / "agent-a1.log").read_text()
+            assert "journal: no space left on the device of" in log
+            assert agent.poll() is None
+            filler.unlink()  # space returns: the next job is claimed and runs
+            jid2 = c.post("/api/jobs", json={**LONG, "max_steps": 4}).json()["id"]
+            done = server.wait_job(jid2, timeout=120)
+            assert done["state"] == "completed", done
+            assert not [a for a in alerts(c, jid, "disk_full") if a["state"] == "open"]
+        assert not list((work / "journal").glob("*.jsonl")) or all(
+            all(json.loads(x) for x in p.read_text().splitlines()) for p in (work / "journal").glob("*.jsonl"))
+
+
+
+def test_server_disk_full_answers_507_naming_it_and_recovers_losing_nothing(tmp_path):
+    from test_detection import Receiver
+    rx = Receiver(fail_first=0)
+    s = make_server(tmp_path, webhooks=[rx.url])
+    with small_fs(s.data_dir, "24m") as data:
+        try:
+            s.start()
+            s.start_agent("a1", env=ONE_THREAD)
+            with s.client() as c:
+                jid = c.post("/api/jobs", json=LONG).json()["id"]
+                wait_for(lambda: (job(c, jid).get("step") or 0) >= 3, 120, "training steps")
+                filler = fill(data)
+                agent_log = s.data_dir.parent / "agent-a1.log"
+                # SQLite rewrites its WAL in place while it can: writes fail once it must grow
+                wait_for(lambda: "answered 507" in agent_log.read_text(), 90, "the agent's events to be refused 507")
+                with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {s.agent_token}"}) as ac:
+                    hb = wait_for(lambda: (lambda r: r if r.status_code != 200 else None)(ac.post(
+                        "/api/agents/1/heartbeat", json={"jobs": {str(jid): time.time()}})), 30, "a heartbeat refused")
+                    assert hb.status_code == 507 and "disk is full" in hb.text, (hb.status_code, hb.text)
+                r = c.post("/api/jobs", json=LONG)
+                assert r.status_code == 507 and "disk is full" in r.json()["detail"], (r.status_code, r.text)
+                assert "tokenpulse.db" in r.json()["detail"] and int(r.headers["retry-after"]) > 0
+                step_when_full = job(c, jid)["step"]
+                hook = wait_for(lambda: [b for _, b in rx.bodies if b["kind"] == "disk_full"], 30, "a webhook")
+                assert hook[0]["state"] == "open" and "disk is full" in hook[0]["text"], hook  # it cannot store it
+
+                filler.unlink()  # space returns: the agent's journaled events all arrive, none twice
+                wait_for(lambda: job(c, jid)["step"] >= step_when_full + 5, 120, "progress stored again")
+                assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+                ended = s.wait_job(jid, timeout=60)
+                assert ended["state"] == "cancelled" and ended["attempt"] == 1, ended  # never lost, never retried
+                steps = c.get(f"/api/jobs/{jid}/metrics", params={"keys": ["loss"], "max_points": 100000}).json()["series"]["loss"]["step"]
+                assert steps == list(range(steps[0], steps[0] + len(steps))), "a gap in the stored loss series"
+                assert c.get("/api/agents").json()[0]["state"] == "online"
+                wait_for(lambda: [b for _, b in rx.bodies if b["kind"] == "disk_full" and b["state"] == "cleared"],
+                         30, "the webhook saying it is over")
+        finally:
+            rx.close()
+            for a in s.agents:
+                a.terminate()
+                a.wait(30)
+            s.kill()
+
+
+def test_disk_full_while_saving_a_checkpoint_is_named_alerted_final_and_keeps_what_is_stored(server):
+    from worker.checkpoint_layout import checkpoint_step, list_checkpoints
+    # job 1's output dir (checkpoints) on its own small disk; the agent's journal and cache elsewhere
+    with small_fs(server.data_dir.parent / "work-a1" / "jobs" / "1" / "out", "64m") as out:
+        server.start_agent("a1", env=ONE_THREAD)
+        with server.client() as c:
+            jid = c.post("/api/jobs", json={**LONG, "checkpoint_every": 3, "max_retries": 2}).json()["id"]
+            assert jid == 1
+            first = wait_for(lambda: job(c, jid).get("checkpoint"), 120, "a first checkpoint")
+            filler = fill(out)
+            ended = server.wait_job(jid, timeout=120)
+            assert ended["state"] == "failed" and ended["failure"] == "disk_full", ended
+            assert "no space left on the disk of" in ended["reason"], ended["reason"]
+            assert "while saving a checkpoint at step" in ended["reason"], ended["reason"]
+            assert "mounted at " + str(out) in ended["reason"], ended["reason"]
+            assert ended["attempt"] == 1 and len(ended["attempts"]) == 1, ended  # not retried
+            a = alerts(c, jid, "disk_full")
+            assert a and a[0]["severity"] == "critical" and "while saving a checkpoint" in a[0]["message"]
+            assert not alerts(c, jid, "crashed")
+            # what was stored stays: complete checkpoints (the first among them or a newer one), no torn one
+            kept = list_checkpoints(out)
+            assert kept and all(checkpoint_step(p) is not None for p in kept), kept
+            assert f"the newest complete checkpoint is kept: {kept[-1]}" in ended["reason"]
+            assert checkpoint_step(kept[-1]) >= checkpoint_step(__import__("pathlib").Path(first))
+            assert not [p for p in (out / "checkpoints").iterdir() if p not in kept]
+            filler.unlink()
+
+
+def test_an_agent_whose_disk_is_full_requeues_what_it_claims_and_claims_again_once_freed(server):
+    with small_fs(server.data_dir.parent / "work-a1", "16m") as work:
+        agent = server.start_agent("a1", env=ONE_THREAD)
+        with server.client() as c:
+            wait_for(lambda: c.get("/api/agents").json(), 60, "the agent to register")
+            filler = fill(work)
+            jid = c.post("/api/jobs", json={**LONG, "max_steps": 4}).json()["id"]
+            j = wait_for(lambda: (lambda j: j if j["state"] == "queued" and j["attempts"] else None)(job(c, jid)),
+                         60, "the job back in the queue")
+            assert "no space left on the device of" in j["reason"] and "requeued" in j["reason"], j
+            assert j["attempts"][0]["outcome"] == "queued", j  # no retry spent
+            log = server.data_dir.parent / "agent-a1.log"
+            wait_for(lambda: "no claims until it can be written" in log.read_text(), 10, "the agent to say why")
+            filler.unlink()
+            done = server.wait_job(jid, timeout=120)
+            assert done["state"] == "completed", done
+            assert agent.poll() is None
