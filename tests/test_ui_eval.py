@@ -53,3 +53,40 @@ def test_eval_loss_on_chart_generations_panel_and_compare(server_factory, browse
             for r in d.find_elements(By.CSS_SELECTOR, "#compare-diff tbody tr")}
     assert rows["eval loss (last)"] == "5.5" and rows["eval perplexity (last)"] == "80", rows
     assert not console_errors(d), console_errors(d)
+
+
+def test_submit_form_test_run_eval_prompts_and_preflight_warnings(server_factory, browser):
+    """The submit page: eval prompts one per line (commas kept), the quick-test-run checkbox, and a
+    submit with preflight warnings stays on the page and lists them with their fixes, a link to the
+    queued job and a button to cancel it (issue 15 items 3, 4, 5)."""
+    server = server_factory(preflight_wait_s=300)  # never "still running" on a loaded test box
+    d = browser
+    login(d, server)
+    d.get(f"{server.url}/submit")
+    until(d, 15, lambda d: d.find_elements(By.ID, "f-max_seq_length"), "the submit form")
+    d.find_element(By.ID, "f-name").send_keys("form-warned")
+    ml = d.find_element(By.ID, "f-max_seq_length")
+    ml.clear()
+    ml.send_keys("32")
+    def click(el):  # into the middle of the view first: the sticky action bar covers the bottom
+        d.execute_script("arguments[0].scrollIntoView({block: 'center'})", el)
+        el.click()
+    click(d.find_element(By.CSS_SELECTOR, "#details-eval summary"))
+    d.find_element(By.ID, "f-eval_fraction").send_keys("0.1")
+    d.find_element(By.ID, "f-eval_prompts").send_keys("Q: why, and how\nOnce upon")
+    click(d.find_element(By.ID, "f-test_run"))
+    click(d.find_element(By.ID, "submit"))
+    until(d, 120, lambda d: d.find_element(By.ID, "submit-warnings").is_displayed(), "the preflight warnings")
+    box = text(d, "#submit-warnings")
+    assert "is queued and runs as asked, with 1 warning" in box and "max_seq_length:" in box, box
+    assert "are longer than max_seq_length=32" in box and "fix: max_seq_length=" in box, box
+    assert "/submit" in d.current_url  # stayed to show them
+    jid = int(d.find_element(By.ID, "open-job").get_attribute("href").rsplit("/", 1)[1])
+    with server.client() as c:
+        spec = c.get(f"/api/jobs/{jid}").json()["spec"]
+        assert spec["test_run"] is True and spec["eval_fraction"] == 0.1, spec
+        assert spec["eval_prompts"] == ["Q: why, and how", "Once upon"], spec
+        click(d.find_element(By.XPATH, "//div[@id='submit-warnings']//button[text()='Cancel it']"))
+        until(d, 15, lambda d: c.get(f"/api/jobs/{jid}").json()["state"] == "cancelled", "the job cancelled")
+    shot(d, "submit-warnings")
+    assert not console_errors(d), console_errors(d)
