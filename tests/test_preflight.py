@@ -127,3 +127,17 @@ def test_batch_size_far_from_an_earlier_measurement_is_a_warning(server):
         assert bw[0]["fix"].startswith("batch_size=16")
         r = c.post("/api/jobs", json={"batch_size": 12, "max_seq_length": 256}).json()
         assert not [w for w in r["warnings"] if w["kind"] == "batch_size"], r["warnings"]
+
+
+def test_a_slow_analysis_does_not_hold_the_submit_and_serves_the_next_one(server_factory):
+    """Past preflight_wait_s the submit answers at once ("pending"); the analysis goes on in the
+    background and a later submit of the same settings gets its warnings from the cache."""
+    from conftest import wait_for
+    s = server_factory(preflight_wait_s=0.001)
+    with s.client() as c:
+        first = c.post("/api/jobs", json={"max_seq_length": 40}).json()
+        assert first["preflight"]["analysis"] == "pending" and first["warnings"] == [], first["preflight"]
+        assert first["preflight"]["seconds"] < 5
+        later = wait_for(lambda: (lambda r: r if r["preflight"]["analysis"] == "cached" else None)(
+            c.post("/api/jobs", json={"max_seq_length": 40}).json()), 300, "the cached analysis", every=3)
+        assert [w["kind"] for w in later["warnings"]] == ["truncation"], later["warnings"]
