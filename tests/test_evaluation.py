@@ -111,3 +111,30 @@ def test_separate_eval_dataset(tmp_path):
     evals = [d for k, d in em.events if k == "metrics" and "eval/loss" in d["values"]]
     assert [d["step"] for d in evals] == [3]
     assert em.infos("eval_examples")[0]["eval_examples"] == 20
+
+
+def test_eval_split_of_a_saved_dataset_dict(tmp_path):
+    """eval_split: another split of the same dataset (a save_to_disk DatasetDict here; a Hub dataset
+    works the same way); a split it does not have fails naming eval_split."""
+    import datasets
+    from test_training import Recorder, quick_spec
+    from worker.training.controls import Controls
+    from worker.training.data import DEMO_DIR
+    from worker.training.errors import SpecError
+    from worker.training.session import Session
+    texts = [json.loads(line)["text"] for line in (DEMO_DIR / "demo.jsonl").read_text().splitlines()[:60]]
+    path = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts[:48]}),
+                          "validation": datasets.Dataset.from_dict({"text": texts[48:]})}).save_to_disk(str(path))
+    em = Recorder()
+    assert Session(quick_spec(max_steps=2, dataset=str(path), eval_split="validation"), tmp_path / "o", em,
+                   Controls()).run() == 0
+    assert [d["step"] for k, d in em.events if k == "metrics" and "eval/loss" in d["values"]] == [2]
+    assert em.infos("eval_examples")[0]["eval_examples"] == 12
+    try:
+        Session(quick_spec(max_steps=2, dataset=str(path), eval_split="nope"), tmp_path / "p", Recorder(),
+                Controls()).run()
+        raise AssertionError("an unknown eval split must fail")
+    except SpecError as e:
+        assert e.field == "eval_split" and "'nope'" in e.message, (e.field, e.message)
+    assert JobSpec(eval_split="validation").has_eval

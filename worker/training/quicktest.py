@@ -26,7 +26,7 @@ TEST_SAMPLE = 256  # examples tokenized for the test run
 TEST_EVAL_EXAMPLES = 32
 CHECKS = ["load model", "tokenize a sample", "eval data", "batches", "train", "checkpoint", "eval", "save",
           "resume", "reload"]  # in the order they happen
-FIELD = {"load model": "model", "tokenize a sample": "dataset", "eval data": "eval_dataset"}
+FIELD = {"load model": "model", "tokenize a sample": "dataset"}
 
 
 class Observer:
@@ -44,6 +44,7 @@ class Observer:
         self.step_done = None
         self.phase_name = None
         self._relayed = 0.0
+        self._loads = 0
 
     def begin(self, check: str) -> None:
         """`check` is running now; every check before it (they run in order) has passed."""
@@ -75,9 +76,9 @@ class Observer:
             return  # the resumed run's own phases are all part of the resume check
         check = {"loading model": "load model", "tuning batch size": "batches", "packing": "batches",
                  "training": "train", "evaluating": "eval"}.get(name)
-        if name == "loading dataset":
-            eval_file = self.spec.eval_dataset and str(detail or "").startswith(self.spec.eval_dataset)
-            check = "eval data" if eval_file else "tokenize a sample"
+        if name == "loading dataset":  # first the training data, then (eval_dataset / eval_split) the eval data
+            self._loads += 1
+            check = "tokenize a sample" if self._loads == 1 else "eval data"
         elif name == "saving":
             d = str(detail or "")
             check = "checkpoint" if d.startswith("checkpoint") else "save" if d == "final model" else None
@@ -178,8 +179,11 @@ def run_test(spec: JobSpec, out: Path, em, controls, cache_dir: Optional[Path]) 
         em.info(test_run="failed", failed_check=check, checks=summary(obs, checks, check, why),
                 reason=f"check '{check}' failed: {clip(why, 500)}")
         em.alert("test_run", clip(f"test run failed at check '{check}': {why}", 2000), severity="critical")
-        raise SpecError(f"test run failed at check '{check}': {why}",
-                        FIELD.get(check, getattr(e, "field", None) or "test_run")) from e
+        if check == "eval data":
+            field = "eval_dataset" if spec.eval_dataset else "eval_split" if spec.eval_split else "eval_fraction"
+        else:
+            field = FIELD.get(check) or getattr(e, "field", None) or "test_run"
+        raise SpecError(f"test run failed at check '{check}': {why}", field) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     em.info(test_run="passed", checks=summary(obs, checks),

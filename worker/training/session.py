@@ -22,6 +22,7 @@ from .diskspace import looks_like_disk_full
 from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
 from .evaluation import Evaluator, cap, hold_out
 from .faults import Faults
+from .hub import fetch_model
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
@@ -55,6 +56,7 @@ class Session:
         self.device, why = pick_device(spec)
         em.info(device=str(self.device), reason=why, torch_threads=torch.get_num_threads(),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"))
+        fetch_model(spec, em)  # a Hub model downloads first, as its own phase with bytes done/total
         em.phase("loading model", detail=spec.model)
         self.tokenizer = load_tokenizer(spec)
         self.state_in = None
@@ -182,12 +184,19 @@ class Session:
         if spec.eval_fraction is not None and data is not None:
             data, ev = hold_out(data, spec.eval_fraction, spec.seed)
             why = f"{spec.eval_fraction:g} of the examples held out (chosen by seed {spec.seed})"
-        elif spec.eval_dataset:
-            ev, _ = load_tokenized(spec.model_copy(update={"dataset": spec.eval_dataset}),
-                                   self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop)
+        elif spec.eval_dataset or spec.eval_split:
+            # a separate local file, or another split of the same dataset
+            change = ({"dataset": spec.eval_dataset, "dataset_config": None, "dataset_split": None,
+                       "dataset_revision": None} if spec.eval_dataset else {"dataset_split": spec.eval_split})
+            field = "eval_dataset" if spec.eval_dataset else "eval_split"
+            try:
+                ev, _ = load_tokenized(spec.model_copy(update=change), self.tokenizer, em, self.cache_dir,
+                                       should_stop=self.controls.should_stop)
+            except SpecError as e:
+                raise SpecError(e.message, field if e.field in ("dataset", "dataset_split") else e.field) from e
             if ev.n == 0:
-                raise SpecError("the evaluation dataset has no examples", "eval_dataset")
-            why = f"separate dataset {spec.eval_dataset}"
+                raise SpecError("the evaluation data has no examples", field)
+            why = f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else f"split {spec.eval_split!r} of the dataset"
         else:
             return data
         self.eval_data = cap(ev, spec.eval_max_examples, spec.seed)
