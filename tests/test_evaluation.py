@@ -45,7 +45,7 @@ def test_hold_out_is_disjoint_complete_and_fixed_by_seed():
 def test_eval_spec_is_checked_at_submit(server):
     with server.client() as c:
         r = c.post("/api/jobs", json={"eval_fraction": 0.1, "eval_dataset": "x.jsonl"})
-        assert r.status_code == 422 and "eval_fraction or eval_dataset" in r.text
+        assert r.status_code == 422 and "one of eval_fraction, eval_dataset or eval_split" in r.text
         r = c.post("/api/jobs", json={"eval_fraction": 0.9})
         assert r.status_code == 422 and "eval_fraction" in r.text
         r = c.post("/api/jobs", json={"eval_dataset": str(server.data_dir / "missing.jsonl")})
