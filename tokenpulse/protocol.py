@@ -51,10 +51,6 @@ class Failure:
     ERROR: FailureKind = "error"  # a command job exited non-zero (its script's own failure)
 
 
-# The retry policy (server/store.py end_attempt): retried up to max_retries, or final at once.
-RETRYABLE_FAILURES = frozenset({Failure.OOM, Failure.CRASH, Failure.LOST, Failure.SIGNAL, Failure.HANG})
-FINAL_FAILURES = frozenset({Failure.SPEC, Failure.NAN, Failure.DISK_FULL})
-
 
 class AlertKind:
     """The alert kinds tokenpulse raises. AlertData.kind stays a str: an instrumented script or the
