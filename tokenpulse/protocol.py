@@ -550,7 +550,7 @@ def subscribed_frame(topics: list[str]) -> SubscribedFrame:
 
 # ---- dataset analysis ------------------------------------------------------------------------------
 
-Number = Union[int, float]
+Number = Union[int, float]  # int first: a count stays 12, not 12.0
 
 
 class LengthBin(BaseModel):
@@ -563,11 +563,11 @@ class LayoutCost(BaseModel):
     """One padding layout at the same real tokens per optimizer step (worker/training/analysis.py).
     Extra keys allowed: the pack layout adds row_len, and the JSON stays as the worker wrote it."""
     model_config = ConfigDict(extra="allow")
-    padding_frac: float
-    real_tokens_per_step: float
-    padded_tokens_per_step: float
-    computed_per_real_token: float
-    compute_vs_max_length: float
+    padding_frac: Number
+    real_tokens_per_step: Number
+    padded_tokens_per_step: Number
+    computed_per_real_token: Number
+    compute_vs_max_length: Number
 
 
 class DatasetAnalysis(BaseModel):

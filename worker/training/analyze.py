@@ -29,7 +29,9 @@ def check(spec, cache_dir=None) -> dict:
     return {"ok": True}
 
 
-def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
+def analyze(spec, cache_dir=None, em=None, sample=None):
+    """-> protocol.DatasetAnalysis"""
+    from tokenpulse.protocol import DatasetAnalysis
     from .analysis import SAMPLE_ABOVE, analyze_lengths
     from .modeling import load_tokenizer
     from .prepare import load_tokenized
@@ -42,9 +44,8 @@ def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
     fixed = spec.max_seq_length if spec.max_seq_length != "auto" else None
     out = analyze_lengths(data.lengths, spec.length_coverage, model_max, fixed, n_total=info["examples"],
                           tokens_per_batch=spec.tokens_per_batch, group_by_length=spec.group_by_length)
-    out["fields"] = {k: v for k, v in info["fields"].items() if v}
-    out["tokenization_cache"] = "hit" if info["cache_hit"] else "miss"
-    return out
+    return DatasetAnalysis(**out, fields={k: v for k, v in info["fields"].items() if v},
+                           tokenization_cache="hit" if info["cache_hit"] else "miss")
 
 
 def _model_max(spec):
@@ -76,7 +77,8 @@ def main(argv=None) -> int:
             raise SpecError(f"spec file not found: {args.spec}", "spec")
         except Exception as e:
             raise SpecError(f"invalid spec: {e}", "spec")
-        out = check(spec, args.cache_dir) if args.check_only else analyze(spec, args.cache_dir, sample=args.sample)
+        out = (check(spec, args.cache_dir) if args.check_only
+               else analyze(spec, args.cache_dir, sample=args.sample).model_dump(mode="json"))
         code = EXIT_OK
     except SpecError as e:
         out, code = e.as_json(), EXIT_SPEC
