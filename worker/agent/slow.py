@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tokenpulse.protocol import AlertKind
+from tokenpulse.protocol import AlertKind, Phase
 from worker.agent.stall import StallConfig, Verdict
 
 
@@ -112,7 +112,7 @@ class SlowDetector:
                 self.projected_tps = float(data["projected_tokens_per_s"])
         elif kind == "phase":
             name = data.get("name")
-            if name and name != "training" and self.last_step is not None:
+            if name and name != Phase.TRAINING and self.last_step is not None:
                 self.pauses_at.setdefault(self.last_step, set()).add(name)
         elif kind == "metrics":
             step, v = int(data.get("step", 0)), data.get("values", {})

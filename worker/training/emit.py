@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from tokenpulse.protocol import DATA_MODELS
+from tokenpulse.protocol import DATA_MODELS, Phase
 
 
 class Emitter:
@@ -65,7 +65,7 @@ class Emitter:
         """One readable stdout line for an event, or None (most training-phase ticks say nothing)."""
         if kind == "phase":
             name, done, total, unit = d.get("name"), d.get("done"), d.get("total"), d.get("unit") or ""
-            if name == "training":
+            if name == Phase.TRAINING:
                 self._train_total = total
                 if (name, "start") == self._said_phase:
                     return None
@@ -74,7 +74,7 @@ class Emitter:
                     return "training"
                 return f"training {_n(total)} steps" if not done else f"training from step {_n(done)} of {_n(total)}"
             finished = total is not None and done is not None and done >= total
-            if finished and name == "saving":
+            if finished and name == Phase.SAVING:
                 return None  # the checkpoint line that follows says where
             key = (name, "end" if finished else "start")
             if key == self._said_phase and not d.get("detail"):
