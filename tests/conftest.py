@@ -131,7 +131,10 @@ def make_server(tmp_path: Path, **settings) -> Server:
     port = free_port()
     data_dir = tmp_path / "data"
     # Agents started from this server's env (and their training processes) read the fault plan.
-    env = {**os.environ, "TOKENPULSE_FAULT_PLAN": str(tmp_path / "fault-plan.json"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "TOKENPULSE_FAULT_PLAN": str(tmp_path / "fault-plan.json"), "PYTHONUNBUFFERED": "1",
+           # A submit's data analysis (a child loading transformers, ~3 CPU-s) only where a test asks
+           # for it (server_factory(preflight_wait_s=...)): the suite shares two cores.
+           "TOKENPULSE_PREFLIGHT_WAIT_S": "0"}
     env.update({f"TOKENPULSE_{k.upper()}": (json.dumps(v) if isinstance(v, (list, dict)) else str(v))
                 for k, v in settings.items()})
     return Server(url=f"http://127.0.0.1:{port}", data_dir=data_dir, env=env, port=port)

@@ -5,8 +5,11 @@ import time
 from typing import Optional
 
 from fastapi import APIRouter, HTTPException, Request, Response
+<<<<<<< HEAD
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+=======
+>>>>>>> main
 from sqlalchemy import select
 
 from server import gang, ranks, store
@@ -16,12 +19,18 @@ from server.ranks import RankReport
 from server.security import AgentDep, UserDep
 from server.models import Agent, Event as EventRow, Job
 from server.reaper import lease_origin
+from server.hub import job_frames
 from server.schemas import AgentOut
+<<<<<<< HEAD
 from tokenpulse.protocol import AgentHello, AgentReply, Claim, ClaimRequest, EventBatch, JobSpec, load_spec
+=======
+from tokenpulse.protocol import AgentHello, AgentReply, Claim, Heartbeat, agent_frame, load_spec
+>>>>>>> main
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 
 
+<<<<<<< HEAD
 class Heartbeat(BaseModel):
     # job id -> time the training process last said it was alive
     jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
@@ -29,14 +38,11 @@ class Heartbeat(BaseModel):
     ranks: dict[int, list[RankReport]] = Field(default_factory=dict, max_length=1000)
 
 
+=======
+>>>>>>> main
 def agent_dict(a: Agent, job_ids: list[int]) -> dict:
     return {"id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
             "accepts_commands": bool(a.accepts_commands), "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
-
-
-def publish(tp, frames) -> None:
-    for topic, payload, droppable in frames:
-        tp.hub.publish(topic, payload, droppable)
 
 
 @router.post("", status_code=201)
@@ -50,7 +56,7 @@ async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> AgentOut:
         s.flush()
         return agent_dict(a, [])
     d = await tp.db.write(add)
-    tp.hub.publish("agents", {"type": "agent", "agent": d}, False)
+    tp.hub.publish("agents", agent_frame(d), False)
     return d
 
 
@@ -82,12 +88,10 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
             ranks.store(s, agent_id, hb.ranks)
         for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
                                      lease_origin(tp.db, tp.started_at)):
-            summary = store.job_summary(job)
-            frames += [("jobs", {"type": "job", "job": summary}, False),
-                       (f"job:{job.id}", {"type": "job", "job": summary}, False)]
+            frames += job_frames(store.job_summary(job))
         return commands, frames
     commands, frames = await tp.db.write(beat)
-    publish(tp, frames)
+    tp.hub.publish_all(frames)
     return AgentReply(commands=commands)
 
 
@@ -109,11 +113,16 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep, offer: Optional[Cla
     got = await tp.db.write(take)
     if got is None:
         return Response(status_code=204)
+<<<<<<< HEAD
     if isinstance(got, gang.Waiting):
         return JSONResponse({"gathering": got.job_id, "members": got.members, "nnodes": got.nnodes}, status_code=202)
     job, summary, share = got
     tp.hub.publish("jobs", {"type": "job", "job": summary}, False)
     tp.hub.publish(f"job:{job.id}", {"type": "job", "job": summary}, False)
+=======
+    job, summary = got
+    tp.hub.publish_all(job_frames(summary))
+>>>>>>> main
     return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
                  spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint,
                  node_rank=share.node_rank if share else 0, rdzv_endpoint=share.endpoint if share else None)
@@ -139,7 +148,7 @@ async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) 
     out = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
     tp.stats.ingested_events += out.stored_events
     tp.stats.ingested_points += out.stored_points
-    publish(tp, out.frames)
+    tp.hub.publish_all(out.frames)
     if out.alerts and tp.webhooks is not None:
         for alert in out.alerts:
             tp.webhooks.send(alert)

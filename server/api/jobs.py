@@ -11,13 +11,15 @@ from sqlalchemy import func, or_, select
 
 from server import store
 from server.errors import error_list, unprocessable
+from server.hub import job_frames
 from server.context import AppDep
 from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
-from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut
+from server.preflight import preflight
+from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
 from server.series import read_series
 from server.validate import check_spec_async
-from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState
+from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState, job_frame
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -53,13 +55,19 @@ async def submit(tp, spec, parent_id: Optional[int] = None) -> dict:
         job = store.create_job(s, spec, parent_id)
         return job_detail(job, [])
     detail = await tp.db.write(create)
-    tp.hub.publish("jobs", {"type": "job", "job": {k: v for k, v in detail.items() if k not in ("spec", "info")}},
+    tp.hub.publish("jobs", job_frame({k: v for k, v in detail.items() if k not in ("spec", "info")}),
                    droppable=False)
-    return detail
+    if not isinstance(spec, JobSpec):
+        return detail  # a command job: nothing to analyze
+    # after the job is queued (an agent may start it meanwhile): advice, never a refusal
+    return {**detail, **await preflight(spec, tp.settings, tp.db)}
 
 
 @router.post("", status_code=201)
-async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> JobDetail:
+async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> Submitted:
+    """Queue a job. The answer carries `warnings`: preflight advice (padding waste, truncation, a
+    batch size far from what was measured, streaming with epochs), each with the field and the fix;
+    the job runs as asked regardless."""
     return await submit(tp, spec)
 
 
@@ -117,8 +125,7 @@ async def request_action(tp, job_id: int, action: str) -> dict:
         store.REQUESTS[action](s, job)
         return store.job_summary(job)
     summary = await tp.db.write(apply)
-    tp.hub.publish("jobs", {"type": "job", "job": summary}, droppable=False)
-    tp.hub.publish(f"job:{job_id}", {"type": "job", "job": summary}, droppable=False)
+    tp.hub.publish_all(job_frames(summary))
     return summary
 
 
@@ -146,7 +153,7 @@ async def capture_stack(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
 
 
 @router.post("/{job_id}/clone", status_code=201)
-async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep) -> JobDetail:
+async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep) -> Submitted:
     """Retry or clone: a new job with the same spec (and any changes), linked to its parent. A command
     job's clone runs code again: it needs a token with the `commands` scope, as a submit does."""
     with tp.db.read() as s:

@@ -15,6 +15,8 @@ import psutil
 import torch
 import torch.nn.functional as F
 
+from tokenpulse.protocol import Failure, Phase
+
 from .controls import Controls
 from .distributed import Dist, agree, no_sync, shard, sum_over_ranks
 from .faults import Faults
@@ -85,9 +87,10 @@ class Telemetry:
 
 def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], state: LoopState,
         total_steps: int, precision: str, device: torch.device, tel: Telemetry,
-        controls: Controls, faults: Faults = Faults(), on_step: Optional[Callable[[LoopState], None]] = None,
+        controls: Controls, faults: Faults = Faults(), on_step: Optional[Callable[[LoopState], Optional[bool]]] = None,
         scaler=None, max_grad_norm: float = 1.0, ranks: Dist = Dist()) -> LoopResult:
     """Train from state.step to total_steps. `steps` yields (epoch, the step's collated micro-batches).
+    on_step(state) runs after each step; a true return means it evaluated (left out of tokens/s).
     With several ranks (`ranks`, model wrapped in DDP) each runs its share of every step's
     micro-batches (distributed.shard); only rank 0 reports metrics."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -114,7 +117,7 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         pending = []
         for s, l in zip(steps, losses):
             if not math.isfinite(l):
-                return LoopResult("nan", s, all_losses, f"loss is {l} at step {s}")
+                return LoopResult(Failure.NAN, s, all_losses, f"loss is {l} at step {s}")
         all_losses.extend(losses)
         if not tel.enabled or not ranks.main:
             return None
@@ -134,7 +137,7 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
                 vals["mfu"] = tps * tel.flops_per_token / tel.peak_flops
             win_t, win = now, dict(steps=0, real=0, padded=0, examples=0)
         tel.em.metrics(step, **vals)
-        tel.em.phase("training", done=step, total=total_steps, unit="steps")
+        tel.em.phase(Phase.TRAINING, done=step, total=total_steps, unit="steps")
         return None
 
     while state.step < total_steps:
@@ -211,7 +214,12 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
             if r:
                 return r
         if on_step is not None:
-            on_step(state)
+            t_cb = time.perf_counter()
+            if on_step(state) and win_t is not None:
+                # an evaluation ran: its time is not training time, keep it out of the speed figures
+                spent = time.perf_counter() - t_cb
+                win_t += spent
+                timed["t0"] += spent
     r = flush(state.step)
     if device.type == "cuda":
         torch.cuda.synchronize()
