@@ -3,33 +3,12 @@ per (job, rank) and read back as the job's rank table. Runs on the writer thread
 from __future__ import annotations
 
 import time
-from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from server.models import Job, JobRank
-from tokenpulse.protocol import ACTIVE_STATES, JobState
-
-MAX_RANKS = 1024
-
-
-class RankReport(BaseModel):
-    """One rank as its agent sees it (worker/agent/ranks.py Rank.row())."""
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-    rank: int = Field(ge=0, lt=MAX_RANKS)
-    host: Optional[str] = Field(None, max_length=200)
-    pid: Optional[int] = Field(None, ge=0, lt=2 ** 31)
-    device: Optional[str] = Field(None, max_length=200)
-    step: Optional[int] = Field(None, ge=0, lt=2 ** 62)
-    step_time_s: Optional[float] = Field(None, ge=0)
-    busy_s: Optional[float] = Field(None, ge=0)
-    rss_mb: Optional[float] = Field(None, ge=0)
-    alive_at: Optional[float] = None
-    progress_at: Optional[float] = None
-    exit: Optional[str] = Field(None, max_length=200)
-
+from tokenpulse.protocol import ACTIVE_STATES, JobState, RankReport
 
 COLUMNS = ("host", "pid", "device", "step", "step_time_s", "busy_s", "rss_mb", "alive_at", "progress_at", "exit")
 

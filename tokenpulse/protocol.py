@@ -478,9 +478,27 @@ class Registered(BaseModel):
     id: int
 
 
+class RankReport(BaseModel):
+    """One rank of a distributed job as its agent sees it (worker/agent/ranks.py Rank.row())."""
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    rank: int = Field(ge=0, lt=1024)
+    host: Optional[str] = Field(None, max_length=200)
+    pid: Optional[int] = Field(None, ge=0, lt=2 ** 31)
+    device: Optional[str] = Field(None, max_length=200)
+    step: Optional[int] = Field(None, ge=0, lt=2 ** 62)
+    step_time_s: Optional[float] = Field(None, ge=0)
+    busy_s: Optional[float] = Field(None, ge=0)  # its own work per step, waits for the other ranks left out
+    rss_mb: Optional[float] = Field(None, ge=0)
+    alive_at: Optional[float] = None
+    progress_at: Optional[float] = None
+    exit: Optional[str] = Field(None, max_length=200)
+
+
 class Heartbeat(BaseModel):
     # job id -> time the training process last said it was alive
     jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
+    # job id -> its ranks (distributed jobs only): the rank table
+    ranks: dict[int, list[RankReport]] = Field(default_factory=dict, max_length=1000)
 
 
 def event_batch_body(events: list[dict]) -> dict:

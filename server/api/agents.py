@@ -5,41 +5,22 @@ import time
 from typing import Optional
 
 from fastapi import APIRouter, HTTPException, Request, Response
-<<<<<<< HEAD
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
-=======
->>>>>>> main
 from sqlalchemy import select
 
 from server import gang, ranks, store
 from server.ingest import apply, heartbeats, parse
 from server.context import AppDep
-from server.ranks import RankReport
 from server.security import AgentDep, UserDep
 from server.models import Agent, Event as EventRow, Job
 from server.reaper import lease_origin
 from server.hub import job_frames
 from server.schemas import AgentOut
-<<<<<<< HEAD
-from tokenpulse.protocol import AgentHello, AgentReply, Claim, ClaimRequest, EventBatch, JobSpec, load_spec
-=======
-from tokenpulse.protocol import AgentHello, AgentReply, Claim, Heartbeat, agent_frame, load_spec
->>>>>>> main
+from tokenpulse.protocol import AgentHello, AgentReply, Claim, ClaimRequest, Heartbeat, agent_frame, load_spec
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 
 
-<<<<<<< HEAD
-class Heartbeat(BaseModel):
-    # job id -> time the training process last said it was alive
-    jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
-    # job id -> its ranks (distributed jobs only): the rank table
-    ranks: dict[int, list[RankReport]] = Field(default_factory=dict, max_length=1000)
-
-
-=======
->>>>>>> main
 def agent_dict(a: Agent, job_ids: list[int]) -> dict:
     return {"id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
             "accepts_commands": bool(a.accepts_commands), "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
@@ -113,16 +94,10 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep, offer: Optional[Cla
     got = await tp.db.write(take)
     if got is None:
         return Response(status_code=204)
-<<<<<<< HEAD
     if isinstance(got, gang.Waiting):
         return JSONResponse({"gathering": got.job_id, "members": got.members, "nnodes": got.nnodes}, status_code=202)
     job, summary, share = got
-    tp.hub.publish("jobs", {"type": "job", "job": summary}, False)
-    tp.hub.publish(f"job:{job.id}", {"type": "job", "job": summary}, False)
-=======
-    job, summary = got
     tp.hub.publish_all(job_frames(summary))
->>>>>>> main
     return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
                  spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint,
                  node_rank=share.node_rank if share else 0, rdzv_endpoint=share.endpoint if share else None)

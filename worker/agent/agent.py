@@ -584,13 +584,9 @@ class Agent:
                     t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
         verdict = self.judge_exit(rj, proc.proc.returncode)
-<<<<<<< HEAD
         if rj.gang is not None and rj.requested is None:
             verdict = gangwatch.judge(rj.gang, verdict, list(proc.tail))
-        if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal"):
-=======
         if verdict.get("state") == "failed" and verdict.get("failure") in (Failure.CRASH, Failure.SIGNAL):
->>>>>>> main
             d = rj.detector
             ago = time.time() - d.last_progress if d.last_progress else 0
             verdict["reason"] = (f"{verdict.get('reason') or ''}\nlast progress: {d.where()}, "
@@ -620,16 +616,12 @@ class Agent:
         if rj.command is not None and rj.detector.events == 0:
             return  # a command that reports nothing (not instrumented): no progress to judge it by
         v = rj.detector.check(now)
-<<<<<<< HEAD
-        if v is not None and v.kind == "stalled" and rj.gang is not None:
+        if v is not None and v.kind == AlertKind.STALLED and rj.gang is not None:
             where, stack = await gangwatch.stalled_message(rj.gang, rj.process.ranks())
             if rj.process.proc.returncode is None:
-                self.emit(rj, "alert", {"kind": "stalled", "severity": "critical",
+                self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical",
                                         "message": f"{v.message}; {where}"[:8192], "stack": stack[-199_000:]})
-        elif v is not None and v.kind == "stalled":
-=======
-        if v is not None and v.kind == AlertKind.STALLED:
->>>>>>> main
+        elif v is not None and v.kind == AlertKind.STALLED:
             stack = await self.capture_stack(rj)
             if rj.process.proc.returncode is not None:
                 return  # it ended while we looked: the exit tells the story
@@ -772,16 +764,10 @@ class Agent:
             rj = self.jobs.get(c.job_id)
             if rj is None:
                 continue
-<<<<<<< HEAD
-            action = c["action"]
-            if action == "stack":
-                stack = (await gangwatch.stalled_message(rj.gang, rj.process.ranks()))[1] if rj.gang \
-                    else await self.capture_stack(rj)
-=======
             action = c.action
             if action == Action.STACK:
-                stack = await self.capture_stack(rj)
->>>>>>> main
+                stack = (await gangwatch.stalled_message(rj.gang, rj.process.ranks()))[1] if rj.gang \
+                    else await self.capture_stack(rj)
                 self.emit(rj, "log", {"line": stack[:8000], "stream": "agent"})
             elif action == Action.PAUSE and rj.command is not None and not rj.pausable and rj.requested is None:
                 # The server refuses such a pause (409); a job whose process has not said pausable in this
@@ -811,20 +797,13 @@ class Agent:
     async def heartbeat_loop(self) -> None:
         while True:
             try:
-<<<<<<< HEAD
                 # a multi-node job's share on node rank > 0 is node rank 0's agent's job on the server:
                 # only its ranks are reported (a cancel reaches them through rank 0: they agree on it)
-                jobs = {str(jid): rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank}
-                body: dict = {"jobs": jobs}
-                ranks = {str(jid): rj.gang.board.rows() for jid, rj in self.jobs.items()
-                         if rj.gang is not None and rj.gang.board.ranks}
-                if ranks:  # per-rank telemetry: the job's rank table
-                    body["ranks"] = ranks
-                r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json=body)
-=======
-                beat = Heartbeat(jobs={jid: rj.alive_at for jid, rj in self.jobs.items()})
-                r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json=beat.model_dump())
->>>>>>> main
+                beat = Heartbeat(jobs={jid: rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank},
+                                 ranks={jid: rj.gang.board.rows() for jid, rj in self.jobs.items()
+                                        if rj.gang is not None and rj.gang.board.ranks})  # the rank table
+                r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat",
+                                    json=beat.model_dump(exclude_none=True))
                 if r.status_code == 200:
                     await self.handle(AgentReply.model_validate(r.json()).commands)
             except Exception:
