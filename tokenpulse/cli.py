@@ -479,7 +479,7 @@ def cmd_analyze(args) -> int:
         table.add_row(name, f"{100 * s.padding_frac:.1f} %", f"{s.padded_tokens_per_step:,.0f}",
                       f"{s.computed_per_real_token:.2f}", f"{100 * s.compute_vs_max_length:.0f} %")
     console.print(table)
-    mem = a.get("memory")
+    mem = a.memory
     if mem:
         t = Table("max_seq_length", "largest micro-batch", "tokens/s", "limited by",
                   title=f"Measured on {mem['device']} ({mem['precision']}): rows of full length that fit")
@@ -487,7 +487,7 @@ def cmd_analyze(args) -> int:
             t.add_row(f"{m['seq_len']:,}", f"{m['max_rows']} row{'' if m['max_rows'] == 1 else 's'}" if m["fits"] else ("does not fit" if m["fits"] is False else "not measured"),
                       f"{m['tokens_per_s']:,.0f}" if m["fits"] else "", m["limited_by"])
         console.print(t)
-    print_warnings(console, a)
+    print_warnings(console, {"warnings": a.warnings})
     return 0
 
 

@@ -681,3 +681,7 @@ class DatasetAnalysis(BaseModel):
                                            description="max_length / dynamic / pack: padding and tokens per step")
     fields: dict[str, Any] = Field(default_factory=dict)
     tokenization_cache: Optional[Literal["hit", "miss"]] = None
+    warnings: list[dict[str, Any]] = Field(default_factory=list,
+                                           description="preflight advice: [{kind, field, message, fix}]")
+    memory: Optional[dict[str, Any]] = Field(None, description="with measure: {device, precision, budget_s, table: "
+                                             "[{seq_len, max_rows, tokens_per_s, fits, limited_by}]}")
