@@ -136,3 +136,11 @@ def cluster() -> PostgresCluster:
 def enabled() -> bool:
     """TOKENPULSE_TEST_DB=postgresql runs the servers the tests start on PostgreSQL."""
     return os.environ.get("TOKENPULSE_TEST_DB", "sqlite").lower() in ("postgresql", "postgres", "pg")
+
+
+def database_url(tmp_path: Path, name: str = "db") -> str:
+    """A new empty database for one test: a SQLite file in tmp_path, or (TOKENPULSE_TEST_DB=postgresql)
+    a new database on the run's PostgreSQL."""
+    if enabled():
+        return cluster().create_database(name)
+    return f"sqlite:///{tmp_path / (name + '.sqlite')}"
