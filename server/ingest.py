@@ -22,9 +22,11 @@ import orjson
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy import insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from server import store
+from server.dialect import dialect_name, raw_cursor
 from server.hub import Frame
 from server.models import Alert, Job, MetricKey
 from tokenpulse.protocol import ACTIVE_STATES, Command, Event, JobState
@@ -124,7 +126,11 @@ class MetricKeys:
         kid = self.ids.get(name)
         if kid is None:
             kid = s.scalar(select(MetricKey.id).where(MetricKey.name == name))
-            if kid is None:
+            if kid is None and dialect_name(s) == "postgresql":
+                # another server process may add the same name at this moment: keep whichever won
+                s.execute(pg_insert(MetricKey).values(name=name).on_conflict_do_nothing(index_elements=["name"]))
+                kid = s.scalar(select(MetricKey.id).where(MetricKey.name == name))
+            elif kid is None:
                 kid = s.execute(insert(MetricKey).values(name=name).returning(MetricKey.id)).scalar_one()
             self.ids[name] = kid
         return kid
@@ -136,13 +142,20 @@ class MetricKeys:
 METRIC_KEYS = MetricKeys()
 
 INSERT_METRIC = "INSERT OR REPLACE INTO metrics (job_id, key_id, step, t, value) VALUES "
-ROWS_PER_INSERT = 500  # 2,500 parameters a statement; SQLite allows 32,766
+ROWS_PER_INSERT = 500  # 2,500 parameters a statement; SQLite allows 32,766, PostgreSQL 65,535
 INSERT_ROWS = INSERT_METRIC + ", ".join(["(?, ?, ?, ?, ?)"] * ROWS_PER_INSERT)
 INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
 ROLLUP_COLS = ("n, first_step, first_t, first_value, last_step, last_t, last_value, "
                "min_step, min_t, min_value, max_step, max_t, max_value")
 INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, bucket, {ROLLUP_COLS}) "
                  f"VALUES ({', '.join('?' * 16)})")
+# PostgreSQL spells upserts ON CONFLICT (placeholders are rewritten by dialect.raw_cursor).
+PG_METRIC_CONFLICT = " ON CONFLICT (job_id, key_id, step) DO UPDATE SET t = EXCLUDED.t, value = EXCLUDED.value"
+PG_INSERT_ROWS = INSERT_ROWS.replace(" OR REPLACE", "") + PG_METRIC_CONFLICT
+PG_INSERT_METRIC = INSERT_METRIC.replace(" OR REPLACE", "") + "(?, ?, ?, ?, ?)" + PG_METRIC_CONFLICT
+PG_INSERT_EVENT = INSERT_EVENT.replace(" OR IGNORE", "") + " ON CONFLICT (job_id, seq) DO NOTHING"
+PG_INSERT_ROLLUP = (INSERT_ROLLUP.replace(" OR REPLACE", "") + " ON CONFLICT (job_id, key_id, bucket) DO UPDATE SET "
+                    + ", ".join(f"{c} = EXCLUDED.{c}" for c in ROLLUP_COLS.split(", ")))
 
 
 CHUNK_POINTS = 1000  # a big batch is stored in chunks of about this many points
@@ -215,8 +228,11 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
     dirty: set[tuple] = set()  # buckets with a repeated or out-of-order step: recomputed from the rows
     event_rows: list[dict] = []
     key_ids = METRIC_KEYS.ids
+    pg = dialect_name(s) == "postgresql"
     for job_id, evs in by_job.items():
-        job = s.get(Job, job_id)
+        # PostgreSQL: the row stays locked to this transaction, so two server processes storing
+        # batches of one job (an agent that switched servers) never both pass its watermark.
+        job = s.get(Job, job_id, with_for_update=True if pg else None)
         evs.sort(key=lambda e: e.seq)
         if job is None:
             out.acked[job_id] = evs[-1].seq  # nothing to store them in; let the agent forget them
@@ -279,19 +295,24 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         # statement handling per row. 500 rows per INSERT statement: measured 1.5x executemany's
         # rate, as SQLite runs one statement per 500 rows and Python drops and retakes the GIL once
         # per statement rather than once per row (which also lets the event loop cut in less often).
-        cur = s.connection().connection.cursor()
+        cur = raw_cursor(s)
+        if pg:
+            # One statement may not upsert a row twice on PostgreSQL: the last value of a repeated
+            # (job, key, step) wins, as SQLite's REPLACE in order would.
+            metric_rows = list({r[:3]: r for r in metric_rows}.values())
         full = len(metric_rows) - len(metric_rows) % ROWS_PER_INSERT
         for i in range(0, full, ROWS_PER_INSERT):
-            cur.execute(INSERT_ROWS, [x for row in metric_rows[i:i + ROWS_PER_INSERT] for x in row])
+            cur.execute(PG_INSERT_ROWS if pg else INSERT_ROWS,
+                        [x for row in metric_rows[i:i + ROWS_PER_INSERT] for x in row])
         if full < len(metric_rows):
-            cur.executemany(INSERT_METRIC + "(?, ?, ?, ?, ?)", metric_rows[full:])
-        store_rollups(cur, rollups, dirty)
+            cur.executemany(PG_INSERT_METRIC if pg else INSERT_METRIC + "(?, ?, ?, ?, ?)", metric_rows[full:])
+        store_rollups(cur, rollups, dirty, PG_INSERT_ROLLUP if pg else INSERT_ROLLUP)
     if event_rows:
-        s.connection().connection.cursor().executemany(INSERT_EVENT, event_rows)
+        raw_cursor(s).executemany(PG_INSERT_EVENT if pg else INSERT_EVENT, event_rows)
     return out
 
 
-def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple]) -> None:
+def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple], upsert: str = INSERT_ROLLUP) -> None:
     """Merge this batch's per-bucket aggregates into metric_rollups (a few rows a key per batch).
     A bucket that got a step at or before one it already had (a resumed job re-logging steps, a
     repeat) is recomputed from its rows, so an overwritten value never lingers as a min or max."""
@@ -310,7 +331,7 @@ def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple]) -> None:
             g = [old[0] + g[0], *old[1:4], *g[4:7],
                  *(old[7:10] if old[9] <= g[9] else g[7:10]), *(old[10:13] if old[12] >= g[12] else g[10:13])]
         rows.append((job_id, kid, bucket, *g))
-    cur.executemany(INSERT_ROLLUP, rows)
+    cur.executemany(upsert, rows)
 
 
 def aggregate(pts: list[tuple]) -> list:
@@ -384,7 +405,7 @@ def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Comm
     """Commands for an agent: requested actions on its jobs, and 'cancel' for jobs it runs that are
     no longer its own (reassigned after a lost lease, or deleted). Raw SQL on the indexed
     jobs.agent_id: it runs on every heartbeat and event batch (ORM here cost ~0.3 ms a call)."""
-    cur = s.connection().connection.cursor()
+    cur = raw_cursor(s)
     cmds = [Command(job_id=jid, action=action) for jid, action in cur.execute(
         "SELECT id, requested_action FROM jobs WHERE agent_id = ? AND requested_action IS NOT NULL", (agent_id,))]
     stacks = [(c.job_id,) for c in cmds if c.action == "stack"]
@@ -404,7 +425,7 @@ def heartbeat(s: Session, agent_id: int, jobs: dict[int, float]) -> tuple[list[C
     Raw SQL: 100 agents beating every 2 s must cost next to nothing."""
     now = time.time()
     frames = []
-    cur = s.connection().connection.cursor()
+    cur = raw_cursor(s)
     cur.execute("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", (now, agent_id))
     for jid, alive_t in jobs.items():
         cur.execute("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", (alive_t, jid, agent_id))

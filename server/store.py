@@ -83,7 +83,8 @@ def transition(s: Session, job: Job, new: JobState, reason: Optional[str] = None
 
 def claim(s: Session, agent_id: int) -> Optional[Job]:
     """Give the agent the best queued job, atomically: the UPDATE only matches a row still queued,
-    so two agents can never both win it (the writer thread serializes claims besides). A job whose
+    so two agents can never both win it (one server's writer thread serializes its claims besides;
+    several server processes on PostgreSQL skip each other's locked rows). A job whose
     stored spec no longer validates (written by an older version, say) fails with the reason and
     the next one is handed out: one bad row must never stall the queue."""
     agent = s.get(Agent, agent_id)
@@ -94,8 +95,11 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
     if running >= agent.capacity:
         return None
     while True:
+        # FOR UPDATE SKIP LOCKED (PostgreSQL; SQLite has no row locks and ignores it): another server
+        # process claiming at this moment takes the next job instead of waiting for this one.
         candidate = (select(Job.id).where(Job.state == JobState.queued.value)
-                     .order_by(Job.priority.desc(), Job.id).limit(1).scalar_subquery())
+                     .order_by(Job.priority.desc(), Job.id).limit(1)
+                     .with_for_update(skip_locked=True).scalar_subquery())
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
                            .values(state=JobState.starting.value, agent_id=agent_id,
                                    attempt=Job.attempt + 1, alive_at=time.time(), reason=None)

@@ -144,3 +144,19 @@ def database_url(tmp_path: Path, name: str = "db") -> str:
     if enabled():
         return cluster().create_database(name)
     return f"sqlite:///{tmp_path / (name + '.sqlite')}"
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql", "postgres:"))
+
+
+def connect(url: str):
+    """A DBAPI connection to a test database (sqlite3 or psycopg), as a context manager that closes it."""
+    import contextlib
+    if is_postgres(url):
+        import psycopg
+        from sqlalchemy.engine import make_url
+        u = make_url(url)
+        return contextlib.closing(psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database))
+    import sqlite3
+    return contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sqlite3
 import time
 
 import httpx
@@ -16,8 +15,7 @@ from websockets.sync.client import connect
 
 
 def count(srv, table: str) -> int:
-    with sqlite3.connect(f"file:{srv.data_dir / 'tokenpulse.db'}?mode=ro", uri=True) as conn:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    return srv.query(f"SELECT count(*) FROM {table}")[0][0]
 
 
 def refused(r: httpx.Response, status: int, *words: str) -> None:

@@ -12,6 +12,7 @@ from sqlalchemy import func, or_, select
 from server import store
 from server.deps import AppDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
+from server.dialect import raw_cursor
 from server.series import read_series
 from server.validate import SpecError, check_spec_async
 from tokenpulse.protocol import ACTIVE_STATES, JobSpec, JobState
@@ -186,7 +187,7 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
         names = dict(s.execute(select(MetricKey.name, MetricKey.id)).all())
         wanted = keys or list(names)
         out: dict = {}
-        cur = s.connection().connection.cursor()  # raw sqlite3: no per-row SQLAlchemy work
+        cur = raw_cursor(s)  # the DBAPI cursor: no per-row SQLAlchemy work
         for name in wanted:
             kid = names.get(name)
             if kid is None:
