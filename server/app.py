@@ -18,7 +18,9 @@ from server.api import agents, alerts, datasets, jobs, tokens, ws
 from server.db import Database, upgrade_to_head
 from server.deps import App, AppDep, UserDep
 from server.hub import Hub
+from server.leader import ReaperLock
 from server.reaper import reaper_loop
+from server.relay import Relay
 from server.settings import Settings
 from server.webhooks import Webhooks
 
@@ -94,11 +96,21 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
                  webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries))
         app.state.tp = tp
         tp.webhooks.start()
-        reaper = asyncio.create_task(reaper_loop(tp))
+        lock = None
+        if db.dialect == "postgresql":  # maybe one of several server processes on this database
+            tp.hub.relay = Relay(db.url, tp.hub)
+            await tp.hub.relay.start()
+            lock = ReaperLock(db.url)
+        app.state.reaper_lock = lock
+        reaper = asyncio.create_task(reaper_loop(tp, lock))
         try:
             yield
         finally:
             reaper.cancel()
+            if lock is not None:
+                await lock.close()
+            if tp.hub.relay is not None:
+                await tp.hub.relay.stop()
             await tp.webhooks.stop()
             db.close()
 
@@ -123,8 +135,10 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         return PlainTextResponse(prometheus.exposition(tp), media_type=prometheus.CONTENT_TYPE)
 
     @app.get("/api/health", tags=["meta"])
-    def health() -> dict:
-        return {"ok": True}
+    def health(request: Request) -> dict:
+        """reaper: whether this server process runs the reaper (one of several on PostgreSQL does)."""
+        lock = getattr(request.app.state, "reaper_lock", None)
+        return {"ok": True, "reaper": lock is None or lock.held}
 
     @app.get("/docs", include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
