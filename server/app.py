@@ -7,51 +7,26 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from server import auth, prometheus, storage_errors
+from server import auth, errors, prometheus, storage_errors
 from server.api import agents, alerts, datasets, jobs, tokens, ws
 from server.db import Database, upgrade_to_head
-from server.deps import App, AppDep, UserDep
+from server.context import App, AppDep
 from server.hub import Hub
 from server.leader import ReaperLock
 from server.reaper import reaper_loop
 from server.relay import Relay
+from server.schemas import Health
+from server.security import UserDep
 from server.settings import Settings
 from server.webhooks import Webhooks
 
 log = logging.getLogger("tokenpulse")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-
-
-def field_name(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
-    # pydantic adds the union member tried ('int', 'literal[...]') to the location: drop it
-    parts = [p for p in parts if not (p in ("int", "float", "str") or p.startswith(("literal[", "function-")))]
-    return ".".join(parts) or "body"
-
-
-async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = []
-    for e in exc.errors():
-        field = field_name(tuple(e.get("loc", ())))
-        msg = e.get("msg", "invalid").removeprefix("Value error, ")
-        if not any(x["field"] == field for x in errors):
-            errors.append({"field": field, "message": msg})
-    text = "; ".join(f"{x['field']}: {x['message']}" for x in errors)
-    return JSONResponse({"detail": {"message": text, "field": errors[0]["field"] if errors else None,
-                                    "errors": errors}}, status_code=422)
-
-
-async def out_of_range(_: Request, exc: OverflowError) -> JSONResponse:
-    """An id or number past SQLite's 64-bit integers (a fuzzer's favourite): the caller's mistake."""
-    message = "a number in the request is out of range (integers are at most 2**63 - 1)"
-    return JSONResponse({"detail": {"message": message, "field": None, "errors": [{"field": "body", "message": message}]}},
-                        status_code=422)
 
 
 class BodyLimit:
@@ -118,8 +93,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     # machine without internet. ReDoc would need a CDN too, so it is off.
     app = FastAPI(title="tokenpulse", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Run, watch and control model training.")
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(OverflowError, out_of_range)
+    errors.install(app)  # one 422 shape (server/errors.py); a refused transition is a 409
     storage_errors.install(app, settings.db_url)  # disk full: 507; locked past the busy timeout: 503
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -135,7 +109,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         return PlainTextResponse(prometheus.exposition(tp), media_type=prometheus.CONTENT_TYPE)
 
     @app.get("/api/health", tags=["meta"])
-    def health(request: Request) -> dict:
+    def health(request: Request) -> Health:
         """reaper: whether this server process runs the reaper (one of several on PostgreSQL does)."""
         lock = getattr(request.app.state, "reaper_lock", None)
         return {"ok": True, "reaper": lock is None or lock.held}

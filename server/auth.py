@@ -24,16 +24,22 @@ from server.models import BrowserSession, Token
 COOKIE = "tokenpulse_session"
 SESSION_PREFIX = "tps_"
 ROLES = ("user", "agent")
+# Extra rights a user token may hold. "commands": submit command jobs, i.e. run code on agents.
+COMMANDS = "commands"
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def new_token(s: Session, name: str, role: str) -> str:
+def new_token(s: Session, name: str, role: str, scopes: tuple[str, ...] = ()) -> str:
     token = f"tp{role[0]}_" + secrets.token_urlsafe(24)
-    s.add(Token(name=name, role=role, hash=hash_token(token), created_at=time.time()))
+    s.add(Token(name=name, role=role, hash=hash_token(token), created_at=time.time(), scopes=" ".join(scopes)))
     return token
+
+
+def scopes_of(row: Token) -> frozenset[str]:
+    return frozenset((row.scopes or "").split())
 
 
 def token_file(data_dir: Path, role: str) -> Path:
@@ -48,12 +54,13 @@ def write_secret(path: Path, value: str) -> None:
 
 
 def ensure_initial_tokens(s: Session, data_dir: Path) -> None:
-    """At first start: a user and an agent token; later starts keep the files that still verify."""
+    """At first start: a user and an agent token; later starts keep the files that still verify.
+    The user token may submit command jobs: on one machine, `tokenpulse up` just works."""
     for role in ROLES:
         path = token_file(data_dir, role)
         if path.exists() and lookup(s, path.read_text().strip()) is not None:
             continue
-        write_secret(path, new_token(s, f"initial {role}", role))
+        write_secret(path, new_token(s, f"initial {role}", role, (COMMANDS,) if role == "user" else ()))
 
 
 def lookup(s: Session, token: str) -> Optional[Token]:

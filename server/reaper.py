@@ -16,7 +16,7 @@ from typing import Optional
 from sqlalchemy import select
 
 from server import store
-from server.ingest import alert_dict, upsert_alert
+from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Agent, Job
 from server.storage_errors import clear_outages
 from tokenpulse.protocol import ACTIVE_STATES, JobState

@@ -3,7 +3,7 @@ thousand does. minmax keeps, per bucket, the first, last, minimum and maximum po
 survive); lttb keeps the visually most significant point per bucket.
 
 Long series are not read point by point: ingest keeps a rollup row per 256 steps (first, last, min,
-max; server/ingest.py), and a chart bucket is a whole number of rollups, so 1,000 points out of
+max; server/ingest/metrics.py), and a chart bucket is a whole number of rollups, so 1,000 points out of
 1,000,000 read ~4,000 rollup rows (~5 ms) instead of a million points (~400 ms).
 """
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Optional, Sequence
 
-ROLLUP_SHIFT = 8  # = server.ingest.ROLLUP_SHIFT
+from server.ingest.metrics import ROLLUP_SHIFT
+
 ROLLUP_COLS = ("first_step, first_t, first_value, last_step, last_t, last_value, "
                "min_step, min_t, min_value, max_step, max_t, max_value")
 

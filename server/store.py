@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
+from typing import Optional, Union
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from server.models import Agent, Alert, Attempt, Job
-from tokenpulse.protocol import ACTIVE_STATES, FINAL_STATES, JobSpec, JobState
+from tokenpulse.protocol import ACTIVE_STATES, FINAL_STATES, CommandSpec, JobSpec, JobState, load_spec, spec_kind
 
 # Which transitions are legal. Anything else is refused (409), never silently applied.
 TRANSITIONS: dict[JobState, set[JobState]] = {
@@ -39,17 +39,22 @@ FINAL_FAILURES = {"spec", "nan", "disk_full"}
 
 
 class TransitionError(Exception):
-    pass
+    """A state change the rules refuse; the API answers 409 with this message (server/errors.py)."""
 
 
-def create_job(s: Session, spec: JobSpec, parent_id: Optional[int] = None) -> Job:
-    job = Job(name=spec.name or "", state=JobState.queued.value, spec=spec.model_dump_json(),
-              priority=spec.priority, parent_id=parent_id, created_at=time.time(), attempt=0,
-              next_seq=0, total_steps=spec.max_steps)
+def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optional[int] = None) -> Job:
+    command = isinstance(spec, CommandSpec)
+    job = Job(name=spec.name or (spec.label() if command else ""), state=JobState.queued.value,
+              kind=spec_kind(spec), spec=spec.model_dump_json(), priority=spec.priority, parent_id=parent_id,
+              created_at=time.time(), attempt=0, next_seq=0, total_steps=None if command else spec.max_steps)
     s.add(job)
     s.flush()
     if not job.name:
         job.name = f"job-{job.id}"
+    if command and not s.scalar(select(func.count()).select_from(Agent).where(
+            Agent.state == "online", Agent.accepts_commands.is_(True))):
+        job.reason = ("waiting for an agent that takes command jobs (one started with --allow-commands, "
+                      "as the embedded worker of `tokenpulse up` is); none is online")
     return job
 
 
@@ -69,7 +74,7 @@ def transition(s: Session, job: Job, new: JobState, reason: Optional[str] = None
         if old in ACTIVE_STATES:
             s.execute(update(Attempt).where(Attempt.job_id == job.id, Attempt.attempt == job.attempt)
                       .values(ended_at=now, outcome=new.value, reason=reason))
-        job.requested_action = None
+        job.requested_action = job.stack_requested_at = None
         job.agent_id = None
     if new in FINAL_STATES:
         job.finished_at = now
@@ -79,6 +84,51 @@ def transition(s: Session, job: Job, new: JobState, reason: Optional[str] = None
         if new == JobState.failed:
             where.append(Alert.severity != "critical")
         s.execute(update(Alert).where(*where).values(state="cleared", cleared_at=now, updated_at=now))
+
+
+# ---- what a person asks for -------------------------------------------------------------------
+# A queued or paused job changes state at once; a running one gets a requested action that the
+# agent reads from its next heartbeat or event reply (and the job ends through end_attempt).
+# A requested cancel wins: a later pause is refused, and a stack request (a look, not a change of
+# course) has its own column, so no request ever overwrites another.
+
+def request_cancel(s: Session, job: Job) -> None:
+    state = JobState(job.state)
+    if state in (JobState.queued, JobState.paused):
+        transition(s, job, JobState.cancelled, reason="cancelled by user")
+    elif state in ACTIVE_STATES:
+        job.requested_action = "cancel"
+    else:
+        raise TransitionError(f"job {job.id} is {state.value}; only queued, paused or running jobs can be cancelled")
+
+
+def request_pause(s: Session, job: Job) -> None:
+    if JobState(job.state) not in ACTIVE_STATES:
+        raise TransitionError(f"job {job.id} is {job.state}; only a running job can be paused")
+    if job.requested_action == "cancel":
+        raise TransitionError(f"job {job.id} is being cancelled; a cancel wins over a later pause")
+    if job.kind == "command" and not (json.loads(job.info) if job.info else {}).get("pausable"):
+        raise TransitionError(f"job {job.id} is a command job whose process cannot pause: pause needs a "
+                              "checkpoint to resume from, which tokenpulse takes for Hugging Face Trainer "
+                              "scripts it instruments (the job reports pausable once its Trainer starts). "
+                              "Cancel it instead, or let it finish")
+    job.requested_action = "pause"
+
+
+def request_resume(s: Session, job: Job) -> None:
+    if JobState(job.state) != JobState.paused:
+        raise TransitionError(f"job {job.id} is {job.state}; only a paused job can be resumed")
+    transition(s, job, JobState.queued, reason="resumed by user")
+
+
+def request_stack(s: Session, job: Job) -> None:
+    """Ask the agent for every thread's stack of the training process (one-shot, see pending_commands)."""
+    if JobState(job.state) not in ACTIVE_STATES:
+        raise TransitionError(f"job {job.id} is {job.state}; it has no process to inspect")
+    job.stack_requested_at = time.time()
+
+
+REQUESTS = {"cancel": request_cancel, "pause": request_pause, "resume": request_resume, "stack": request_stack}
 
 
 def claim(s: Session, agent_id: int) -> Optional[Job]:
@@ -94,10 +144,12 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
         Job.agent_id == agent_id, Job.state.in_([x.value for x in ACTIVE_STATES])))
     if running >= agent.capacity:
         return None
+    # Command jobs run code: only agents started with --allow-commands are handed them.
+    kinds = ["train", "command"] if agent.accepts_commands else ["train"]
     while True:
         # FOR UPDATE SKIP LOCKED (PostgreSQL; SQLite has no row locks and ignores it): another server
         # process claiming at this moment takes the next job instead of waiting for this one.
-        candidate = (select(Job.id).where(Job.state == JobState.queued.value)
+        candidate = (select(Job.id).where(Job.state == JobState.queued.value, Job.kind.in_(kinds))
                      .order_by(Job.priority.desc(), Job.id).limit(1)
                      .with_for_update(skip_locked=True).scalar_subquery())
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
@@ -122,7 +174,7 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
 def unusable_spec(job: Job) -> Optional[str]:
     """Why a stored spec cannot be run, or None."""
     try:
-        JobSpec.model_validate_json(job.spec)
+        load_spec(job.kind, job.spec)
     except ValueError as e:  # pydantic's ValidationError is a ValueError
         return "; ".join(f"{'.'.join(map(str, x['loc'])) or 'spec'}: {x['msg']}" for x in e.errors()) \
             if hasattr(e, "errors") else str(e)
@@ -175,11 +227,11 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
     if job.requested_action == "cancel" and state in (JobState.failed, JobState.paused):
         state, reason = JobState.cancelled, f"cancelled by user ({reason})" if reason else "cancelled by user"
     if state == JobState.failed and failure not in FINAL_FAILURES and (retry or failure in RETRYABLE):
-        spec = JobSpec.model_validate_json(job.spec)
+        spec = load_spec(job.kind, job.spec)
         used = retries_used(s, job)
         if used < spec.max_retries:
             note = ""
-            if failure == "oom":
+            if failure == "oom" and isinstance(spec, JobSpec):
                 smaller = halve_micro_batch(spec, json.loads(job.info) if job.info else {})
                 if smaller is None:
                     return _final(s, job, state, f"{reason}; out of memory at micro-batch 1: nothing left to halve",
@@ -190,6 +242,8 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
                 note = f"; retrying with batch_size={spec.batch_size}, grad_accum={spec.grad_accum} from step 0"
             elif job.checkpoint:
                 note = f"; retrying from checkpoint {job.checkpoint}"
+            elif isinstance(spec, CommandSpec):
+                note = "; running the command again"
             else:
                 note = "; retrying from step 0 (no checkpoint yet)"
             why = f"attempt {job.attempt} failed ({failure or 'error'}): {reason or 'no reason given'}"
@@ -224,12 +278,13 @@ def halve_micro_batch(spec: JobSpec, info: Optional[dict] = None) -> Optional[Jo
 def job_summary(job: Job) -> dict:
     """The row a jobs list and a websocket 'job' frame carry."""
     return {
-        "id": job.id, "name": job.name, "state": job.state, "priority": job.priority,
+        "id": job.id, "name": job.name, "kind": job.kind, "state": job.state, "priority": job.priority,
         "parent_id": job.parent_id, "created_at": job.created_at, "started_at": job.started_at,
         "finished_at": job.finished_at, "agent_id": job.agent_id, "attempt": job.attempt,
         "phase": json.loads(job.phase) if job.phase else None, "step": job.step,
         "total_steps": job.total_steps, "last": json.loads(job.last) if job.last else {},
         "alive_at": job.alive_at, "reason": job.reason, "failure": job.failure,
         "exit_code": job.exit_code, "signal": job.signal, "requested_action": job.requested_action,
+        "stack_requested": job.stack_requested_at is not None,
         "checkpoint": job.checkpoint, "output_dir": job.output_dir,
     }

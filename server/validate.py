@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from server.settings import Settings
-from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, JobSpec
+from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, CommandSpec, JobSpec
 
 DATA_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet", ".txt"}
 HEAD_BYTES = 1 << 20  # enough for a header, a first JSON line or a config; never the whole data
@@ -92,21 +92,42 @@ def needs_remote_code(model_dir: Path) -> bool:
     return False
 
 
-async def check_spec_async(spec: JobSpec, settings: Settings, timeout: float = CHECK_TIMEOUT_S) -> JobSpec:
+def check_command(spec: CommandSpec, settings: Settings) -> CommandSpec:
+    """A command's working directory is confined like dataset paths: resolved, under path_roots, an
+    existing directory (on the server's machine; the agent checks again on its own)."""
+    if spec.cwd is None:
+        return spec
+    cwd = confined(settings, spec.cwd, "cwd")
+    if not cwd.is_dir():
+        raise SpecError("cwd", f"working directory {spec.cwd!r} " + (
+            "is not a directory" if cwd.exists() else "does not exist on the server's machine") +
+            " (give the directory holding your script, as the workers see it)")
+    return spec.model_copy(update={"cwd": str(cwd)})
+
+
+async def check_spec_async(spec, settings: Settings, timeout: float = CHECK_TIMEOUT_S):
     """check_spec off the event loop, with a time limit (a hung network mount answers 422, not a
     server that stops answering everyone)."""
     try:
         return await asyncio.wait_for(asyncio.to_thread(check_spec, spec, settings), timeout)
     except asyncio.TimeoutError:
-        raise SpecError("dataset", f"checking the model and dataset paths took longer than {timeout:.0f} s "
-                                   "(a slow or hung filesystem?)") from None
+        field = "cwd" if isinstance(spec, CommandSpec) else "dataset"
+        raise SpecError(field, f"checking the paths took longer than {timeout:.0f} s "
+                               "(a slow or hung filesystem?)") from None
 
 
-def check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
+def check_spec(spec, settings: Settings):
+    """A JobSpec's model and dataset, or a CommandSpec's working directory, checked against the
+    server's files; returns the spec with its paths resolved."""
     try:
+        if isinstance(spec, CommandSpec):
+            return check_command(spec, settings)
         return _check_spec(spec, settings)
     except OSError as e:  # a name too long, a permission error, an I/O error: the user's to fix
-        field = "dataset" if spec.dataset in str(getattr(e, "filename", "")) else "model"
+        if isinstance(spec, CommandSpec):
+            field = "cwd"
+        else:
+            field = "dataset" if spec.dataset in str(getattr(e, "filename", "")) else "model"
         raise SpecError(field, f"cannot use {str(getattr(e, 'filename', '') or 'the path')!r}: "
                                f"{e.strerror or e}") from None
 

@@ -8,10 +8,12 @@ import random
 
 import pytest
 
-from server import ingest, series, store
+from server import series, store
 from server.db import Database, upgrade_to_head
 from server.dialect import raw_cursor
-from server.ingest import Ev
+from server.ingest.apply import ingest
+from server.ingest.metrics import METRIC_KEYS
+from server.ingest.parse import Ev
 from server.models import Agent
 from tests import pg
 from tokenpulse.protocol import JobSpec
@@ -60,7 +62,7 @@ def test_lttb_keeps_ends_and_size():
 def loaded(tmp_path_factory):
     """A job with 150,000 steps of one metric (spikes included), stored by ingest in batches."""
     url = pg.database_url(tmp_path_factory.mktemp("series"))  # SQLite, or PostgreSQL (TOKENPULSE_TEST_DB)
-    ingest.METRIC_KEYS.ids.clear()  # the process-wide name -> id cache belongs to another database
+    METRIC_KEYS.ids.clear()  # the process-wide name -> id cache belongs to another database
     upgrade_to_head(url)
     db = Database(url)
 
@@ -75,9 +77,9 @@ def loaded(tmp_path_factory):
     vals = walk(150_000, 2)
     for b in range(0, len(vals), 10_000):
         evs = [Ev("metrics", jid, s, 1e9 + s, {"step": s, "values": {"loss": vals[s]}}) for s in range(b, b + 10_000)]
-        db.write_sync(lambda s, evs=evs: ingest.ingest(s, aid, evs))
+        db.write_sync(lambda s, evs=evs: ingest(s, aid, evs))
     rows = [(s, 1e9 + s, v) for s, v in enumerate(vals)]
-    kid = ingest.METRIC_KEYS.ids["loss"]
+    kid = METRIC_KEYS.ids["loss"]
     yield db, jid, kid, rows
     db.close()
 

@@ -57,10 +57,12 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
         console.print(f"[bold green]tokenpulse[/] is up at [link={url}]{url}[/]")
         console.print(f"access token: [bold]{token}[/]  (also in {settings.data_dir / 'token'})")
         for i in range(embedded_agents):
+            # On one machine the embedded worker runs as the user who started it: it takes command
+            # jobs (tokenpulse run), which only the initial user token (or one granted the right) submits.
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "tokenpulse.cli", "agent", "--server", url,
                  "--token-file", str(settings.data_dir / "agent_token"),
-                 "--work-dir", str(settings.data_dir / f"agent-{i}")],
+                 "--work-dir", str(settings.data_dir / f"agent-{i}"), "--allow-commands"],
                 preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None))
         if embedded_agents:
             console.print(f"{embedded_agents} embedded worker(s) started; Ctrl-C stops everything")
@@ -171,7 +173,8 @@ def cmd_agent(args) -> int:
         raise SystemExit("an agent needs --token, --token-file or TOKENPULSE_AGENT_TOKEN (an agent token)")
     agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity,
                   heartbeat_s=args.heartbeat, grace_s=args.grace,
-                  resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None)
+                  resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None,
+                  allow_commands=args.allow_commands)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -267,7 +270,8 @@ def _watch(c: Client, job_id: int) -> int:
                 extra.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA measuring…")
             if job.get("alive_at") and job["state"] in ("running", "starting"):
                 extra.append(f"heartbeat {time.time() - job['alive_at']:.0f} s ago")
-            desc = phase.get("name", "waiting for a worker")
+            desc = phase.get("name") or ("waiting for a worker" if job["state"] == "queued" else
+                                         "running" if job["state"] in ("starting", "running") else "")
             if phase.get("total"):
                 desc += f" {phase.get('done', 0):,.0f}/{phase['total']:,.0f} {phase.get('unit') or ''}"
             progress.update(task, description=desc, total=phase.get("total"), completed=phase.get("done") or 0,
@@ -280,6 +284,40 @@ def _watch(c: Client, job_id: int) -> int:
     if job.get("output_dir"):
         console.print(f"model saved in {job['output_dir']}")
     return 0 if job["state"] == "completed" else 1
+
+
+def parse_env(pairs: Optional[list[str]]) -> dict[str, str]:
+    env = {}
+    for kv in pairs or []:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--env {kv!r}: give NAME=VALUE")
+        env[key] = value
+    return env
+
+
+def cmd_run(args) -> int:
+    """Run a command (your own training script) as a job on an agent."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SystemExit("nothing to run: tokenpulse run [options] -- python train.py ...")
+    spec = {"command": command, "cwd": str(Path(args.cwd).resolve()) if args.cwd else os.getcwd(),
+            "env": parse_env(args.env), "secret_env": args.secret_env or [], "instrument": not args.no_instrument}
+    for key in ("name", "priority", "max_retries"):
+        if getattr(args, key) is not None:
+            spec[key] = getattr(args, key)
+    c = client(args)
+    try:
+        job = c.run(**spec)
+    except ApiError as e:
+        return report_error(e)
+    console = _console()
+    console.print(f"job [bold]{job['id']}[/] ({job['name']}) queued: {c.url}/jobs/{job['id']}")
+    if job.get("reason"):
+        console.print(f"[yellow]note[/] {job['reason']}")
+    return watch(c, job["id"]) if args.follow else 0
 
 
 def cmd_watch(args) -> int:
@@ -324,17 +362,19 @@ def cmd_tokens(args) -> int:
     c, console = client(args), _console()
     try:
         if args.tokens_cmd == "create":
-            t = c.request("POST", "/api/tokens", json={"name": args.name, "role": args.role})
-            console.print(f"{t['role']} token {t['id']} ({t['name']}): [bold]{t['token']}[/]")
+            t = c.request("POST", "/api/tokens", json={"name": args.name, "role": args.role,
+                                                       "allow_commands": args.allow_commands})
+            scopes = ", may submit command jobs" if "commands" in t.get("scopes", []) else ""
+            console.print(f"{t['role']} token {t['id']} ({t['name']}{scopes}): [bold]{t['token']}[/]")
             console.print("shown once: only its hash is stored")
         elif args.tokens_cmd == "revoke":
             t = c.request("POST", f"/api/tokens/{args.id}/revoke")
             console.print(f"token {t['id']} ({t['name']}) revoked")
         else:
             from rich.table import Table
-            table = Table("id", "name", "role", "created", "revoked")
+            table = Table("id", "name", "role", "scopes", "created", "revoked")
             for t in c.request("GET", "/api/tokens"):
-                table.add_row(str(t["id"]), t["name"], t["role"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
+                table.add_row(str(t["id"]), t["name"], t["role"], " ".join(t.get("scopes", [])), time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
                               time.strftime("%Y-%m-%d %H:%M", time.localtime(t["revoked_at"])) if t["revoked_at"] else "")
             console.print(table)
     except ApiError as e:
@@ -420,6 +460,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--max-jobs", type=int)
     p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    p.add_argument("--allow-commands", action="store_true",
+                   help="take command jobs (tokenpulse run): code execution on this machine, as this user, "
+                        "for anyone holding a token with the commands scope. Off unless given")
     p.add_argument("--resume-root", action="append", metavar="DIR",
                    help="load checkpoints to resume from only under DIR (repeatable; default: the work "
                         "dir's parent). Put a shared checkpoint filesystem here to resume across machines")
@@ -430,6 +473,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting")
     p.add_argument("-f", "--follow", action="store_true", help="watch it until it ends")
     p.set_defaults(fn=cmd_submit)
+
+    p = sub.add_parser("run", help="run your own command as a job: tokenpulse run [options] -- python train.py ...",
+                       description="Run a command (your training script) as a job on an agent that takes "
+                                   "command jobs: supervised, its output logged, cancellable. Everything after "
+                                   "-- is the command, run as given (no shell).")
+    p.add_argument("--name", help="a label (default: the command)")
+    p.add_argument("--cwd", help="working directory on the agent (default: the current directory)")
+    p.add_argument("--env", action="append", metavar="NAME=VALUE",
+                   help="an environment variable (repeatable); a plain setting, shown on the job page")
+    p.add_argument("--secret-env", action="append", metavar="NAME",
+                   help="pass this variable from the agent's own environment (repeatable): for tokens and "
+                        "keys; its value is never sent to or stored by the server")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--max-retries", type=int)
+    p.add_argument("--no-instrument", action="store_true",
+                   help="do not add tokenpulse's reporting hook (Trainer/tqdm progress, metrics) to the job")
+    p.add_argument("-f", "--follow", action="store_true", help="watch it until it ends (Ctrl+C stops watching only)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+    p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("demo", help="submit the built-in demo job and watch it")
     p.add_argument("--no-follow", action="store_true")
@@ -466,6 +528,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     t.add_argument("name")
     t.add_argument("--role", choices=("user", "agent"), default="agent",
                    help="agent: can only claim jobs and report events; user: everything else")
+    t.add_argument("--allow-commands", action="store_true",
+                   help="(user tokens) may also submit command jobs, i.e. run code on agents that take them")
     t = tsub.add_parser("revoke", help="refuse a token from now on")
     t.add_argument("id", type=int)
     p.set_defaults(fn=cmd_tokens)

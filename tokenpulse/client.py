@@ -49,6 +49,18 @@ class Client:
     def submit(self, spec: dict) -> dict:
         return self.request("POST", "/api/jobs", json=spec)
 
+    def run(self, command, cwd: Optional[str] = None, env: Optional[dict] = None,
+            secret_env: Optional[list] = None, name: Optional[str] = None, **settings) -> dict:
+        """Submit a command job: `command` is an argv list (or a string, split like a shell would).
+        env values are plain settings, shown on the job page; secret_env names variables the agent
+        passes from its own environment (never sent here). Needs a token with the commands scope."""
+        spec = {"command": command, "cwd": cwd, "env": env or {}, "secret_env": secret_env or [],
+                "name": name, **settings}
+        return self.submit_command({k: v for k, v in spec.items() if v is not None})
+
+    def submit_command(self, spec: dict) -> dict:
+        return self.request("POST", "/api/jobs/command", json=spec)
+
     def jobs(self, state: Optional[str] = None, q: Optional[str] = None, limit: int = 50) -> dict:
         params = {k: v for k, v in {"state": state, "q": q, "limit": limit}.items() if v is not None}
         return self.request("GET", "/api/jobs", params=params)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import re
+import shlex
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -134,6 +137,124 @@ class JobSpec(BaseModel):
         return self
 
 
+# ---- command jobs -----------------------------------------------------------------------------------
+
+# Set by the agent for every command job; a job may not set or import them itself.
+RESERVED_ENV = frozenset({"TOKENPULSE_EVENT_FD", "TOKENPULSE_JOB_ID", "TOKENPULSE_RESUME_FROM",
+                          "TOKENPULSE_TOKEN", "TOKENPULSE_AGENT_TOKEN"})
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_ARGS, MAX_ARG_CHARS, MAX_ENV = 1000, 32768, 200
+
+
+class CommandSpec(BaseModel):
+    """A job that runs a command (your own script) on an agent instead of tokenpulse's training.
+
+    Code execution on the agent's machine: only tokens with the `commands` scope may submit one, and
+    only agents started with --allow-commands run one. `env` values are plain settings, stored and
+    shown on the job page; `secret_env` only names variables the agent passes on from its own
+    environment, so their values never reach the server."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: Optional[str] = Field(None, max_length=200, description="a label for the job (default: the command)")
+    command: list[str] = Field(min_length=1, max_length=MAX_ARGS,
+                               description="argv, e.g. [\"python\", \"train.py\", \"--lr\", \"1e-4\"]; a string is "
+                                           "split like a POSIX shell would (no shell runs it)")
+    cwd: Optional[str] = Field(None, max_length=4096,
+                               description="working directory (under the server's path_roots); default: a "
+                                           "fresh directory per job on the agent")
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV,
+                                description="environment variables: plain settings, visible on the job page")
+    secret_env: list[str] = Field(default_factory=list, max_length=MAX_ENV,
+                                  description="names of variables taken from the agent's own environment "
+                                              "(Hub tokens, API keys): their values are never stored or shown")
+    instrument: bool = Field(True, description="report Trainer/tqdm/datasets progress, metrics and stacks "
+                                               "without code changes (a startup hook on PYTHONPATH)")
+    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
+    max_retries: int = Field(2, ge=0, le=20, description="automatic retries (killed by a signal, lost worker)")
+    stall: StallSpec = Field(default_factory=StallSpec)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split(cls, v):
+        if isinstance(v, str):
+            try:
+                v = shlex.split(v)
+            except ValueError as e:
+                raise ValueError(f"cannot split the command line: {e}") from None
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _argv(cls, v: list[str]) -> list[str]:
+        if not v or not v[0].strip():
+            raise ValueError("the command is empty")
+        for a in v:
+            if "\x00" in a:
+                raise ValueError("arguments must not contain NUL bytes")
+            if len(a) > MAX_ARG_CHARS:
+                raise ValueError(f"an argument is over {MAX_ARG_CHARS} characters")
+        return v
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, v: Optional[str]) -> Optional[str]:
+        if v is None or not v.strip():
+            return None
+        if "\x00" in v:
+            raise ValueError("must not contain NUL bytes")
+        return v.strip()
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            _env_name(k)
+            if "\x00" in val or len(val) > MAX_ARG_CHARS:
+                raise ValueError(f"{k}: values are at most {MAX_ARG_CHARS} characters, without NUL bytes")
+        return v
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for k in v:
+            _env_name(k)
+        return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _no_overlap(self):
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise ValueError(f"{', '.join(both)}: given both as a plain setting (env) and as a secret "
+                             "(secret_env); pick one")
+        return self
+
+    def label(self) -> str:
+        """A default name: the command as typed, program path shortened."""
+        words = [os.path.basename(self.command[0]) or self.command[0], *self.command[1:]]
+        text = shlex.join(words)
+        return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _env_name(k: str) -> None:
+    if not ENV_NAME.fullmatch(k):
+        raise ValueError(f"{k!r} is not a variable name (letters, digits and _, not starting with a digit)")
+    if k in RESERVED_ENV:
+        raise ValueError(f"{k} is reserved: the agent sets it, or it is a tokenpulse credential")
+
+
+JOB_KINDS: dict[str, type[BaseModel]] = {"train": JobSpec, "command": CommandSpec}
+
+
+def spec_kind(spec: BaseModel) -> str:
+    return "command" if isinstance(spec, CommandSpec) else "train"
+
+
+def load_spec(kind: str, raw: Union[str, bytes, dict]):
+    """A stored spec (the jobs table's JSON and kind) as its model."""
+    model = JOB_KINDS.get(kind or "train", JobSpec)
+    return model.model_validate(raw) if isinstance(raw, dict) else model.model_validate_json(raw)
+
+
 # ---- events ---------------------------------------------------------------------------------------
 
 EventKind = Literal["phase", "alive", "metrics", "log", "state", "alert", "checkpoint", "info"]
@@ -222,6 +343,7 @@ class AgentHello(BaseModel):
     host: str = Field(max_length=200)
     device: str = Field("cpu", max_length=500)
     capacity: int = Field(1, ge=1, le=64)
+    accepts_commands: bool = Field(False, description="started with --allow-commands: it runs command jobs")
 
 
 class EventBatch(BaseModel):
@@ -243,5 +365,13 @@ class Claim(BaseModel):
     job_id: int
     attempt: int
     seq_start: int
-    spec: JobSpec
+    kind: Literal["train", "command"] = "train"
+    spec: Union[JobSpec, CommandSpec]
     resume_from: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_of_kind(cls, v):
+        if isinstance(v, dict) and isinstance(v.get("spec"), dict):
+            v = {**v, "spec": load_spec(v.get("kind", "train"), v["spec"])}
+        return v

@@ -33,7 +33,7 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_jobs_agent_id'), ['agent_id'], unique=False)
     # Points stored before this revision get their rollups, so old runs chart fast too.
     conn = op.get_bind()
-    width = 256  # server.ingest.ROLLUP_SHIFT = 8
+    width = 256  # server.ingest.metrics.ROLLUP_SHIFT = 8
 
     def aggregate(p):  # self-contained on purpose: a migration must not change with later code
         return [len(p), *p[0], *p[-1], *min(p, key=lambda x: x[2]), *max(p, key=lambda x: x[2])]

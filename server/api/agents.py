@@ -7,11 +7,14 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
-from server import ingest, store
-from server.deps import AgentDep, AppDep, UserDep
+from server import store
+from server.ingest import apply, heartbeats, parse
+from server.context import AppDep
+from server.security import AgentDep, UserDep
 from server.models import Agent, Event as EventRow, Job
 from server.reaper import lease_origin
-from tokenpulse.protocol import AgentHello, AgentReply, Claim, EventBatch, JobSpec
+from server.schemas import AgentOut
+from tokenpulse.protocol import AgentHello, AgentReply, Claim, EventBatch, JobSpec, load_spec
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 
@@ -23,7 +26,7 @@ class Heartbeat(BaseModel):
 
 def agent_dict(a: Agent, job_ids: list[int]) -> dict:
     return {"id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
-            "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
+            "accepts_commands": bool(a.accepts_commands), "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
 
 
 def publish(tp, frames) -> None:
@@ -32,11 +35,12 @@ def publish(tp, frames) -> None:
 
 
 @router.post("", status_code=201)
-async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> dict:
+async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> AgentOut:
     def add(s):
         now = time.time()
         a = Agent(name=hello.name, host=hello.host, device=hello.device, capacity=hello.capacity,
-                  state="online", created_at=now, seen_at=now, token_id=caller.token_id)
+                  accepts_commands=hello.accepts_commands, state="online", created_at=now, seen_at=now,
+                  token_id=caller.token_id)
         s.add(a)
         s.flush()
         return agent_dict(a, [])
@@ -46,7 +50,7 @@ async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> dict:
 
 
 @router.get("")
-def list_agents(tp: AppDep, _: UserDep) -> list[dict]:
+def list_agents(tp: AppDep, _: UserDep) -> list[AgentOut]:
     with tp.db.read() as s:
         running: dict[int, list[int]] = {}
         for jid, aid in s.execute(select(Job.id, Job.agent_id).where(Job.agent_id.is_not(None))):
@@ -68,7 +72,7 @@ def known_agent(s, agent_id: int, caller=None) -> Agent:
 async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) -> AgentReply:
     def beat(s):
         known_agent(s, agent_id, caller)
-        commands, frames = ingest.heartbeat(s, agent_id, hb.jobs)
+        commands, frames = heartbeats.heartbeat(s, agent_id, hb.jobs)
         for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
                                      lease_origin(tp.db, tp.started_at)):
             summary = store.job_summary(job)
@@ -80,7 +84,7 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
     return AgentReply(commands=commands)
 
 
-@router.post("/{agent_id}/claim", responses={204: {"description": "no job for this agent now"}})
+@router.post("/{agent_id}/claim", response_model=Claim, responses={204: {"description": "no job for this agent now"}})
 async def claim(agent_id: int, tp: AppDep, caller: AgentDep):
     def take(s):
         agent = known_agent(s, agent_id, caller)
@@ -95,8 +99,8 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep):
     job, summary = got
     tp.hub.publish("jobs", {"type": "job", "job": summary}, False)
     tp.hub.publish(f"job:{job.id}", {"type": "job", "job": summary}, False)
-    return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq,
-                 spec=JobSpec.model_validate_json(job.spec), resume_from=job.checkpoint)
+    return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
+                 spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint)
 
 
 @router.post("/{agent_id}/events", openapi_extra={"requestBody": {"required": True, "content": {
@@ -105,18 +109,20 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep):
 async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) -> AgentReply:
     """Store a batch of events (an EventBatch: {"events": [...]}) in one transaction; answer with the
     highest stored seq per job (the agent drops those from its journal) and any commands for its jobs."""
-    # Raw bytes in, parsed and checked on the writer thread (ingest.parse_batch: a fast path for
+    # Raw bytes in, parsed and checked on the writer thread (ingest/parse.py: a fast path for
     # metric events, the protocol model for the rest): 5,000 events through pydantic here would hold
     # the event loop, and every websocket with it, for ~75 ms.
     body = await request.body()
 
     def store_batch(s):
         known_agent(s, agent_id, caller)
-        out = ingest.ingest(s, agent_id, ingest.parse_batch(body), tp.hub)
-        out.commands.extend(c for c in ingest.pending_commands(s, agent_id, [])
+        out = apply.ingest(s, agent_id, parse.parse_batch(body), tp.hub)
+        out.commands.extend(c for c in heartbeats.pending_commands(s, agent_id, [])
                             if c.job_id not in {x.job_id for x in out.commands})
         return out
     out = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
+    tp.stats.ingested_events += out.stored_events
+    tp.stats.ingested_points += out.stored_points
     publish(tp, out.frames)
     if out.alerts and tp.webhooks is not None:
         for alert in out.alerts:

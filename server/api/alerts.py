@@ -7,9 +7,11 @@ from typing import Literal, Optional
 from fastapi import APIRouter, HTTPException, Query
 from sqlalchemy import select
 
-from server.deps import AppDep, UserDep
-from server.ingest import alert_dict
+from server.context import AppDep
+from server.security import UserDep
+from server.ingest.alerts import alert_dict
 from server.models import Alert
+from server.schemas import AlertOut
 
 router = APIRouter(prefix="/api/alerts", tags=["alerts"])
 
@@ -18,7 +20,7 @@ router = APIRouter(prefix="/api/alerts", tags=["alerts"])
 def list_alerts(tp: AppDep, _: UserDep, job_id: Optional[int] = None,
                 state: Optional[Literal["open", "acked", "cleared"]] = None,
                 kind: Optional[str] = Query(None, max_length=64),
-                limit: int = Query(100, ge=1, le=10_000)) -> list[dict]:
+                limit: int = Query(100, ge=1, le=10_000)) -> list[AlertOut]:
     with tp.db.read() as s:
         where = []
         if job_id is not None:
@@ -31,7 +33,7 @@ def list_alerts(tp: AppDep, _: UserDep, job_id: Optional[int] = None,
 
 
 @router.post("/{alert_id}/ack")
-async def ack_alert(alert_id: int, tp: AppDep, _: UserDep) -> dict:
+async def ack_alert(alert_id: int, tp: AppDep, _: UserDep) -> AlertOut:
     def ack(s):
         a = s.get(Alert, alert_id)
         if a is None:

@@ -9,8 +9,11 @@ import tempfile
 
 from fastapi import APIRouter, HTTPException
 
-from server.deps import AppDep, UserDep
-from server.validate import SpecError, check_spec_async
+from server.context import AppDep
+from server.errors import unprocessable
+from server.schemas import DatasetAnalysis
+from server.security import UserDep
+from server.validate import check_spec_async
 from tokenpulse.protocol import JobSpec
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"])
@@ -33,19 +36,13 @@ async def run_worker_tool(module: str, spec: JobSpec, timeout: float, *args: str
     except (IndexError, json.JSONDecodeError):
         raise HTTPException(500, f"analysis failed: {err.decode()[-2000:]}") from None
     if "error" in result:
-        field = result.get("field", "dataset")
-        raise HTTPException(422, {"field": field, "message": result["error"],
-                                  "errors": [{"field": field, "message": result["error"]}]})
+        raise unprocessable([{"field": result.get("field", "dataset"), "message": result["error"]}], result["error"])
     return result
 
 
 @router.post("/analyze")
-async def analyze(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
+async def analyze(spec: JobSpec, tp: AppDep, _: UserDep) -> DatasetAnalysis:
     """Token length histogram and percentiles, the recommended max_seq_length, what it truncates,
     and the predicted padding waste and real tokens per step for max_length / dynamic / packing."""
-    try:
-        spec = await check_spec_async(spec, tp.settings)
-    except SpecError as e:
-        raise HTTPException(422, {"field": e.field, "message": e.message,
-                                  "errors": [{"field": e.field, "message": e.message}]}) from None
+    spec = await check_spec_async(spec, tp.settings)  # a SpecError is a 422 naming the field (server/errors.py)
     return await run_worker_tool("worker.training.analyze", spec, tp.settings.analyze_timeout_s)

@@ -10,24 +10,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, or_, select
 
 from server import store
-from server.deps import AppDep, UserDep
+from server.errors import error_list, unprocessable
+from server.context import AppDep
+from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
 from server.dialect import raw_cursor
+from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut
 from server.series import read_series
-from server.validate import SpecError, check_spec_async
-from tokenpulse.protocol import ACTIVE_STATES, JobSpec, JobState
+from server.validate import check_spec_async
+from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
 
-class JobList(BaseModel):
-    total: int
-    jobs: list[dict]
-
-
 class CloneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")  # {"set": ...} instead of "changes" must not clone silently
-    changes: dict = Field(default_factory=dict, description="JobSpec fields to change in the copy")
+    changes: dict = Field(default_factory=dict, description="JobSpec (or, for a command job, CommandSpec) "
+                                                            "fields to change in the copy")
 
 
 def job_detail(job: Job, attempts: list[Attempt]) -> dict:
@@ -48,12 +47,8 @@ def get_job_or_404(s, job_id: int) -> Job:
     return job
 
 
-async def submit(tp, spec: JobSpec, parent_id: Optional[int] = None) -> dict:
-    try:
-        spec = await check_spec_async(spec, tp.settings)
-    except SpecError as e:
-        raise HTTPException(422, {"field": e.field, "message": e.message,
-                                  "errors": [{"field": e.field, "message": e.message}]}) from None
+async def submit(tp, spec, parent_id: Optional[int] = None) -> dict:
+    spec = await check_spec_async(spec, tp.settings)  # a SpecError is a 422 naming the field (server/errors.py)
 
     def create(s):
         job = store.create_job(s, spec, parent_id)
@@ -65,7 +60,19 @@ async def submit(tp, spec: JobSpec, parent_id: Optional[int] = None) -> dict:
 
 
 @router.post("", status_code=201)
-async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> dict:
+async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> JobDetail:
+    return await submit(tp, spec)
+
+
+@router.post("/command", status_code=201)
+async def create_command_job(spec: CommandSpec, tp: AppDep, _: CommandsDep) -> JobDetail:
+    """Run your own command (a training script, `accelerate launch ...`, `trl sft ...`) on an agent,
+    supervised like any job: queued, claimed, its output logged, its exit judged, cancellable.
+
+    This is code execution on the agent's machine: the token needs the `commands` scope (403
+    otherwise), and only agents started with --allow-commands take command jobs. `cwd` must lie
+    under the server's path_roots. `secret_env` names variables the agent copies from its own
+    environment: their values never reach the server."""
     return await submit(tp, spec)
 
 
@@ -96,7 +103,7 @@ def list_jobs(tp: AppDep, _: UserDep,
 
 
 @router.get("/{job_id}")
-def get_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
+def get_job(job_id: int, tp: AppDep, _: UserDep) -> JobDetail:
     with tp.db.read() as s:
         job = get_job_or_404(s, job_id)
         attempts = list(s.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)))
@@ -104,28 +111,11 @@ def get_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
 
 
 async def request_action(tp, job_id: int, action: str) -> dict:
+    """A person's cancel/pause/resume/stack: the state machine decides (store.REQUESTS); a refusal
+    is its TransitionError, answered 409 by server/errors.py."""
     def apply(s):
         job = get_job_or_404(s, job_id)
-        state = JobState(job.state)
-        if action == "cancel":
-            if state in (JobState.queued, JobState.paused):
-                store.transition(s, job, JobState.cancelled, reason="cancelled by user")
-            elif state in ACTIVE_STATES:
-                job.requested_action = "cancel"
-            else:
-                raise HTTPException(409, f"job {job_id} is {state.value}; only queued, paused or running jobs can be cancelled")
-        elif action == "pause":
-            if state not in ACTIVE_STATES:
-                raise HTTPException(409, f"job {job_id} is {state.value}; only a running job can be paused")
-            job.requested_action = "pause"
-        elif action == "resume":
-            if state != JobState.paused:
-                raise HTTPException(409, f"job {job_id} is {state.value}; only a paused job can be resumed")
-            store.transition(s, job, JobState.queued, reason="resumed by user")
-        elif action == "stack":
-            if state not in ACTIVE_STATES:
-                raise HTTPException(409, f"job {job_id} is {state.value}; it has no process to inspect")
-            job.requested_action = "stack"
+        store.REQUESTS[action](s, job)
         return store.job_summary(job)
     summary = await tp.db.write(apply)
     tp.hub.publish("jobs", {"type": "job", "job": summary}, droppable=False)
@@ -134,52 +124,52 @@ async def request_action(tp, job_id: int, action: str) -> dict:
 
 
 @router.post("/{job_id}/cancel")
-async def cancel_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
+async def cancel_job(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
     """Queued: cancelled at once. Running: the agent stops the training process (SIGTERM, then
     SIGKILL after a grace period) and the job ends cancelled."""
     return await request_action(tp, job_id, "cancel")
 
 
 @router.post("/{job_id}/pause")
-async def pause_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
+async def pause_job(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
     return await request_action(tp, job_id, "pause")
 
 
 @router.post("/{job_id}/resume")
-async def resume_job(job_id: int, tp: AppDep, _: UserDep) -> dict:
+async def resume_job(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
     return await request_action(tp, job_id, "resume")
 
 
 @router.post("/{job_id}/stack")
-async def capture_stack(job_id: int, tp: AppDep, _: UserDep) -> dict:
+async def capture_stack(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
     """Ask the agent to dump every thread's stack of the training process into the job's log."""
     return await request_action(tp, job_id, "stack")
 
 
 @router.post("/{job_id}/clone", status_code=201)
-async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, _: UserDep) -> dict:
-    """Retry or clone: a new job with the same spec (and any changes), linked to its parent."""
+async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep) -> JobDetail:
+    """Retry or clone: a new job with the same spec (and any changes), linked to its parent. A command
+    job's clone runs code again: it needs a token with the `commands` scope, as a submit does."""
     with tp.db.read() as s:
         parent = get_job_or_404(s, job_id)
-        base = json.loads(parent.spec)
+        base, kind = json.loads(parent.spec), parent.kind
+    if kind == "command" and not caller.may_run_commands:
+        raise HTTPException(403, COMMANDS_REFUSED)
     base.update(body.changes)
     try:
-        spec = JobSpec.model_validate(base)
+        spec = JOB_KINDS[kind].model_validate(base)
     except ValidationError as e:  # the edited settings are a body error (422), like a submit's
-        errors = [{"field": ".".join(str(p) for p in x.get("loc", ())) or "changes",
-                   "message": str(x.get("msg", "invalid")).removeprefix("Value error, ")} for x in e.errors()]
-        raise HTTPException(422, {"message": "; ".join(f"{x['field']}: {x['message']}" for x in errors),
-                                  "field": errors[0]["field"] if errors else None, "errors": errors}) from None
+        raise unprocessable(error_list(e.errors(), default_field="changes")) from None
     return await submit(tp, spec, parent_id=job_id)
 
 
-@router.get("/{job_id}/metrics")
+@router.get("/{job_id}/metrics", response_model=MetricsOut)
 def get_metrics(job_id: int, tp: AppDep, _: UserDep,
                 keys: Optional[list[str]] = Query(None, description="metric names (default: all)"),
                 max_points: int = Query(1000, ge=2, le=1_000_000, description="downsample above this"),
                 after_step: Optional[int] = Query(None, description="only points after this step"),
                 before_step: Optional[int] = Query(None, description="only points up to this step (zoom)"),
-                mode: Literal["minmax", "lttb"] = "minmax") -> dict:
+                mode: Literal["minmax", "lttb"] = "minmax") -> Response:
     """Series by metric name: {"loss": {"step": [...], "value": [...], "t": [...]}}. Long series are
     downsampled server-side, keeping each bucket's first, last, min and max points."""
     with tp.db.read() as s:
@@ -202,7 +192,7 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
 @router.get("/{job_id}/events")
 def get_events(job_id: int, tp: AppDep, _: UserDep,
                after_seq: int = Query(-1, ge=-1), kinds: Optional[list[str]] = Query(None),
-               limit: int = Query(1000, ge=1, le=100_000), tail: bool = False) -> dict:
+               limit: int = Query(1000, ge=1, le=100_000), tail: bool = False) -> EventsOut:
     """Stored events (all but metrics), oldest first; tail=true gives the newest `limit` instead."""
     with tp.db.read() as s:
         get_job_or_404(s, job_id)

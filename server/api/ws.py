@@ -13,7 +13,7 @@ import re
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from server.deps import websocket_caller
+from server.security import websocket_caller
 
 router = APIRouter()
 TOPIC = re.compile(r"^(jobs|alerts|agents|job:[1-9][0-9]{0,12})$")

@@ -340,21 +340,24 @@
     const cancelling = req === "cancel";
     $("cancel").hidden = !(active || ["queued", "paused"].includes(job.state)) || cancelling;
     if ($("cancel").hidden) $("cancel-confirm-box").hidden = true;
-    // A stack dump is a look, not a change of course: it never hides Pause.
-    $("pause").hidden = !active || req === "pause" || req === "cancel";
+    // A stack dump is a look, not a change of course: it never hides Pause. A command job pauses
+    // only when its instrumentation said it can (a Trainer script).
+    $("pause").hidden = !active || req === "pause" || req === "cancel" ||
+      (job.kind === "command" && !(job.info && job.info.pausable));
     $("resume").hidden = job.state !== "paused";
     $("stack").hidden = !active;
-    $("stack").disabled = req === "stack";
-    if (req === "stack" && active) watchStack();
+    $("stack").disabled = !!job.stack_requested;
+    if (job.stack_requested && active) watchStack();
     $("retry").hidden = !final;
     $("retry").textContent = job.state === "completed" ? "Run again" : "Retry";
     if (job.parent_id) $("parent").replaceChildren("cloned from ", TP.el("a", { href: `/jobs/${job.parent_id}`, text: `#${job.parent_id}` }));
     showPhase(job.phase);
     showNumbers(job.last || {});
     const r = $("reason");
-    const why = !active && req === "stack" ? job.reason
-      : req === "stack" ? "stack dump requested; it appears in the log below when the worker has taken it…"
-        : req ? `${req} requested; waiting for the worker…` : job.reason;
+    const why = !active ? job.reason
+      : req ? `${req} requested; waiting for the worker…`
+        : job.stack_requested ? "stack dump requested; it appears in the log below when the worker has taken it…"
+          : job.reason;
     r.hidden = !why;
     r.textContent = why ? `${job.failure ? `[${job.failure}] ` : ""}${why}${job.exit_code !== null && job.exit_code !== undefined ? ` (exit code ${job.exit_code})` : ""}` : "";
     r.className = `reason ${job.state}`;
@@ -533,6 +536,19 @@
     }
     box.replaceChildren(TP.el("ul", { class: "choices" }, ...rows));
   }
+  // A command job: what runs where, with which settings; secrets by name only (the server never has them).
+  function showCommand(s) {
+    const quote = (a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replaceAll("'", `'"'"'`)}'`);
+    const row = (k, ...v) => [TP.el("dt", { text: k }), TP.el("dd", {}, ...v)];
+    const env = Object.entries(s.env || {});
+    $("command-info").replaceChildren(
+      ...row("Command", TP.el("code", { id: "command-line", text: s.command.map(quote).join(" ") })),
+      ...row("Working directory", s.cwd ? TP.el("code", { text: s.cwd }) : "a fresh directory per job on the worker"),
+      ...row("Environment", ...(env.length ? env.map(([k, v]) => TP.el("div", {}, TP.el("code", { text: `${k}=${v}` }))) : ["–"])),
+      ...row("Secrets", (s.secret_env || []).length ? `${s.secret_env.join(", ")} (from the worker's environment; values never stored or shown)` : "–"),
+      ...row("Instrumentation", s.instrument === false ? "off" : "on (progress and metrics reported without code changes)"));
+    $("command-box").hidden = false;
+  }
   function showOutput() {
     const box = $("output");
     const items = [];
@@ -597,6 +613,7 @@
     showSummary(j);
     showProgressAge();
     $("config").textContent = JSON.stringify(j.spec, null, 2);
+    if (j.kind === "command") showCommand(j.spec);
     showAttempts(j.attempts);
     infoEvents.length = 0; checkpoints.length = 0;
     for (const e of other.events) (e.kind === "info" ? infoEvents : checkpoints).push(e);
@@ -642,7 +659,7 @@
     stackWatch = setInterval(async () => {
       try {
         const j = await TP.api(`/api/jobs/${jobId}`);
-        if (j.requested_action !== "stack" || Date.now() > until) { clearInterval(stackWatch); stackWatch = null; showSummary(j); }
+        if (!j.stack_requested || Date.now() > until) { clearInterval(stackWatch); stackWatch = null; showSummary(j); }
       } catch (e) { if (Date.now() > until) { clearInterval(stackWatch); stackWatch = null; } }
     }, 1000);
   }

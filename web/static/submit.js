@@ -48,7 +48,6 @@
     const unplaced = [];
     for (const fe of e.errors || []) {
       let input = form.elements[fe.field];
-      if (!input && fe.field && fe.field.startsWith("fault")) input = $("f-extra");
       if (!input && fe.field === "body") input = null;
       if (input && input.closest) {
         input.classList.add("invalid"); input.setAttribute("aria-invalid", "true");
@@ -170,6 +169,7 @@
 
   // ---- clone from an earlier job -----------------------------------------------------------------
   function fill(j) {
+    if (j.kind === "command") return; // the Command form fills itself (submit_command.js)
     form.reset();
     const lora = j.spec.lora;
     form.elements["lora.enabled"].checked = !!lora;

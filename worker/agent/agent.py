@@ -10,23 +10,26 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import httpx
 
-from tokenpulse.protocol import Claim
+from tokenpulse.protocol import Claim, CommandSpec
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
-from worker.agent.child import TrainingProcess, describe_exit
+from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
 from worker.agent.outbox import Outbox
+from worker.agent.output import LineFolder, Masker, last_traceback_frame
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
 from worker.agent.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
 from worker.agent.stacks import (can_run_handlers, describe_state, find_py_spy, process_state,
@@ -113,10 +116,66 @@ def detail(r: httpx.Response) -> str:
         return r.text[:300]
 
 
+# ---- command jobs ---------------------------------------------------------------------------------
+
+# Inherited by a command job only when it names them in secret_env: tokenpulse's own variables (the
+# agent's token among them) and anything whose name says it is a credential.
+CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY|AUTH",
+                             re.IGNORECASE)
+
+
+def instrumentation_dir() -> Optional[str]:
+    """The startup-hook directory that makes a command job's Python processes report (Trainer
+    callback, tqdm/datasets progress, alive thread): put first on the job's PYTHONPATH."""
+    try:
+        from tokenpulse.instrument import hook_dir
+    except ModuleNotFoundError as e:
+        if e.name not in ("tokenpulse.instrument", "tokenpulse"):
+            raise
+        # TODO(F2): tokenpulse/instrument/__init__.py (engineer F2's branch, issue 12 item 2) provides
+        # hook_dir(); until that is merged, command jobs run uninstrumented (output, exit, stacks only).
+        return None
+    return str(hook_dir())
+
+
+def command_env(base: Mapping[str, str], spec: CommandSpec, job_id: int, resume: Optional[str],
+                hooks: Optional[str]) -> dict[str, str]:
+    """A command job's environment: the agent's own, less credentials and tokenpulse's variables;
+    then the job's plain settings (env), the secrets it names (secret_env, from `base`), and what
+    the agent tells it (job id, event pipe, checkpoint to resume from, the instrumentation hook)."""
+    env = {k: v for k, v in base.items() if not k.startswith("TOKENPULSE_") and not CREDENTIAL_NAME.search(k)}
+    env.setdefault("PYTHONUNBUFFERED", "1")  # output as it happens, not in 8 KiB bursts
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    env.update(spec.env)
+    env.update({name: base[name] for name in spec.secret_env if name in base})
+    env["TOKENPULSE_JOB_ID"] = str(job_id)
+    if resume:
+        env["TOKENPULSE_RESUME_FROM"] = resume
+    if hooks:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def command_resume(recorded: Optional[str], roots: list[Path], cwd: Path) -> tuple[Optional[str], str]:
+    """The checkpoint a command job continues from (TOKENPULSE_RESUME_FROM): the one the server
+    recorded, when it exists here and lies under the agent's resume roots or the job's own working
+    directory (a Trainer's output_dir): never a path a report could point anywhere."""
+    if not recorded:
+        return None, "starting from the beginning"
+    real = Path(recorded).resolve()
+    allowed = [*roots, cwd.resolve()]
+    if not any(real == r or r in real.parents for r in allowed):
+        return None, (f"checkpoint {recorded} is outside this agent's resume roots and the job's working "
+                      f"directory: starting from the beginning")
+    if not real.exists():
+        return None, f"checkpoint {recorded} does not exist here: starting from the beginning"
+    return str(real), f"resuming from {real} (TOKENPULSE_RESUME_FROM)"
+
+
 @dataclass
 class RunningJob:
     claim: Claim
-    process: TrainingProcess
+    process: Supervised
     detector: StallDetector
     slow: Optional[SlowDetector] = None
     alive_at: float = field(default_factory=time.time)
@@ -126,13 +185,22 @@ class RunningJob:
     born: float = field(default_factory=time.time)  # alive_at moves past this at the child's first event
     stack_lines: Optional[list] = None  # collecting a faulthandler dump
     tasks: list = field(default_factory=list)
+    mask: Masker = field(default_factory=lambda: Masker(()))  # secret values -> *** in output
+    stderr_tail: deque = field(default_factory=lambda: deque(maxlen=400))  # for the traceback
+    cwd: Optional[Path] = None  # a command job's working directory
+    pausable: bool = False  # its events said it can checkpoint and pause on SIGUSR2
+
+    @property
+    def command(self) -> Optional[CommandSpec]:
+        return self.claim.spec if isinstance(self.claim.spec, CommandSpec) else None
 
 
 class Agent:
     def __init__(self, server: str, token: str, work_dir: Path, name: Optional[str] = None,
                  capacity: int = 1, heartbeat_s: float = 2.0, flush_s: float = 0.25,
                  poll_s: float = 1.0, grace_s: float = 10.0, stall: Optional[StallConfig] = None,
-                 resume_roots: Optional[list[Path]] = None):
+                 resume_roots: Optional[list[Path]] = None, allow_commands: bool = False,
+                 snapshot_s: float = 10.0):
         self.server = server.rstrip("/")
         # Checkpoints this agent will load (torch.load runs pickles): under these directories only,
         # so a path reported by another (possibly compromised) agent token cannot point it anywhere.
@@ -143,6 +211,9 @@ class Agent:
         self.work_dir = work_dir
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.capacity = capacity
+        # Command jobs are code execution on this machine: taken only when the operator says so.
+        self.allow_commands = allow_commands
+        self.snapshot_s = snapshot_s  # a progress bar redrawing without a newline: one log line per this
         self.heartbeat_s, self.flush_s, self.poll_s, self.grace_s = heartbeat_s, flush_s, poll_s, grace_s
         self.stall_config = stall or StallConfig.from_env()  # TOKENPULSE_STALL_* over the defaults
         self.gpu, self.gpu_bf16 = gpu_info()
@@ -193,12 +264,13 @@ class Agent:
     async def register(self) -> None:
         r = await self.call("POST", "/api/agents", json={
             "name": self.name, "host": socket.gethostname(), "device": describe_device(),
-            "capacity": self.capacity}, until_stopped=True)
+            "capacity": self.capacity, "accepts_commands": self.allow_commands}, until_stopped=True)
         if r is None:
             return  # stopped before the server ever answered
         r.raise_for_status()
         self.agent_id = r.json()["id"]
-        log.info("registered as agent %s (%s)", self.agent_id, self.name)
+        log.info("registered as agent %s (%s)%s", self.agent_id, self.name,
+                 "; takes command jobs (--allow-commands)" if self.allow_commands else "")
 
     # ---- main loop -----------------------------------------------------------------------------
 
@@ -256,17 +328,23 @@ class Agent:
         self.stopping = True
         self.stopped.set()
         for rj in self.jobs.values():
-            if rj.requested is None:
+            if rj.requested in (None, "pause-refused"):
                 rj.requested = "shutdown"
-                self.emit(rj, "log", {"line": f"agent {self.name} stopping: checkpointing to requeue", "stream": "agent"})
-        await asyncio.gather(*(rj.process.stop(signal.SIGUSR2 if rj.requested == "shutdown" else signal.SIGTERM,
-                                               max(self.grace_s, 60)) for rj in self.jobs.values()),
-                             return_exceptions=True)
+                how = ("checkpointing to requeue" if rj.command is None or rj.pausable else
+                       "stopping the command (it cannot checkpoint) to requeue it")
+                self.emit(rj, "log", {"line": f"agent {self.name} stopping: {how}", "stream": "agent"})
+        # SIGUSR2: checkpoint and exit paused. A command job that never said it can (pausable) would
+        # die of SIGUSR2's default action: it gets SIGTERM, and the retry policy requeues it.
+        await asyncio.gather(*(rj.process.stop(signal.SIGUSR2 if rj.requested == "shutdown" and (
+            rj.command is None or rj.pausable) else signal.SIGTERM, max(self.grace_s, 60))
+            for rj in self.jobs.values()), return_exceptions=True)
 
     # ---- one job -------------------------------------------------------------------------------
 
     async def start_job(self, claim: Claim) -> None:
         job_dir = self.work_dir / "jobs" / str(claim.job_id)
+        if isinstance(claim.spec, CommandSpec):
+            return await self.start_command(claim, job_dir)
         spec_path = job_dir / "spec.json"
         self.outbox.open_job(claim.job_id, claim.seq_start)
         try:
@@ -294,6 +372,52 @@ class Agent:
             self.emit(rj, "state", {"state": "failed", "reason": f"could not start training: {e}", "failure": "crash"})
             self.finish(claim.job_id)
             return
+        self.watch(rj)
+
+    async def start_command(self, claim: Claim, job_dir: Path) -> None:
+        """A command job: the command as given, in its working directory, with its environment, the
+        event pipe and (unless instrument is off) the instrumentation hook on its PYTHONPATH."""
+        spec: CommandSpec = claim.spec
+        self.outbox.open_job(claim.job_id, claim.seq_start)
+        cwd = Path(spec.cwd) if spec.cwd else job_dir / "work"
+        if not spec.cwd:
+            cwd.mkdir(parents=True, exist_ok=True)
+        resume, resume_note = command_resume(claim.resume_from, self.resume_roots, cwd)
+        hooks = instrumentation_dir() if spec.instrument else None
+        env = command_env(os.environ, spec, claim.job_id, resume, hooks)
+        proc = CommandProcess(spec.command, cwd, env)
+        stall = self.stall_config.merged(spec.stall.model_dump())
+        rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
+                        slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16), cwd=cwd,
+                        mask=Masker(os.environ[n] for n in spec.secret_env if n in os.environ))
+        self.jobs[claim.job_id] = rj
+        how = ("instrumented (startup hook on PYTHONPATH)" if hooks else
+               "not instrumented (instrument: false)" if not spec.instrument else
+               "not instrumented (this agent has no tokenpulse.instrument)")
+        self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}: running {spec.label()} in {cwd}; "
+                                      f"{how}; {resume_note}", "stream": "agent"})
+        problem = None
+        missing = [n for n in spec.secret_env if n not in os.environ]
+        if missing:
+            problem = (f"secret_env names {', '.join(missing)}, not set in the environment of agent {self.name}: "
+                       f"set {'it' if len(missing) == 1 else 'them'} where the agent starts, or drop "
+                       f"{'it' if len(missing) == 1 else 'them'} from the job")
+        elif not cwd.is_dir():
+            problem = f"working directory {cwd} does not exist on agent {self.name} ({socket.gethostname()})"
+        if problem is None:
+            try:
+                await proc.start()
+            except OSError as e:  # no such program, not executable: the command's fault, not worth a retry
+                problem = f"could not start {spec.command[0]!r}: {e.strerror or e}"
+        if problem is not None:
+            self.emit(rj, "state", {"state": "failed", "reason": problem, "failure": "spec"})
+            self.finish(claim.job_id)
+            return
+        self.watch(rj)
+
+    def watch(self, rj: RunningJob) -> None:
+        """The process runs: read its events and output, supervise it."""
+        proc = rj.process
         rj.detector.start(time.time())
         rj.tasks = [asyncio.create_task(self.read_events(rj)),
                     asyncio.create_task(self.read_output(rj, proc.proc.stdout, "stdout")),
@@ -349,21 +473,52 @@ class Agent:
                 continue  # carried by the heartbeat, not stored one by one
             if rj.slow is not None:
                 rj.slow.observe(kind, data, now)
+            if rj.command is not None:
+                data = self.masked(rj, kind, data)
+                if kind == "info" and data.get("pausable") is not None:
+                    # The instrumentation's promise (a Trainer callback) that SIGUSR2 makes the process
+                    # save a checkpoint and exit paused; without it a command job is never sent SIGUSR2.
+                    rj.pausable = bool(data["pausable"])
             if kind == "state":
                 rj.child_state = data  # judged together with the exit code, in supervise()
                 continue
             self.emit(rj, kind, data, t)
 
+    @staticmethod
+    def masked(rj: RunningJob, kind: str, data: dict) -> dict:
+        """Secret values never leave the agent, even when the job's own events carry them."""
+        keys = {"log": ("line",), "state": ("reason",), "alert": ("message", "stack")}.get(kind, ())
+        return {k: rj.mask(v) if k in keys and isinstance(v, str) else v for k, v in data.items()}
+
     async def read_output(self, rj: RunningJob, stream: asyncio.StreamReader, name: str) -> None:
+        """Output as log lines, progress-bar redraws folded (output.LineFolder); a line that keeps
+        redrawing without a newline is logged once per snapshot_s, and only when it changed."""
+        fold = LineFolder(self.snapshot_s)
         while True:
-            raw = await stream.readline()
-            if not raw:
-                return
-            line = raw.decode(errors="replace").rstrip("\n")
-            rj.process.tail.append(line)
-            if rj.stack_lines is not None and name == "stderr":
-                rj.stack_lines.append(line)
-            self.emit(rj, "log", {"line": line[:8192], "stream": name})
+            try:
+                raw = await asyncio.wait_for(stream.read(1 << 16), min(self.snapshot_s, 5.0))
+            except asyncio.TimeoutError:
+                lines = fold.tick(time.time())
+            else:
+                lines = fold.feed(raw, time.time()) if raw else fold.close()
+                if not raw:
+                    for line in lines:
+                        self.output_line(rj, name, line)
+                    return
+            for line in lines:
+                self.output_line(rj, name, line)
+
+    def output_line(self, rj: RunningJob, name: str, line: str) -> None:
+        if rj.command is not None:
+            line = rj.mask(line)
+            if name == "stderr":
+                rj.stderr_tail.append(line)
+            if rj.detector.events == 0:  # no instrumentation speaking for it: its output is its sign of life
+                rj.alive_at = time.time()
+        rj.process.tail.append(line)
+        if rj.stack_lines is not None and name == "stderr":
+            rj.stack_lines.append(line)
+        self.emit(rj, "log", {"line": line[:8192], "stream": name})
 
     async def supervise(self, rj: RunningJob) -> None:
         """Watch for stalls and slowness while the process runs; then report how it ended."""
@@ -379,7 +534,17 @@ class Agent:
                 await self.detect(rj, time.time())
             except Exception:  # detection must never take supervision down with it
                 log.exception("job %s: detection failed", rj.claim.job_id)
-        await asyncio.gather(*rj.tasks[:3], return_exceptions=True)  # drain pipes: last lines, last events
+        # Drain the pipes: last lines, last events. A command's leftover processes (a background server,
+        # a stray worker) may hold them open after it exits: the job is over, so they are killed.
+        readers = rj.tasks[:3]
+        if rj.command is not None:
+            _, pending = await asyncio.wait(readers, timeout=2.0)
+            if pending:
+                proc.kill_leftovers()
+                _, pending = await asyncio.wait(pending, timeout=5.0)
+                for t in pending:
+                    t.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
         verdict = self.judge_exit(rj, proc.proc.returncode)
         if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal"):
             d = rj.detector
@@ -391,6 +556,8 @@ class Agent:
         self.finish(rj.claim.job_id)
 
     async def detect(self, rj: RunningJob, now: float) -> None:
+        if rj.command is not None and rj.detector.events == 0:
+            return  # a command that reports nothing (not instrumented): no progress to judge it by
         v = rj.detector.check(now)
         if v is not None and v.kind == "stalled":
             stack = await self.capture_stack(rj)
@@ -420,7 +587,7 @@ class Agent:
 
     def close_alerts(self, rj: RunningJob, verdict: dict) -> None:
         """The process is gone: open stalled/slow alerts close (saying how it ended); a crash alerts."""
-        how = f"the training process ended ({verdict.get('state')})"
+        how = f"the {'command' if rj.command is not None else 'training process'} ended ({verdict.get('state')})"
         if self.disk_alert is not None:
             self.emit(rj, "alert", {"kind": "disk_full", "message": how, "clear": True})
         if rj.detector.stalled:
@@ -429,7 +596,7 @@ class Agent:
             self.emit(rj, "alert", {"kind": "slow", "message": how, "clear": True})
         if rj.slow is not None and rj.slow.contention_open:
             self.emit(rj, "alert", {"kind": "contention", "message": how, "clear": True})
-        if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal"):
+        if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal", "error"):
             self.emit(rj, "alert", {"kind": "crashed", "severity": "critical",
                                     "message": (verdict.get("reason") or "training process crashed")[:8000]})
 
@@ -437,20 +604,33 @@ class Agent:
         code, sig, words = describe_exit(returncode)
         child = rj.child_state or {}
         said = child.get("state")
+        what = "command" if rj.command is not None else "training process"
         if rj.requested == "shutdown" and said == "paused":  # checkpointed on the way out: requeue,
             return {"state": "queued", "exit_code": code,   # no retry spent
                     "reason": f"agent {self.name} shut down; requeued ({child.get('reason', 'checkpoint saved')})"}
         if rj.requested == "shutdown" and said is None:
             return {"state": "failed", "failure": "lost", "exit_code": code, "signal": sig, "retry": True,
-                    "reason": f"agent {self.name} shut down; training process {words}"}
+                    "reason": f"agent {self.name} shut down; {what} {words}"}
         if returncode == 0 and said in ("completed", "paused", "cancelled"):
             return {**child, "exit_code": 0}
         if rj.requested == "cancel":
-            return {"state": "cancelled", "reason": f"cancelled by user; training process {words}",
+            return {"state": "cancelled", "reason": f"cancelled by user; {what} {words}",
                     "exit_code": code, "signal": sig}
-        failure = child.get("failure") or ("signal" if sig else "crash")
         tail = "\n".join(list(rj.process.tail)[-15:])
-        reason = child.get("reason") or f"training process {words}"
+        if rj.command is not None and not child.get("failure"):
+            # A command is judged by its exit: 0 is success; another code is a failure of the script
+            # (not retried: it would fail the same way), named by its traceback's innermost frame; a
+            # signal (killed, crashed) goes to the retry policy below.
+            if returncode == 0:
+                return {"state": "completed", "exit_code": 0}
+            if sig is None:
+                frame = last_traceback_frame(list(rj.stderr_tail), str(rj.cwd) if rj.cwd else None)
+                reason = f"{frame}\n" if frame else ""
+                reason += f"command {words}" + (f"; last output:\n{tail}" if tail else "")
+                return {"state": "failed", "reason": reason[:8000],
+                        "failure": "error", "exit_code": code, "retry": False}
+        failure = child.get("failure") or ("signal" if sig else "crash")
+        reason = child.get("reason") or f"{what} {words}"
         if tail and not child.get("reason"):
             reason += f"; last output:\n{tail}"
         return {"state": "failed", "reason": reason, "failure": failure, "exit_code": code, "signal": sig,
@@ -471,10 +651,11 @@ class Agent:
         state = process_state(pid)
         spy = find_py_spy()
         notes = [f"process {pid} state: {describe_state(state)}"]
+        subprocesses = rj.command is not None  # a command may be a shell or launcher; its Python runs below it
         # py-spy's suspending dump waits for the process to stop: one in uninterruptible I/O never
         # does (it would cost the whole timeout), one already stopped makes it fail at once
         if spy and can_run_handlers(state) and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
-            out, why = await py_spy_dump(spy, pid, nonblocking=False)
+            out, why = await py_spy_dump(spy, pid, nonblocking=False, subprocesses=subprocesses)
             if out:
                 return "py-spy dump:\n" + out
             notes.append(f"py-spy: {why}")
@@ -484,11 +665,13 @@ class Agent:
                 return "faulthandler dump:\n" + "\n".join(lines)
             notes.append("faulthandler: the process wrote no stack (it could not run its handler)")
         elif not rj.detector.events:  # before its first event its SIGUSR1 handler may not exist yet
-            notes.append("faulthandler: not asked (the process has not started reporting yet)")
+            # (a command job has the handler once its instrumentation speaks: an uninstrumented one never)
+            notes.append("faulthandler: not asked (the " + ("command reports no events (not instrumented)"
+                         if rj.command is not None else "process has not started reporting yet") + ")")
         else:
             notes.append("faulthandler: not asked (a stopped or I/O-blocked process cannot run it)")
         if spy:
-            out, why = await py_spy_dump(spy, pid, nonblocking=True)
+            out, why = await py_spy_dump(spy, pid, nonblocking=True, subprocesses=subprocesses)
             if out:
                 return f"py-spy dump (--nonblocking; {'; '.join(notes)}):\n" + out
             notes.append(f"py-spy --nonblocking: {why}")
@@ -523,7 +706,14 @@ class Agent:
             if action == "stack":
                 stack = await self.capture_stack(rj)
                 self.emit(rj, "log", {"line": stack[:8000], "stream": "agent"})
-            elif action in ("cancel", "pause") and (rj.requested is None or (action, rj.requested) == ("cancel", "pause")):
+            elif action == "pause" and rj.command is not None and not rj.pausable and rj.requested is None:
+                # The server refuses such a pause (409); a job whose process has not said pausable in this
+                # attempt is never sent SIGUSR2 (its default action kills).
+                rj.requested = "pause-refused"
+                self.emit(rj, "log", {"line": "agent: pause requested, but this command has not said it can "
+                                              "pause (no Trainer instrumentation); it keeps running", "stream": "agent"})
+            elif action in ("cancel", "pause") and (rj.requested is None or (action, rj.requested) in (
+                    ("cancel", "pause"), ("cancel", "pause-refused"))):
                 rj.requested = action
                 self.emit(rj, "log", {"line": f"agent: {action} requested", "stream": "agent"})
                 if action == "cancel":

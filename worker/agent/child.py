@@ -1,5 +1,6 @@
-"""One training process, supervised: started in its own session, its event pipe and output read
-line by line, stopped gracefully (a signal, then SIGKILL after a grace period), its exit judged."""
+"""One supervised process (tokenpulse's training process, or a command job's command): started in
+its own session, its event pipe and output read, stopped gracefully (a signal, then SIGKILL of its
+whole process group after a grace period), its exit judged."""
 from __future__ import annotations
 
 import asyncio
@@ -36,28 +37,29 @@ def _die_with_agent() -> None:
         pass
 
 
-class TrainingProcess:
-    def __init__(self, spec_path: Path, out_dir: Path, cache_dir: Path, resume_from: Optional[str]):
-        self.spec_path, self.out_dir, self.cache_dir = spec_path, out_dir, cache_dir
-        self.resume_from = resume_from
+class Supervised:
+    """What the agent holds of a process it runs: the process, its event pipe, its last output."""
+
+    def __init__(self):
         self.proc: Optional[asyncio.subprocess.Process] = None
         self.events: Optional[asyncio.StreamReader] = None
         self.tail: deque[str] = deque(maxlen=40)  # last output lines, for the failure reason
 
-    async def start(self) -> None:
+    async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None) -> None:
         read_fd, write_fd = os.pipe()
-        args = [sys.executable, "-u", "-m", "worker.training.train", "--spec", str(self.spec_path),
-                "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
-        if self.resume_from:
-            args += ["--resume", self.resume_from]
-        env = {**os.environ, "TOKENPULSE_EVENT_FD": str(write_fd), "PYTHONFAULTHANDLER": "1"}
-        # Own session: a signal for the training process never reaches the agent, and SIGKILL of
-        # the group takes its dataloader workers too.
-        self.proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-            pass_fds=(write_fd,), start_new_session=True, limit=1 << 20,
-            preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
-        os.close(write_fd)
+        env = {**env, "TOKENPULSE_EVENT_FD": str(write_fd)}
+        # Own session: a signal for the process never reaches the agent, and SIGKILL of the group
+        # takes its children (dataloader workers, a launcher's ranks) too.
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd,
+                pass_fds=(write_fd,), start_new_session=True, limit=1 << 20,
+                preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
         loop = asyncio.get_running_loop()
         self.events = asyncio.StreamReader(limit=1 << 24)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), os.fdopen(read_fd, "rb"))
@@ -73,9 +75,19 @@ class TrainingProcess:
             except ProcessLookupError:
                 pass
 
+    def signal_group(self, sig: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
     async def stop(self, sig: int, grace_s: float) -> None:
         """Ask politely (sig), then SIGKILL the whole process group after grace_s."""
         self.signal(sig)
+        await self._reap(grace_s)
+
+    async def _reap(self, grace_s: float) -> None:
         try:
             await asyncio.wait_for(self.proc.wait(), grace_s)
         except asyncio.TimeoutError:
@@ -83,3 +95,48 @@ class TrainingProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+class TrainingProcess(Supervised):
+    """tokenpulse's own training process (`python -m worker.training.train`)."""
+
+    def __init__(self, spec_path: Path, out_dir: Path, cache_dir: Path, resume_from: Optional[str]):
+        super().__init__()
+        self.spec_path, self.out_dir, self.cache_dir = spec_path, out_dir, cache_dir
+        self.resume_from = resume_from
+
+    async def start(self) -> None:
+        args = [sys.executable, "-u", "-m", "worker.training.train", "--spec", str(self.spec_path),
+                "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
+        if self.resume_from:
+            args += ["--resume", self.resume_from]
+        await self.spawn(args, {**os.environ, "PYTHONFAULTHANDLER": "1"})
+
+
+class CommandProcess(Supervised):
+    """A command job's command, run as given (no shell) in its working directory and environment."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict):
+        super().__init__()
+        self.argv, self.cwd, self.env = argv, cwd, env
+
+    async def start(self) -> None:
+        await self.spawn(self.argv, self.env, self.cwd)
+
+    async def stop(self, sig: int, grace_s: float) -> None:
+        """SIGTERM goes to the whole process group, as Ctrl+C in a terminal reaches every process of
+        the foreground job: a shell script or a launcher (`accelerate launch`, torchrun) and its
+        ranks stop together. Other signals (SIGUSR2: checkpoint and pause) go to the leader only."""
+        if sig == signal.SIGTERM:
+            self.signal_group(sig)
+        else:
+            self.signal(sig)
+        await self._reap(grace_s)
+
+    def kill_leftovers(self) -> None:
+        """The command has exited, but processes it started in its group still hold its output open
+        (a background server, a stray worker): the job is over, so they are killed."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

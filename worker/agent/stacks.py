@@ -45,9 +45,11 @@ def can_run_handlers(state: Optional[str]) -> bool:
     return state not in ("T", "t", "D", "Z", "X")
 
 
-async def py_spy_dump(spy: str, pid: int, nonblocking: bool, timeout: float = 20) -> tuple[Optional[str], str]:
-    """(the dump, or None; py-spy's error text)."""
+async def py_spy_dump(spy: str, pid: int, nonblocking: bool, timeout: float = 20,
+                      subprocesses: bool = False) -> tuple[Optional[str], str]:
+    """(the dump, or None; py-spy's error text). subprocesses: also the Python processes below pid."""
     args = [spy, "dump", "--full-filenames", "--pid", str(pid)] + (["--nonblocking"] if nonblocking else [])
+    args += ["--subprocesses"] if subprocesses else []
     try:
         p = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
                                                  stderr=asyncio.subprocess.PIPE)

@@ -1,59 +1,24 @@
-"""Request-scoped dependencies: the app's parts and who is calling."""
+"""Who is calling, and may they: tokens (bearer, cookie, query), CSRF for cookie sessions, the
+websocket origin check, and the user/agent role dependencies routes declare."""
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Optional
 
 from fastapi import Depends, HTTPException, Request, WebSocket
 
 from server import auth
-from server.db import Database
-from server.hub import Hub
-from server.prometheus import ServerStats
-from server.settings import Settings
 
 
 @dataclass
 class Caller:
     role: str
     token_id: int
+    scopes: frozenset = frozenset()
 
-
-@dataclass
-class App:
-    """Everything a route needs, built once at start (app.state.tp)."""
-    settings: Settings
-    db: Database
-    hub: Hub
-    # token hash -> (caller, cached until): a token check per request must not cost a query.
-    token_cache: dict[str, tuple[Optional[Caller], float]] = field(default_factory=dict)
-    webhooks: object = None
-    started_at: float = field(default_factory=time.time)  # leases count from here after a restart
-    login_throttle: auth.LoginThrottle = field(default_factory=auth.LoginThrottle)
-    stats: ServerStats = field(default_factory=ServerStats)  # counters /metrics exposes
-
-    def caller(self, token: str) -> Optional[Caller]:
-        h = auth.hash_token(token)
-        hit = self.token_cache.get(h)
-        now = time.monotonic()
-        if hit is not None and hit[1] > now:
-            return hit[0]
-        with self.db.read() as s:
-            row = auth.lookup_any(s, token)
-            caller = Caller(row.role, row.id) if row is not None else None
-        if len(self.token_cache) > 10_000:  # guessed tokens must not grow memory without bound
-            self.token_cache.clear()
-        self.token_cache[h] = (caller, now + 5.0)  # revocation takes effect within 5 s (at once here)
-        return caller
-
-    def forget(self, token: str) -> None:
-        """Drop a cached check (a revoked session or token takes effect at once)."""
-        self.token_cache.pop(auth.hash_token(token), None)
-
-
-async def get_app(request: Request) -> App:  # async: a sync dependency costs a threadpool hop per request
-    return request.app.state.tp
+    @property
+    def may_run_commands(self) -> bool:
+        return self.role == "user" and auth.COMMANDS in self.scopes
 
 
 def bearer(headers) -> str:
@@ -86,7 +51,7 @@ CSRF_HEADER = "x-tokenpulse-csrf"
 
 
 def _caller(request: Request) -> Caller:
-    tp: App = request.app.state.tp
+    tp = request.app.state.tp  # a server.context.App
     caller = tp.caller(token_from(request.headers, request.cookies, {}))
     if caller is None:
         raise HTTPException(401, "missing or invalid token: send 'Authorization: Bearer <token>' "
@@ -107,6 +72,19 @@ async def require_user(request: Request) -> Caller:  # async: no threadpool hop 
     return caller
 
 
+COMMANDS_REFUSED = ("this token may not submit command jobs: a command job runs code on an agent's machine, "
+                    "so it needs a token with the 'commands' scope (the user token made at first start has "
+                    "it; create another with `tokenpulse tokens create NAME --role user --allow-commands`)")
+
+
+async def require_commands(request: Request) -> Caller:
+    """A user token allowed to run code on agents (the 'commands' scope)."""
+    caller = await require_user(request)
+    if not caller.may_run_commands:
+        raise HTTPException(403, COMMANDS_REFUSED)
+    return caller
+
+
 async def require_agent(request: Request) -> Caller:  # async: no threadpool hop (the token check is a cached dict hit)
     caller = _caller(request)
     if caller.role != "agent":
@@ -117,13 +95,13 @@ async def require_agent(request: Request) -> Caller:  # async: no threadpool hop
 def websocket_caller(ws: WebSocket) -> Optional[Caller]:
     """Websockets have no CORS: a page on another site may open one, and the browser sends our
     cookie along. So a cookie (or query) token is only honoured from our own origin."""
-    tp: App = ws.app.state.tp
+    tp = ws.app.state.tp
     scheme = "https" if ws.url.scheme == "wss" else "http"
     if not bearer(ws.headers) and not same_origin(ws.headers, scheme):
         return None
     return tp.caller(token_from(ws.headers, ws.cookies, ws.query_params))
 
 
-AppDep = Annotated[App, Depends(get_app)]
 UserDep = Annotated[Caller, Depends(require_user)]
 AgentDep = Annotated[Caller, Depends(require_agent)]
+CommandsDep = Annotated[Caller, Depends(require_commands)]

@@ -1,16 +1,16 @@
 """browser sessions: the login cookie carries a session secret (hashed here), revocable at logout and
 expiring, instead of the raw API token
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-23
 """
 from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0004'
-down_revision = '0003'
+revision = '0005'
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 

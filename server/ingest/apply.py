@@ -1,0 +1,185 @@
+"""A checked batch -> one transaction: per-job watermarks, metric points stored, other events
+applied to their jobs (phase, state through the retry policy, checkpoint, info, alert), and the
+live frames for the hub.
+
+Metrics go to the lean metrics table (metrics.py); everything else to the events table.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from sqlalchemy.orm import Session
+
+from server import store
+from server.dialect import dialect_name, raw_cursor
+from server.hub import Frame
+from server.ingest.alerts import alert_dict, upsert_alert
+from server.ingest.metrics import PointBatch
+from server.ingest.parse import INT_LIMIT, Ev
+from server.models import Job
+from tokenpulse.protocol import ACTIVE_STATES, Command, JobState
+
+INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
+PG_INSERT_EVENT = INSERT_EVENT.replace(" OR IGNORE", "") + " ON CONFLICT (job_id, seq) DO NOTHING"
+CHUNK_POINTS = 1000  # a big batch is stored in chunks of about this many points
+
+
+@dataclass
+class Outcome:
+    acked: dict[int, int] = field(default_factory=dict)
+    commands: list[Command] = field(default_factory=list)
+    frames: list[tuple[str, Any, bool]] = field(default_factory=list)  # (topic, payload or Frame, droppable)
+    alerts: list[dict] = field(default_factory=list)  # new or changed alerts, for webhooks
+    live: dict[int, list] = field(default_factory=dict)  # job id -> [stored events, critical?, Job]
+    stored_events: int = 0  # new events stored (replays not counted), for /metrics
+    stored_points: int = 0  # metric points among them
+
+
+def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
+    """Store a batch (Ev or protocol.Event objects). With a hub, live frames are built (serialized)
+    here on the writer thread, and only for topics someone watches.
+
+    A big batch goes in chunks of ~CHUNK_POINTS points, each committed (watermark included) before
+    the writer runs the small writes queued meanwhile (db.Database._yield): a heartbeat, a state
+    change or a live metric then waits for ~1,000 points (a few ms), not a 20,000-point batch.
+    Exactly once still: if a later chunk fails, the agent sends the batch again and the committed
+    chunks are replays."""
+    yield_ = s.info.get("yield")
+    if yield_ is not None and len(events) > CHUNK_POINTS // 16:
+        # each job's events in seq order across chunks (the watermark of a chunk must not skip
+        # a lower seq of the next one); a real agent sends them so already
+        events = sorted(events, key=lambda e: (e.job_id, e.seq))
+    chunks, chunk, size = [], [], 0
+    for e in events:
+        chunk.append(e)
+        size += len(e.data["values"]) if e.kind == "metrics" else 1
+        if size >= CHUNK_POINTS:
+            chunks.append(chunk)
+            chunk, size = [], 0
+    if chunk:
+        chunks.append(chunk)
+    if yield_ is None or len(chunks) < 2:
+        return live_frames(ingest_chunk(s, agent_id, events), hub)
+    out = Outcome()
+    for i, chunk in enumerate(chunks):
+        if i:
+            yield_()
+        part = ingest_chunk(s, agent_id, chunk)
+        for job_id, seq in part.acked.items():
+            out.acked[job_id] = max(seq, out.acked.get(job_id, seq))
+        out.commands.extend(c for c in part.commands if c not in out.commands)
+        out.stored_events += part.stored_events
+        out.stored_points += part.stored_points
+        out.frames.extend(part.frames)
+        out.alerts.extend(part.alerts)
+        for job_id, (live, critical, job) in part.live.items():
+            had = out.live.setdefault(job_id, [[], False, job])
+            had[0].extend(live)
+            had[1], had[2] = had[1] or critical, job
+    return live_frames(out, hub)
+
+
+def live_frames(out: Outcome, hub=None) -> Outcome:
+    """One events frame and one summary per job and batch (not per chunk), serialized here on the
+    writer thread, and only for topics someone watches."""
+    watched = hub.watched if hub is not None else (lambda topic: True)
+    for job_id, (live, critical, job) in out.live.items():
+        topic = f"job:{job_id}"
+        if watched(topic):
+            payload = {"type": "events", "job_id": job_id, "events": live}
+            out.frames.append((topic, Frame(payload, not critical), not critical))
+        if watched("jobs"):
+            out.frames.append(("jobs", Frame({"type": "job", "job": store.job_summary(job)}, not critical),
+                               not critical))
+    return out
+
+
+def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
+    out = Outcome()
+    by_job: dict[int, list] = defaultdict(list)
+    for ev in events:
+        by_job[ev.job_id].append(ev)
+    points = PointBatch()
+    event_rows: list[tuple] = []
+    pg = dialect_name(s) == "postgresql"
+    for job_id, evs in by_job.items():
+        # PostgreSQL: the row stays locked to this transaction, so two server processes storing
+        # batches of one job (an agent that switched servers) never both pass its watermark.
+        job = s.get(Job, job_id, with_for_update=True if pg else None)
+        evs.sort(key=lambda e: e.seq)
+        if job is None:
+            out.acked[job_id] = evs[-1].seq  # nothing to store them in; let the agent forget them
+            out.commands.append(Command(job_id=job_id, action="cancel"))
+            continue
+        fresh = [e for e in evs if e.seq >= job.next_seq]
+        if job.agent_id != agent_id or JobState(job.state) not in ACTIVE_STATES:
+            # A stale agent (its job was reassigned or is over): acknowledge, store nothing, stop it.
+            out.acked[job_id] = evs[-1].seq
+            if any(e.kind != "state" for e in fresh) and JobState(job.state) != JobState.paused:
+                out.commands.append(Command(job_id=job_id, action="cancel"))
+            continue
+        out.acked[job_id] = max(evs[-1].seq, job.next_seq - 1)
+        if not fresh:
+            continue
+        job.next_seq = fresh[-1].seq + 1
+        out.stored_events += len(fresh)
+        if job.state == JobState.starting.value:
+            store.transition(s, job, JobState.running)
+        last: Optional[dict] = None
+        critical = False
+        for e in fresh:
+            d = e.data
+            if e.kind == "metrics":
+                points.add(s, job_id, d["step"], e.t, d["values"])
+                out.stored_points += len(d["values"])
+                if last is None:
+                    last = json.loads(job.last) if job.last else {}
+                last.update(d["values"])
+                last["step"] = job.step = d["step"]
+            else:
+                event_rows.append((job_id, e.seq, e.t, e.kind, json.dumps(d)))
+                apply_event(s, job, e, out)
+                critical = critical or e.kind in ("state", "alert")
+        if last is not None:
+            job.last = json.dumps({k: v for k, v in last.items() if isinstance(v, (int, float)) and math.isfinite(v)})
+        out.live[job_id] = [[{"kind": e.kind, "seq": e.seq, "t": e.t, "data": e.data} for e in fresh],
+                            critical, job]
+    points.store(s)
+    if event_rows:
+        raw_cursor(s).executemany(PG_INSERT_EVENT if pg else INSERT_EVENT, event_rows)
+    return out
+
+
+def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
+    """What a non-metric event changes on its job (the event row itself is stored by the caller)."""
+    d = e.data
+    if e.kind == "phase":
+        job.phase = json.dumps(d)
+        total, done = d.get("total"), d.get("done")
+        if d.get("name") == "training" and total and math.isfinite(total) and 0 < total < INT_LIMIT:
+            job.total_steps = int(total)
+            if done is not None and math.isfinite(done) and 0 <= done < INT_LIMIT:
+                job.step = int(done)
+    elif e.kind == "state":
+        state = JobState(d["state"])
+        store.end_attempt(s, job, state, d.get("reason"), d.get("failure"), d.get("exit_code"),
+                          d.get("signal"), d.get("retry", False))
+    elif e.kind == "checkpoint":
+        if d.get("final"):
+            job.output_dir = d["path"]
+        else:
+            job.checkpoint = d["path"]
+    elif e.kind == "info":
+        info = json.loads(job.info) if job.info else {}
+        info.update(d)
+        job.info = json.dumps(info)
+    elif e.kind == "alert":
+        alert = upsert_alert(s, job.id, job.agent_id, d)
+        if alert is not None:
+            payload = alert_dict(alert)
+            out.alerts.append(payload)
+            out.frames.append(("alerts", {"type": "alert", "alert": payload}, False))

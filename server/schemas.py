@@ -1,0 +1,160 @@
+"""What the public REST routes answer, as pydantic models, so /docs shows it and a route cannot
+drop a field the UI (web/static/*.js) or the CLI (tokenpulse/cli.py) reads.
+
+Server-side answer shapes only; request bodies and the agent's shapes live in tokenpulse/protocol.py.
+Kept in one flat module so any of them can move to protocol.py when a client starts reading it typed.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Number = Union[int, float]  # int first: a step stays 12, not 12.0
+
+
+class Health(BaseModel):
+    ok: bool
+    reaper: bool = Field(True, description="this server process runs the reaper (one of several on PostgreSQL does)")
+
+
+class JobSummary(BaseModel):
+    """A row of the jobs list; also the `job` of a websocket 'job' frame and of control answers."""
+    id: int
+    name: str
+    kind: str = Field("train", description="train (a JobSpec run by tokenpulse) or command (your own command)")
+    state: str = Field(description="queued, starting, running, paused, completed, failed, cancelled")
+    priority: int
+    parent_id: Optional[int] = Field(description="the job this one was cloned or retried from")
+    created_at: float
+    started_at: Optional[float]
+    finished_at: Optional[float]
+    agent_id: Optional[int] = Field(description="the agent running it now")
+    attempt: int
+    phase: Optional[dict[str, Any]] = Field(description="the latest phase event's data (name, done, total, ...)")
+    step: Optional[int]
+    total_steps: Optional[int]
+    last: dict[str, Number] = Field(description="latest value of every metric, and its step")
+    alive_at: Optional[float] = Field(description="when the training process last said it was alive")
+    reason: Optional[str]
+    failure: Optional[str] = Field(description="failure kind of the last attempt: oom, nan, crash, lost, hang, spec...")
+    exit_code: Optional[int]
+    signal: Optional[str]
+    requested_action: Optional[str] = Field(description="cancel or pause, until the job ends (a cancel wins)")
+    stack_requested: bool = Field(False, description="a stack dump is asked for and the agent has not taken it yet")
+    checkpoint: Optional[str] = Field(description="newest checkpoint the server recorded (resumes start here)")
+    output_dir: Optional[str] = Field(description="the final model's directory")
+
+
+class AttemptOut(BaseModel):
+    attempt: int
+    agent_id: Optional[int]
+    started_at: float
+    ended_at: Optional[float]
+    outcome: Optional[str] = Field(description="retried, paused, queued or a final state")
+    reason: Optional[str]
+    failure: Optional[str]
+    exit_code: Optional[int]
+    signal: Optional[str]
+    resumed_from: Optional[str]
+
+
+class JobDetail(JobSummary):
+    spec: dict[str, Any] = Field(description="the JobSpec (or CommandSpec) as stored (after any OOM retry's "
+                                             "batch change)")
+    info: dict[str, Any] = Field(description="automatic choices the training process reported")
+    attempts: list[AttemptOut]
+
+
+class JobListRow(JobSummary):
+    last_agent_id: Optional[int] = Field(description="the agent of the latest attempt (a finished job holds none)")
+
+
+class JobList(BaseModel):
+    total: int
+    jobs: list[JobListRow]
+
+
+class Series(BaseModel):
+    step: list[int]
+    t: list[float]
+    value: list[float]
+    downsampled: bool
+    total_points: Optional[int] = Field(None, description="points stored, when downsampled")
+
+
+class MetricsOut(BaseModel):
+    job_id: int
+    series: dict[str, Series] = Field(description="by metric name")
+
+
+class EventOut(BaseModel):
+    seq: int
+    t: float
+    kind: str
+    data: dict[str, Any]
+
+
+class EventsOut(BaseModel):
+    job_id: int
+    events: list[EventOut]
+
+
+class AlertOut(BaseModel):
+    id: int
+    job_id: Optional[int]
+    agent_id: Optional[int]
+    kind: str
+    severity: str
+    state: Literal["open", "acked", "cleared"]
+    message: str
+    stack: Optional[str] = Field(description="every thread's stack of a stalled process, when captured")
+    created_at: float
+    updated_at: float
+    cleared_at: Optional[float]
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    role: Literal["user", "agent"]
+    created_at: float
+    revoked_at: Optional[float]
+
+
+class NewTokenOut(TokenOut):
+    token: str = Field(description="the token itself: shown this once, stored only as a hash")
+
+
+class AgentOut(BaseModel):
+    id: int
+    name: str
+    host: str
+    device: str
+    capacity: int
+    state: str = Field(description="online, lost or stopped")
+    created_at: float
+    seen_at: float
+    jobs: list[int] = Field(description="ids of the jobs it holds")
+
+
+class DatasetAnalysis(BaseModel):
+    """worker/training/analysis.py's answer; extra keys pass through untouched."""
+    model_config = ConfigDict(extra="allow")
+    examples: int
+    sampled: bool
+    sample_size: int
+    tokens: int
+    mean: float
+    percentiles: dict[str, Number]
+    histogram: list[dict[str, int]] = Field(description="[{lo, hi, count}]")
+    length_coverage: float
+    recommended_max_seq_length: Optional[int]
+    max_seq_length: Optional[int]
+    model_max_length: Optional[int]
+    truncated: int
+    truncated_frac: float
+    rows_per_step: int
+    layouts: dict[str, dict[str, Number]] = Field(description="max_length / dynamic / pack: padding and tokens per step")
+    fields: dict[str, Any] = Field(default_factory=dict)
+    tokenization_cache: Optional[str] = None

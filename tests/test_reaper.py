@@ -1,0 +1,90 @@
+"""The reaper (server/reaper.py) on a real, migrated SQLite database: a silent agent is lost, its
+jobs go to the retry policy with a critical alert, and nothing else is touched."""
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from server import store
+from server.models import Alert, Attempt, Job
+from server.reaper import reap
+from tests.realdb import add_agent, migrated_session
+from tokenpulse.protocol import JobSpec, JobState
+
+NOW = 100_000.0
+LEASE = 30.0
+
+
+@pytest.fixture
+def s(tmp_path):
+    with migrated_session(tmp_path) as session:
+        yield session
+
+
+def claimed(s, agent, **spec) -> Job:
+    job = store.create_job(s, JobSpec(**spec))
+    assert store.claim(s, agent.id).id == job.id
+    store.transition(s, job, JobState.running)
+    return job
+
+
+def test_a_silent_agent_is_lost_and_its_job_requeued_with_a_critical_alert(s):
+    silent = add_agent(s, "silent", seen_at=NOW - LEASE - 1)
+    job = claimed(s, silent, max_retries=1)
+    job.checkpoint = "ckpt/step-3"
+    frames = reap(s, LEASE, started_at=0.0, now=NOW)
+    assert silent.state == "lost"
+    assert job.state == "queued" and job.agent_id is None and job.failure == "lost"
+    assert "no heartbeat for 31 s" in job.reason and "retrying from checkpoint ckpt/step-3" in job.reason
+    attempt = s.scalars(select(Attempt).where(Attempt.job_id == job.id)).one()
+    assert (attempt.outcome, attempt.failure) == ("retried", "lost")
+    alert = s.scalars(select(Alert).where(Alert.job_id == job.id)).one()
+    assert (alert.kind, alert.severity, alert.state) == ("worker_lost", "critical", "open")
+    assert "requeued after attempt 1" in alert.message
+    topics = [(topic, payload["type"]) for topic, payload, _ in frames]
+    assert topics == [("agents", "agent"), ("alerts", "alert"), ("jobs", "job"), (f"job:{job.id}", "job")]
+    assert frames[2][1]["job"]["state"] == "queued"
+    assert reap(s, LEASE, started_at=0.0, now=NOW + 60) == []  # lost once, not again
+
+
+def test_a_lost_job_without_retries_left_fails(s):
+    silent = add_agent(s, "silent", seen_at=NOW - 100)
+    job = claimed(s, silent, max_retries=0)
+    reap(s, LEASE, started_at=0.0, now=NOW)
+    assert job.state == "failed" and "gave up after 0 retries" in job.reason
+    alert = s.scalars(select(Alert).where(Alert.job_id == job.id)).one()
+    assert alert.state == "open" and "job failed" in alert.message  # a failure keeps its critical alert
+
+
+def test_a_lost_job_with_a_cancel_requested_ends_cancelled(s):
+    silent = add_agent(s, "silent", seen_at=NOW - 100)
+    job = claimed(s, silent)
+    store.request_cancel(s, job)
+    reap(s, LEASE, started_at=0.0, now=NOW)
+    assert job.state == "cancelled"
+
+
+def test_agents_within_their_lease_and_other_agents_jobs_are_untouched(s):
+    alive = add_agent(s, "alive", seen_at=NOW - LEASE + 1)
+    silent = add_agent(s, "silent", seen_at=NOW - LEASE - 1)
+    mine = claimed(s, alive)
+    theirs = claimed(s, silent)
+    queued = store.create_job(s, JobSpec())
+    frames = reap(s, LEASE, started_at=0.0, now=NOW)
+    assert (alive.state, silent.state) == ("online", "lost")
+    assert mine.state == "running" and mine.agent_id == alive.id
+    assert theirs.state == "queued" and queued.state == "queued"
+    assert {p["job"]["id"] for t, p, _ in frames if p["type"] == "job"} == {theirs.id}
+
+
+def test_an_agent_lost_with_no_jobs_just_goes_lost(s):
+    silent = add_agent(s, "idle", seen_at=NOW - 100)
+    frames = reap(s, LEASE, started_at=0.0, now=NOW)
+    assert silent.state == "lost" and [p["type"] for _, p, _ in frames] == ["agent"]
+
+
+def test_no_agent_is_lost_within_a_lease_of_the_server_start(s):
+    silent = add_agent(s, "silent", seen_at=NOW - 1000)
+    job = claimed(s, silent)
+    assert reap(s, LEASE, started_at=NOW - LEASE + 1, now=NOW) == []
+    assert silent.state == "online" and job.state == "running"
