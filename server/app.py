@@ -7,13 +7,14 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 from server import auth, errors, prometheus, storage_errors
-from server.api import agents, alerts, datasets, jobs, tokens, ws
+from server.agent_channel import AgentWrites
+from server.api import agent_ws, agents, alerts, datasets, jobs, tokens, ws
 from server.db import Database, upgrade_to_head
 from server.context import App, AppDep
 from server.hub import Hub
@@ -70,6 +71,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         tp = App(settings=settings, db=db, hub=Hub(settings.ws_queue_frames),
                  webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries))
         app.state.tp = tp
+        tp.agent_writes = AgentWrites(tp)
         tp.webhooks.start()
         lock = None
         if db.dialect == "postgresql":  # maybe one of several server processes on this database
@@ -98,7 +100,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    for r in (jobs.router, agents.router, alerts.router, datasets.router, tokens.router, ws.router):
+    for r in (jobs.router, agents.router, agent_ws.router, alerts.router, datasets.router, tokens.router, ws.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse,

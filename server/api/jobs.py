@@ -14,6 +14,7 @@ from server.errors import error_list, unprocessable
 from server.context import AppDep
 from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
+from server.api.agent_ws import agent_topic
 from server.dialect import raw_cursor
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut
 from server.series import read_series
@@ -120,6 +121,8 @@ async def request_action(tp, job_id: int, action: str) -> dict:
     summary = await tp.db.write(apply)
     tp.hub.publish("jobs", {"type": "job", "job": summary}, droppable=False)
     tp.hub.publish(f"job:{job_id}", {"type": "job", "job": summary}, droppable=False)
+    if summary["agent_id"] is not None:  # an agent on a websocket asks for its commands at once
+        tp.hub.publish(agent_topic(summary["agent_id"]), {"type": "nudge"}, droppable=False)
     return summary
 
 
