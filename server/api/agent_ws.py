@@ -16,6 +16,7 @@ claiming stay HTTP; so does everything for an agent that cannot hold a websocket
 from __future__ import annotations
 
 import asyncio
+import json
 
 import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -67,11 +68,15 @@ async def agent_socket(ws: WebSocket, agent_id: int):
                 await ws.close(code=4401, reason="token revoked")
                 return
             try:
-                msg = orjson.loads(text)
+                try:
+                    msg = orjson.loads(text)
+                except orjson.JSONDecodeError:  # NaN/Infinity literals (dropped at ingest, as on HTTP)
+                    msg = json.loads(text)
                 mid = msg["id"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError):
                 await ws.send_text('{"status":400,"detail":"a JSON object with an id is expected"}')
                 continue
+            tp.stats.agent_socket_messages += 1
             if len(text) > MAX_MESSAGE:
                 await ws.send_text(orjson.dumps({"id": mid, "status": 413, "detail": "too large; use HTTP"}).decode())
                 continue
@@ -85,7 +90,8 @@ async def agent_socket(ws: WebSocket, agent_id: int):
                     continue
                 fut = tp.agent_writes.submit("heartbeat", agent_id, jobs)
             elif isinstance(msg.get("events"), list):
-                fut = tp.agent_writes.submit("events", agent_id, orjson.dumps({"events": msg["events"]}))
+                # the text as it came: parse_batch reads its "events" (checked on the writer thread)
+                fut = tp.agent_writes.submit("events", agent_id, text.encode())
             else:
                 await ws.send_text(orjson.dumps({"id": mid, "status": 422, "detail": "heartbeat or events"}).decode())
                 continue

@@ -25,6 +25,7 @@ from typing import Mapping, Optional
 import httpx
 
 from tokenpulse.protocol import Claim, CommandSpec
+from worker.agent.channel import Channel
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
@@ -221,6 +222,9 @@ class Agent:
         self.jobs: dict[int, RunningJob] = {}
         self.agent_id: Optional[int] = None
         self.flush_now = asyncio.Event()
+        self.beat_now = asyncio.Event()  # a nudge: heartbeat at once (its answer carries the command)
+        # One websocket for heartbeats and event batches (HTTP whenever it is down): channel.py
+        self.channel = Channel(self.server, token, lambda: self.agent_id, self.beat_now.set)
         self.stopping = False
         self.stopped = asyncio.Event()  # set with stopping, to wake waits that should end
         self.unreachable_since: Optional[float] = None  # the server has not answered since then
@@ -281,7 +285,8 @@ class Agent:
         if self.agent_id is None:
             await self.http.aclose()
             return
-        loops = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.flush_loop())]
+        loops = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.flush_loop()),
+                 asyncio.create_task(self.channel.run())]
         try:
             while not self.stopping:
                 if max_jobs is not None and self.done_jobs + len(self.jobs) >= max_jobs:
@@ -735,17 +740,30 @@ class Agent:
         while True:
             try:
                 jobs = {str(jid): rj.alive_at for jid, rj in self.jobs.items()}
-                r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json={"jobs": jobs})
-                if r.status_code == 200:
-                    await self.handle(r.json().get("commands", []))
+                reply = await self.channel.request({"heartbeat": jobs})
+                if reply is None or "status" in reply:
+                    r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json={"jobs": jobs})
+                    reply = r.json() if r.status_code == 200 else None
+                if reply is not None:
+                    await self.handle(reply.get("commands", []))
             except Exception:
                 log.exception("heartbeat failed")
-            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await asyncio.wait_for(self.beat_now.wait(), self.heartbeat_s)
+            except asyncio.TimeoutError:
+                pass
+            self.beat_now.clear()
 
     async def send(self, batch: list[dict]) -> bool:
         """POST one batch; True once the server answered it. A batch the server refuses as malformed
         (422) or too large (413) is split in halves until the culprit is one event, which is dropped
         with a log line: one bad event must never hold back every event after it."""
+        if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
+            reply = await self.channel.request({"events": batch})
+            if reply is not None and "status" not in reply:
+                self.outbox.ack(reply.get("acked", {}))
+                await self.handle(reply.get("commands", []))
+                return True
         r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json={"events": batch})
         if r.status_code == 200:
             reply = r.json()
