@@ -230,16 +230,15 @@ def role_hb(a) -> None:
             seq, next_hb, mid = 0, 0.0, 0
             while time.time() < a.end_at:
                 now = time.time()
-                if now >= next_hb:
-                    mid += 1
-                    await ws.send(json.dumps({"id": mid, "heartbeat": {str(job): now}}))
-                    assert "status" not in json.loads(await ws.recv())
+                mid += 1
+                msg = {"id": mid, "events": [
+                    {"kind": "phase", "job_id": job, "seq": seq, "t": now,
+                     "data": {"name": "training", "done": seq, "total": 100000, "unit": "steps"}}]}
+                if now >= next_hb:  # the heartbeat folded into the batch, as the agent does
+                    msg["heartbeat"] = {str(job): now}
                     next_hb = now + 2.0
                     counts[0] += 1
-                mid += 1
-                await ws.send(json.dumps({"id": mid, "events": [
-                    {"kind": "phase", "job_id": job, "seq": seq, "t": now,
-                     "data": {"name": "training", "done": seq, "total": 100000, "unit": "steps"}}]}))
+                await ws.send(json.dumps(msg))
                 reply = json.loads(await ws.recv())
                 assert reply.get("acked") == {str(job): seq}, reply
                 seq += 1
@@ -379,6 +378,7 @@ class Bench:
         while p.stdout.readline().strip() != "ready":  # every agent registered, claimed, connected
             pass
         end_at = time.time() + 2 + self.a.hb_duration
+        log(f"hb: {n} agents ({channel}) registered and running")
         time.sleep(2)  # all spread out and running
         c0, t0 = cpu_of(self.server.pid), time.time()
         time.sleep(max(0.0, end_at - time.time()))

@@ -181,17 +181,21 @@ def unusable_spec(job: Job) -> Optional[str]:
     return None
 
 
-def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, since: float) -> list[Job]:
+def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, since: float,
+              held: Optional[list[Job]] = None) -> list[Job]:
     """A heartbeat lists the jobs the agent runs. A job the server holds as the agent's but that the
     agent has not reported for a whole lease (a claim whose answer was lost in flight, an agent
     restarted under the same id) is as lost as a silent agent's: the retry policy takes it. Never
-    within a lease of the server's own start (agents are still replaying what they journaled)."""
+    within a lease of the server's own start (agents are still replaying what they journaled).
+    held: the agent's active jobs when the caller loaded them already (many agents in one query)."""
     now = time.time()
     if now - since < lease_s:
         return []
     out = []
-    for job in s.scalars(select(Job).where(Job.agent_id == agent_id,
-                                           Job.state.in_([x.value for x in ACTIVE_STATES]))):
+    if held is None:
+        held = s.scalars(select(Job).where(Job.agent_id == agent_id,
+                                           Job.state.in_([x.value for x in ACTIVE_STATES])))
+    for job in held:
         if job.id in reported or now - (job.alive_at or 0) < lease_s:
             continue
         end_attempt(s, job, JobState.failed, f"agent {agent_id} is alive but does not run this job "

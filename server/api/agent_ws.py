@@ -4,6 +4,7 @@ The same protocol as the HTTP routes, as JSON text messages; each request carrie
 answer repeats:
   agent -> server  {"id": 7, "heartbeat": {"<job id>": alive_at, ...}}
                    {"id": 8, "events": [...]}                      (an EventBatch's events)
+                   {"id": 9, "events": [...], "heartbeat": {...}}  (both: a heartbeat folded into a batch)
   server -> agent  {"id": 7, "commands": [...]}                    (an AgentReply)
                    {"id": 8, "acked": {"<job id>": seq}, "commands": [...]}
                    {"id": 9, "status": 422, "detail": "..."}      (what the HTTP route would answer)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -54,19 +56,33 @@ async def agent_socket(ws: WebSocket, agent_id: int):
     sub = tp.hub.subscribe([agent_topic(agent_id)])
     header = ws.headers.get("authorization", "")
 
+    replies: asyncio.Queue = asyncio.Queue()  # answers in the order they are ready, one sender
+
     async def push_loop():
         while True:
             await sub.next_batch()
-            await ws.send_text('{"nudge":true}')
+            replies.put_nowait('{"nudge":true}')
 
-    pusher = asyncio.create_task(push_loop())
-    pending: set[asyncio.Task] = set()
+    async def send_loop():
+        while True:
+            await ws.send_text(await replies.get())
+
+    def answer(mid):
+        def done(fut):
+            if not fut.cancelled():
+                replies.put_nowait(orjson.dumps({**fut.result(), "id": mid}).decode())
+        return done
+
+    tasks = [asyncio.create_task(push_loop()), asyncio.create_task(send_loop())]
+    checked_at = time.monotonic()
     try:
         while True:
             text = await ws.receive_text()
-            if tp.caller(header.partition(" ")[2].strip()) is None:  # revoked: at once, as on HTTP
-                await ws.close(code=4401, reason="token revoked")
-                return
+            if time.monotonic() - checked_at > 1.0:  # a revoked token stops within a second
+                if tp.caller(header.partition(" ")[2].strip()) is None:
+                    await ws.close(code=4401, reason="token revoked")
+                    return
+                checked_at = time.monotonic()
             try:
                 try:
                     msg = orjson.loads(text)
@@ -80,34 +96,25 @@ async def agent_socket(ws: WebSocket, agent_id: int):
             if len(text) > MAX_MESSAGE:
                 await ws.send_text(orjson.dumps({"id": mid, "status": 413, "detail": "too large; use HTTP"}).decode())
                 continue
-            if "heartbeat" in msg and isinstance(msg["heartbeat"], dict) and len(msg["heartbeat"]) <= 1000:
+            jobs = body = None
+            if "heartbeat" in msg:  # may come alone or folded into an event batch: one message a beat
                 try:
+                    assert isinstance(msg["heartbeat"], dict) and len(msg["heartbeat"]) <= 1000
                     jobs = {int(k): float(v) for k, v in msg["heartbeat"].items()}
-                except (TypeError, ValueError):
-                    jobs = None
-                if jobs is None:
+                except (AssertionError, TypeError, ValueError):
                     await ws.send_text(orjson.dumps({"id": mid, "status": 422, "detail": "heartbeat: job id -> time"}).decode())
                     continue
-                fut = tp.agent_writes.submit("heartbeat", agent_id, jobs)
-            elif isinstance(msg.get("events"), list):
-                # the text as it came: parse_batch reads its "events" (checked on the writer thread)
-                fut = tp.agent_writes.submit("events", agent_id, text.encode())
-            else:
+            if isinstance(msg.get("events"), list):
+                body = text.encode()  # as it came: parse_batch reads its "events" on the writer thread
+            if jobs is None and body is None:
                 await ws.send_text(orjson.dumps({"id": mid, "status": 422, "detail": "heartbeat or events"}).decode())
                 continue
-
-            async def answer(fut=fut, mid=mid):
-                reply = await fut
-                reply["id"] = mid
-                await ws.send_text(orjson.dumps(reply).decode())
-            task = asyncio.create_task(answer())
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            fut = tp.agent_writes.submit(agent_id, jobs, body)
+            fut.add_done_callback(answer(mid))
     except WebSocketDisconnect:
         pass
     finally:
-        pusher.cancel()
-        for t in pending:
+        for t in tasks:
             t.cancel()
         tp.hub.unsubscribe(sub)
 

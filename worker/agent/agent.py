@@ -223,6 +223,7 @@ class Agent:
         self.agent_id: Optional[int] = None
         self.flush_now = asyncio.Event()
         self.beat_now = asyncio.Event()  # a nudge: heartbeat at once (its answer carries the command)
+        self.beat_at = 0.0  # monotonic time of the last heartbeat the server answered (alone or folded)
         # One websocket for heartbeats and event batches (HTTP whenever it is down): channel.py
         self.channel = Channel(self.server, token, lambda: self.agent_id, self.beat_now.set)
         self.stopping = False
@@ -736,31 +737,44 @@ class Agent:
         if rj.process.proc is not None and rj.requested == "pause":
             await rj.process.stop(signal.SIGUSR2, max(self.grace_s, 120))
 
+    def alive_jobs(self) -> dict[str, float]:
+        """What a heartbeat says: each job and when its process last said it was alive."""
+        return {str(jid): rj.alive_at for jid, rj in self.jobs.items()}
+
     async def heartbeat_loop(self) -> None:
         while True:
+            nudged = self.beat_now.is_set()
+            self.beat_now.clear()
             try:
-                jobs = {str(jid): rj.alive_at for jid, rj in self.jobs.items()}
-                reply = await self.channel.request({"heartbeat": jobs})
-                if reply is None or "status" in reply:
-                    r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json={"jobs": jobs})
-                    reply = r.json() if r.status_code == 200 else None
-                if reply is not None:
-                    await self.handle(reply.get("commands", []))
+                # A heartbeat folded into an event batch (send) counts: then none is due here.
+                if nudged or time.monotonic() - self.beat_at >= self.heartbeat_s * 0.9:
+                    jobs = self.alive_jobs()
+                    reply = await self.channel.request({"heartbeat": jobs})
+                    if reply is None or "status" in reply:
+                        r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json={"jobs": jobs})
+                        reply = r.json() if r.status_code == 200 else None
+                    if reply is not None:
+                        self.beat_at = time.monotonic()
+                        await self.handle(reply.get("commands", []))
             except Exception:
                 log.exception("heartbeat failed")
             try:
-                await asyncio.wait_for(self.beat_now.wait(), self.heartbeat_s)
+                await asyncio.wait_for(self.beat_now.wait(), max(0.05, self.beat_at + self.heartbeat_s - time.monotonic()))
             except asyncio.TimeoutError:
                 pass
-            self.beat_now.clear()
 
     async def send(self, batch: list[dict]) -> bool:
         """POST one batch; True once the server answered it. A batch the server refuses as malformed
         (422) or too large (413) is split in halves until the culprit is one event, which is dropped
         with a log line: one bad event must never hold back every event after it."""
         if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
-            reply = await self.channel.request({"events": batch})
+            msg: dict = {"events": batch}
+            if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5:  # one message, not two
+                msg["heartbeat"] = self.alive_jobs()
+            reply = await self.channel.request(msg)
             if reply is not None and "status" not in reply:
+                if "heartbeat" in msg:
+                    self.beat_at = time.monotonic()
                 self.outbox.ack(reply.get("acked", {}))
                 await self.handle(reply.get("commands", []))
                 return True
