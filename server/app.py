@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from server import auth, errors, prometheus, storage_errors
 from server.agent_channel import AgentWrites
-from server.api import agent_ws, agents, alerts, datasets, jobs, tokens, ws
+from server.api import agent_ws, agents, alerts, datasets, external, jobs, tokens, ws
 from server.db import Database, upgrade_to_head
 from server.context import App, AppDep
 from server.hub import Hub
@@ -100,7 +100,8 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    for r in (jobs.router, agents.router, agent_ws.router, alerts.router, datasets.router, tokens.router, ws.router):
+    for r in (external.router, jobs.router, agents.router, agent_ws.router, alerts.router, datasets.router,
+              tokens.router, ws.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse,

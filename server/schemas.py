@@ -13,12 +13,19 @@ from pydantic import BaseModel, ConfigDict, Field
 Number = Union[int, float]  # int first: a step stays 12, not 12.0
 
 
-class Health(BaseModel):
+class Answer(BaseModel):
+    """A route's answer. extra="forbid": a field the code adds but the model lacks fails loudly (a
+    500 in the tests) instead of being dropped silently from the answer, so the model, /docs and
+    what the UI reads cannot drift apart."""
+    model_config = ConfigDict(extra="forbid")
+
+
+class Health(Answer):
     ok: bool
     reaper: bool = Field(True, description="this server process runs the reaper (one of several on PostgreSQL does)")
 
 
-class JobSummary(BaseModel):
+class JobSummary(Answer):
     """A row of the jobs list; also the `job` of a websocket 'job' frame and of control answers."""
     id: int
     name: str
@@ -46,7 +53,7 @@ class JobSummary(BaseModel):
     output_dir: Optional[str] = Field(description="the final model's directory")
 
 
-class AttemptOut(BaseModel):
+class AttemptOut(Answer):
     attempt: int
     agent_id: Optional[int]
     started_at: float
@@ -70,12 +77,12 @@ class JobListRow(JobSummary):
     last_agent_id: Optional[int] = Field(description="the agent of the latest attempt (a finished job holds none)")
 
 
-class JobList(BaseModel):
+class JobList(Answer):
     total: int
     jobs: list[JobListRow]
 
 
-class Series(BaseModel):
+class Series(Answer):
     step: list[int]
     t: list[float]
     value: list[float]
@@ -83,24 +90,24 @@ class Series(BaseModel):
     total_points: Optional[int] = Field(None, description="points stored, when downsampled")
 
 
-class MetricsOut(BaseModel):
+class MetricsOut(Answer):
     job_id: int
     series: dict[str, Series] = Field(description="by metric name")
 
 
-class EventOut(BaseModel):
+class EventOut(Answer):
     seq: int
     t: float
     kind: str
     data: dict[str, Any]
 
 
-class EventsOut(BaseModel):
+class EventsOut(Answer):
     job_id: int
     events: list[EventOut]
 
 
-class AlertOut(BaseModel):
+class AlertOut(Answer):
     id: int
     job_id: Optional[int]
     agent_id: Optional[int]
@@ -114,10 +121,11 @@ class AlertOut(BaseModel):
     cleared_at: Optional[float]
 
 
-class TokenOut(BaseModel):
+class TokenOut(Answer):
     id: int
     name: str
     role: Literal["user", "agent"]
+    scopes: list[str] = Field(default_factory=list, description="extra rights: 'commands' may submit command jobs")
     created_at: float
     revoked_at: Optional[float]
 
@@ -126,12 +134,13 @@ class NewTokenOut(TokenOut):
     token: str = Field(description="the token itself: shown this once, stored only as a hash")
 
 
-class AgentOut(BaseModel):
+class AgentOut(Answer):
     id: int
     name: str
     host: str
     device: str
     capacity: int
+    accepts_commands: bool = Field(False, description="started with --allow-commands: takes command jobs")
     state: str = Field(description="online, lost or stopped")
     created_at: float
     seen_at: float

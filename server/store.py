@@ -102,7 +102,14 @@ def request_cancel(s: Session, job: Job) -> None:
         raise TransitionError(f"job {job.id} is {state.value}; only queued, paused or running jobs can be cancelled")
 
 
+def _no_agent_runs_it(job: Job, action: str) -> None:
+    if job.kind == "external":  # server/external.py: a script started by hand
+        raise TransitionError(f"job {job.id} is an external script (started by hand, not by an agent): "
+                              f"tokenpulse cannot {action} it; cancel stops it")
+
+
 def request_pause(s: Session, job: Job) -> None:
+    _no_agent_runs_it(job, "pause")
     if JobState(job.state) not in ACTIVE_STATES:
         raise TransitionError(f"job {job.id} is {job.state}; only a running job can be paused")
     if job.requested_action == "cancel":
@@ -116,6 +123,7 @@ def request_pause(s: Session, job: Job) -> None:
 
 
 def request_resume(s: Session, job: Job) -> None:
+    _no_agent_runs_it(job, "resume")
     if JobState(job.state) != JobState.paused:
         raise TransitionError(f"job {job.id} is {job.state}; only a paused job can be resumed")
     transition(s, job, JobState.queued, reason="resumed by user")

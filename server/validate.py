@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from server.settings import Settings
+from tokenpulse.hubid import hub_repo_id
 from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, CommandSpec, JobSpec
 
 DATA_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet", ".txt"}
@@ -113,7 +114,7 @@ async def check_spec_async(spec, settings: Settings, timeout: float = CHECK_TIME
     except asyncio.TimeoutError:
         field = "cwd" if isinstance(spec, CommandSpec) else "dataset"
         raise SpecError(field, f"checking the paths took longer than {timeout:.0f} s "
-                               "(a slow or hung filesystem?)") from None
+                               "(a slow or hung filesystem, or a slow Hub?)") from None
 
 
 def check_spec(spec, settings: Settings):
@@ -133,7 +134,12 @@ def check_spec(spec, settings: Settings):
 
 
 def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
-    if spec.model != BUILTIN_MODEL:
+    model_repo = hub_repo_id(spec.model, "model") if spec.model != BUILTIN_MODEL else None
+    if model_repo:  # a Hub id: resolved on the Hub (or, offline, in the cache); agents download it
+        from server.hubcheck import check_hub_repo
+        check_hub_repo(model_repo, "model", spec.revision, "model", "revision", spec.hub_token_secret,
+                       settings.allow_remote_code)
+    elif spec.model != BUILTIN_MODEL:
         model = confined(settings, spec.model, "model")
         if not model.is_dir():
             raise SpecError("model", f"model directory {spec.model!r} does not exist "
@@ -147,22 +153,51 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
         spec = spec.model_copy(update={"model": str(model)})
     if spec.lora is not None and spec.lora.load_in_4bit and spec.device == "cpu":
         raise SpecError("lora.load_in_4bit", "4-bit QLoRA needs a CUDA GPU; this job is pinned to the CPU")
+    data_repo = hub_repo_id(spec.dataset, "dataset") if spec.dataset != BUILTIN_DATASET else None
     if spec.dataset == BUILTIN_DATASET:
         columns: Optional[list[str]] = ["text"]
+    elif data_repo:  # its columns are checked by the worker once downloaded
+        from server.hubcheck import check_hub_repo
+        check_hub_repo(data_repo, "dataset", spec.dataset_revision, "dataset", "dataset_revision",
+                       spec.hub_token_secret)
+        columns = None
     else:
         data = confined(settings, spec.dataset, "dataset")
         spec = spec.model_copy(update={"dataset": str(data)})
         columns = dataset_columns(data)
     wanted = [("text_field", spec.text_field), ("prompt_field", spec.prompt_field),
-              ("response_field", spec.response_field)]
+              ("response_field", spec.response_field), ("messages_field", spec.messages_field)]
     if columns is not None:
         for field, name in wanted:
             if name and name not in columns:
                 raise SpecError(field, f"column {name!r} is not in the dataset (it has: {', '.join(columns)})")
-        if not any(name for _, name in wanted) and "text" not in columns:
-            raise SpecError("text_field", f"the dataset has no 'text' column; name one with text_field "
-                                          f"or prompt_field/response_field (it has: {', '.join(columns)})")
+        named = any(name for _, name in wanted)
+        alpaca = "instruction" in columns and "output" in columns
+        if not named and not ({"text", "messages"} & set(columns) or alpaca):
+            raise SpecError("text_field", f"the dataset has no 'text' column (nor 'messages' for chats, nor "
+                                          f"'instruction'+'output'); name one with text_field, messages_field or "
+                                          f"prompt_field/response_field (it has: {', '.join(columns)})")
+        if spec.messages_field or not named and "messages" in columns:
+            check_chat_template(spec)
     return spec
+
+
+def check_chat_template(spec: JobSpec) -> None:
+    """Chat data is rendered with the tokenizer's chat template: a model without one fails here."""
+    if hub_repo_id(spec.model, "model"):
+        return  # a Hub model's tokenizer is checked by the worker once downloaded
+    if spec.model == BUILTIN_MODEL:
+        has = False
+    else:
+        model = Path(spec.model)
+        cfg = read_json(model / "tokenizer_config.json", "model") if (model / "tokenizer_config.json").is_file() else {}
+        has = (isinstance(cfg, dict) and bool(cfg.get("chat_template"))) or any(
+            (model / f).is_file() for f in ("chat_template.jinja", "chat_template.json")) or (
+            model / "additional_chat_templates").is_dir()
+    if not has:
+        raise SpecError("model", f"the dataset holds chats (messages) but the tokenizer of {spec.model!r} has no "
+                                 "chat template: use a chat/instruct model, add a chat_template to its "
+                                 "tokenizer, or name plain-text columns with text_field")
 
 
 def dataset_columns(path: Path) -> Optional[list[str]]:

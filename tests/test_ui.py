@@ -272,7 +272,7 @@ def test_submit_form_covers_every_jobspec_field(server):
             a = dict(attrs)
             if tag in ("input", "select", "textarea") and a.get("name"):
                 self.inputs[a["name"]] = a.get("aria-describedby")
-            self._help = a["id"] if tag == "span" and "help" in (a.get("class") or "") else None
+            self._help = a.get("id") if tag == "span" and "help" in (a.get("class") or "") else None
 
         def handle_data(self, data):
             if self._help:

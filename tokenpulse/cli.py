@@ -241,7 +241,8 @@ def watch(c: Client, job_id: int) -> int:
         return _watch(c, job_id)
     except KeyboardInterrupt:
         _console().print(f"\nstopped watching; job {job_id} keeps running on its worker. "
-                         f"Cancel it with: [bold]tokenpulse cancel {job_id}[/]  (watch again: tokenpulse watch {job_id})")
+                         f"Cancel it with: [bold]tokenpulse cancel {job_id}[/]  (watch again: tokenpulse watch {job_id})",
+                         soft_wrap=True)  # one line: a command to copy must not break in two
         return 130
 
 
@@ -402,6 +403,10 @@ def cmd_analyze(args) -> int:
         spec["dataset"] = args.dataset
     if args.text_field:
         spec["text_field"] = args.text_field
+    if args.messages_field:
+        spec["messages_field"] = args.messages_field
+    if args.model:  # its tokenizer (and chat template) decides the token lengths
+        spec["model"] = args.model
     try:
         a = client(args).analyze(spec)
     except ApiError as e:
@@ -546,6 +551,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("spec", nargs="?", help="job spec file (model, dataset, fields)")
     p.add_argument("--dataset")
     p.add_argument("--text-field")
+    p.add_argument("--messages-field", help="chat data: the column of {role, content} lists")
+    p.add_argument("--model", help="whose tokenizer to count with (a local directory or a Hub id)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_analyze)
 

@@ -66,13 +66,30 @@ class JobSpec(BaseModel):
 
     name: Optional[str] = Field(None, max_length=200, description="a label for the job")
     model: str = Field(BUILTIN_MODEL, min_length=1, max_length=4096,
-                       description=f"local Hugging Face model directory, or {BUILTIN_MODEL}")
+                       description=f"local Hugging Face model directory, a Hub id (org/name), or {BUILTIN_MODEL}")
     dataset: str = Field(BUILTIN_DATASET, min_length=1, max_length=4096,
-                         description=f".jsonl/.csv/.parquet/.txt file, a save_to_disk directory, or {BUILTIN_DATASET}")
+                         description=f".jsonl/.csv/.parquet/.txt file, a save_to_disk directory, a Hub dataset id "
+                                     f"(org/name), or {BUILTIN_DATASET}")
+    # ---- Hugging Face Hub: models and datasets given as Hub ids are downloaded into the agent's cache
+    revision: Optional[str] = Field(None, min_length=1, max_length=200,
+                                    description="Hub model: branch, tag or commit (default: main)")
+    dataset_revision: Optional[str] = Field(None, min_length=1, max_length=200,
+                                            description="Hub dataset: branch, tag or commit (default: main)")
+    dataset_config: Optional[str] = Field(None, min_length=1, max_length=200,
+                                          description="Hub dataset: configuration (subset) name")
+    dataset_split: Optional[str] = Field(None, min_length=1, max_length=200,
+                                         description="split to train on (default: train, else the first)")
+    hub_token_secret: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z0-9_]{1,64}$",
+        description="name of an agent secret holding a Hub token (env TOKENPULSE_SECRET_<NAME> on the agent); "
+                    "default: the agent's HF_TOKEN. The token itself is never stored or shown")
     text_field: Optional[str] = Field(None, max_length=200, description="column holding plain text")
     prompt_field: Optional[str] = Field(None, max_length=200, description="column holding the prompt")
     response_field: Optional[str] = Field(None, max_length=200, description="column holding the response")
-    loss_on_response_only: bool = Field(True, description="mask prompt tokens out of the loss")
+    messages_field: Optional[str] = Field(
+        None, max_length=200, description="column holding a chat (list of {role, content}), rendered with the "
+        "tokenizer's chat template; default: a 'messages' column when no other field is named")
+    loss_on_response_only: bool = Field(True, description="mask prompt tokens (chat: all but assistant turns) out of the loss")
     streaming: bool = Field(False, description="read the dataset as a stream, accumulating chunks")
 
     max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps (or use epochs)")
@@ -132,6 +149,8 @@ class JobSpec(BaseModel):
             raise ValueError("prompt_field and response_field go together")
         if self.text_field and self.prompt_field:
             raise ValueError("give text_field or prompt_field/response_field, not both")
+        if self.messages_field and (self.text_field or self.prompt_field):
+            raise ValueError("give messages_field alone, not with text_field or prompt_field/response_field")
         if self.max_steps is None and self.epochs is None:
             self.max_steps = 200
         return self

@@ -103,12 +103,18 @@ def job_page(request: Request, job_id: str):
 FORM: list[tuple[str, str, list[tuple]]] = [
     ("data", "Model and data", [
         ("name", "Name", "text", "A label for the job, shown in lists and charts."),
-        ("model", "Model", "text", "A local Hugging Face model directory, or builtin:tiny-llama (a tiny model for trying things out)."),
-        ("dataset", "Dataset", "text", ".jsonl / .csv / .parquet / .txt file, a datasets save_to_disk directory, or builtin:demo."),
+        ("model", "Model", "text", "A local Hugging Face model directory, a Hub id (e.g. Qwen/Qwen2.5-0.5B), or builtin:tiny-llama (a tiny model for trying things out)."),
+        ("dataset", "Dataset", "text", ".jsonl / .csv / .parquet / .txt file, a datasets save_to_disk directory, a Hub dataset id, or builtin:demo."),
+        ("revision", "Model revision", "text", "Hub model: a branch, tag or commit (default: main)."),
+        ("dataset_config", "Dataset config", "text", "Hub dataset: the configuration (subset) name."),
+        ("dataset_split", "Dataset split", "text", "The split to train on (default: train)."),
+        ("dataset_revision", "Dataset revision", "text", "Hub dataset: a branch, tag or commit (default: main)."),
+        ("hub_token_secret", "Hub token secret", "text", "For private or gated Hub repos: the name of a secret on the workers (TOKENPULSE_SECRET_<NAME>); default: their HF_TOKEN. The token is never stored."),
         ("text_field", "Text field", "text", "Column holding plain text. Leave empty to detect (text, content...)."),
         ("prompt_field", "Prompt field", "text", "For prompt/response pairs: the prompt column (give both or neither)."),
         ("response_field", "Response field", "text", "For prompt/response pairs: the response column."),
-        ("loss_on_response_only", "Loss on the response only", "bool", "Mask prompt tokens out of the loss (prompt/response data)."),
+        ("messages_field", "Messages field", "text", "For chat data: the column holding a list of {role, content}, rendered with the model's chat template. Leave empty to use a 'messages' column."),
+        ("loss_on_response_only", "Loss on the response only", "bool", "Mask prompt tokens out of the loss (prompt/response and Alpaca data; for chats, everything but the assistant's turns)."),
         ("streaming", "Stream the dataset", "bool", "Read the dataset as a stream, accumulating chunks (for data larger than memory)."),
     ]),
     ("training", "Training", [

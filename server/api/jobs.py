@@ -156,6 +156,9 @@ async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep
     with tp.db.read() as s:
         parent = get_job_or_404(s, job_id)
         base, kind = json.loads(parent.spec), parent.kind
+    if kind == "external":
+        raise HTTPException(409, f"job {job_id} is an external script (started by hand, not by an agent): "
+                                 "there is no spec to run again")
     if kind == "command" and not caller.may_run_commands:
         raise HTTPException(403, COMMANDS_REFUSED)
     base.update(body.changes)

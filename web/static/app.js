@@ -192,7 +192,34 @@ const TP = (() => {
 
   const ACTIVE = ["running", "starting"];
   const FINAL = ["completed", "failed", "cancelled"];
+
+  // A 422's field errors on a form: each beside its input (inputFor(field) finds it), the rest in errBox.
+  function formErrors(form, errBox, inputFor) {
+    function clear() {
+      errBox.textContent = "";
+      for (const x of form.querySelectorAll(".invalid")) { x.classList.remove("invalid"); x.removeAttribute("aria-invalid"); }
+      for (const x of form.querySelectorAll(".field-error")) x.remove();
+    }
+    function show(e) {
+      clear();
+      let first = null;
+      const rest = [];
+      for (const fe of e.errors || []) {
+        const input = fe.field && fe.field !== "body" ? inputFor(fe.field) : null;
+        if (!input || !input.closest) { rest.push(fe.field && fe.field !== "body" ? `${fe.field}: ${fe.message}` : fe.message); continue; }
+        input.classList.add("invalid"); input.setAttribute("aria-invalid", "true");
+        const id = `${input.id}-error`;
+        if (!document.getElementById(id)) input.closest(".field").append(el("span", { id, class: "field-error", role: "alert", text: fe.message }));
+        input.setAttribute("aria-describedby", `${input.id}-help ${id}`);
+        const det = input.closest("details"); if (det) det.open = true;
+        first = first || input;
+      }
+      errBox.textContent = rest.length ? rest.join("; ") : first ? `Please fix the highlighted field${(e.errors || []).length > 1 ? "s" : ""}.` : e.message;
+      if (first) first.focus();
+    }
+    return { clear, show };
+  }
   document.addEventListener("DOMContentLoaded", askNotifications);
   if (document.readyState !== "loading") askNotifications();
-  return { api, live, onAlert, openAlerts, num, sig, compact, axis, STEP_INCRS, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
+  return { api, formErrors, live, onAlert, openAlerts, num, sig, compact, axis, STEP_INCRS, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
 })();

@@ -22,7 +22,8 @@
     return v.map((x) => (x === null ? "" : small(x, 6)));
   };
   const CHARTS = {
-    "chart-loss": { keys: ["loss"], labels: ["loss"], smooth: true, value: (v) => TP.sig(v) },
+    // Eval loss beside train loss: tokenpulse's own jobs log eval/loss, a Trainer script eval_loss.
+    "chart-loss": { keys: ["loss", "eval/loss", "eval_loss"], labels: ["train loss", "eval loss", "eval loss"], colors: ["#2563eb", "#dc2626", "#dc2626"], points: [false, true, true], smooth: true, value: (v) => TP.sig(v) },
     "chart-tps": { keys: ["padded_tokens_per_s", "tokens_per_s"], labels: ["padded", "real"], colors: ["#f97316", "#2563eb"], dash: [[5, 4], null], unit: "tok/s", axis: fmtTps, value: (v) => TP.compact(v, "tok/s") },
     "chart-step": { keys: ["step_time_s"], labels: ["step time"], unit: "s", value: (v) => (v === null || v === undefined ? "–" : `${TP.sig(v, 3)} s`) },
     "chart-lr": { keys: ["lr"], labels: ["lr"], axis: fmtLr, value: (v) => small(v, 3) },
@@ -38,7 +39,35 @@
   function activeSpec(spec) {
     const idx = spec.keys.map((k, i) => i).filter((i) => series[spec.keys[i]] && series[spec.keys[i]].step.length);
     const pick = (a) => (a ? idx.map((i) => a[i]) : a);
-    return { ...spec, keys: pick(spec.keys), labels: pick(spec.labels), colors: spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]), dash: pick(spec.dash) };
+    return { ...spec, keys: pick(spec.keys), labels: pick(spec.labels), colors: spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]), dash: pick(spec.dash), points: pick(spec.points),
+      smooth: spec.smooth && idx[0] === 0 }; // the smoothed line belongs to the first series only
+  }
+
+  // Every other metric the job logs (a Trainer script's, the explicit API's, eval/*) gets a chart of
+  // its own, grouped by its prefix ("train/...", "eval/...", or "eval_..." as Trainer names them).
+  const SHOWN_ELSEWHERE = new Set(["eta_s", "mfu", "epoch"]); // figures in the status panel
+  const chartId = (k) => `chart-x-${k.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+  const groupOf = (k) => (k.includes("/") ? k.split("/")[0] : k.startsWith("eval_") ? "eval" : "other");
+  function addExtraCharts() {
+    const known = new Set(Object.values(CHARTS).flatMap((c) => c.keys));
+    for (const k of Object.keys(series).sort()) {
+      if (known.has(k) || SHOWN_ELSEWHERE.has(k) || !series[k].step.length) continue;
+      const id = chartId(k), group = groupOf(k);
+      let sec = $(`charts-${group}`);
+      if (!sec) {
+        sec = TP.el("section", { id: `charts-${group}`, class: "charts extra-charts", "aria-label": `${group} metrics` },
+          TP.el("h2", { class: "group-title", text: group === "other" ? "Other metrics" : `${group}/` }));
+        const groups = [...document.querySelectorAll(".extra-charts")].filter((g) => g.id > sec.id);
+        (groups[0] ? groups[0].before(sec) : $("extra-charts").append(sec));
+      }
+      sec.append(TP.el("div", { class: "chart-box" },
+        TP.el("div", { class: "chart-head" }, TP.el("h2", { id: `${id}-title`, text: k })),
+        TP.el("div", { id, class: "chart", "data-points": "0", tabindex: "0", role: "group", "aria-labelledby": `${id}-title`, "aria-describedby": `${id}-summary chart-keys` }),
+        TP.el("p", { id: `${id}-summary`, class: "sr-only chart-summary", "aria-live": "off" })));
+      CHARTS[id] = { keys: [k], labels: [k], value: (v) => (Math.abs(v) < 1e-3 && v !== 0 ? small(v, 3) : TP.sig(v)), extra: true };
+      $(id).addEventListener("keydown", keyZoom);
+      addExport(id);
+    }
   }
 
   // Exponential moving average, debiased at the start (as TensorBoard does) so the first points
@@ -106,9 +135,10 @@
     const box = $(id);
     const time = xMode() === "time";
     const s = [{ label: time ? "time" : "step", value: (u, v) => (v === null || v === undefined ? "–" : time ? new Date(v * 1000).toLocaleTimeString("en-GB") : TP.num(v)) }];
-    spec.labels.forEach((l, i) => s.push({ label: l, stroke: (spec.colors || COLORS)[i], width: spec.smooth ? 1 : 1.5, spanGaps: true,
+    spec.labels.forEach((l, i) => s.push({ label: l, stroke: (spec.colors || COLORS)[i], width: spec.smooth && i === 0 ? 1 : 1.5, spanGaps: true,
       ...(spec.dash && spec.dash[i] ? { dash: spec.dash[i] } : {}),
-      ...(spec.smooth ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
+      ...(spec.points && spec.points[i] ? { points: { show: true, size: 6 } } : {}),
+      ...(spec.smooth && i === 0 ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
     if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v) });
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
@@ -279,6 +309,7 @@
     const full = fullRange();
     const tx = zoomed && keepScale ? zoomed : full && full[1] > full[0] ? { min: full[0], max: full[1] } : null;
     expectX = tx;
+    addExtraCharts();
     for (const [id, full] of Object.entries(CHARTS)) {
       const spec = activeSpec(full);
       const box = $(id);
@@ -708,7 +739,7 @@
     spec.labels.forEach((l, i) => { g.fillStyle = (spec.colors || COLORS)[i]; g.fillRect(x, y - 8, 14, 3); g.fillStyle = "#374151"; g.fillText(l, x + 18, y); x += 26 + g.measureText(l).width; });
     return c;
   }
-  for (const id of Object.keys(CHARTS)) {
+  function addExport(id) {
     const head = $(id).previousElementSibling;
     const name = (ext) => `job-${jobId}-${id.replace("chart-", "")}.${ext}`;
     head.append(TP.el("span", { class: "export" },
@@ -717,6 +748,7 @@
       TP.el("button", { type: "button", class: "small ghost", text: "PNG", title: "Save this chart as an image", "aria-label": `${$(`${id}-title`).textContent}: save as PNG`,
         onclick: () => { if (charts[id]) pngFor(id).toBlob((b) => download(name("png"), b), "image/png"); } })));
   }
+  for (const id of Object.keys(CHARTS)) addExport(id);
   $("smooth").addEventListener("input", () => { $("smooth-val").value = Number($("smooth").value).toFixed(2); drawCharts(true); });
   let resizeTimer = null;
   window.addEventListener("resize", () => {

@@ -36,31 +36,7 @@
     return s;
   }
 
-  function clearErrors() {
-    errBox.textContent = "";
-    for (const el of form.querySelectorAll(".invalid")) { el.classList.remove("invalid"); el.removeAttribute("aria-invalid"); }
-    for (const el of form.querySelectorAll(".field-error")) el.remove();
-  }
-
-  function showError(e) {
-    clearErrors();
-    let firstBad = null;
-    const unplaced = [];
-    for (const fe of e.errors || []) {
-      let input = form.elements[fe.field];
-      if (!input && fe.field === "body") input = null;
-      if (input && input.closest) {
-        input.classList.add("invalid"); input.setAttribute("aria-invalid", "true");
-        const id = `${input.id}-error`;
-        input.closest(".field").append(TP.el("span", { id, class: "field-error", role: "alert", text: fe.message }));
-        input.setAttribute("aria-describedby", `${input.id}-help ${id}`);
-        const det = input.closest("details"); if (det) det.open = true;
-        firstBad = firstBad || input;
-      } else unplaced.push(fe.field && fe.field !== "body" ? `${fe.field}: ${fe.message}` : fe.message);
-    }
-    errBox.textContent = firstBad ? (unplaced.length ? unplaced.join("; ") : "Please fix the highlighted field" + ((e.errors || []).length > 1 ? "s." : ".")) : e.message;
-    if (firstBad) firstBad.focus();
-  }
+  const { clear: clearErrors, show: showError } = TP.formErrors(form, errBox, (f) => form.elements[f]);
 
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -225,7 +201,8 @@
       }
       const j = await TP.api(`/api/jobs/${id}`);
       pickErr.textContent = "";
-      fill(j);
+      if (j.kind !== "command") fill(j);
+      document.dispatchEvent(new CustomEvent("tp-clone", { detail: j })); // submit_command.js fills a command job
       pickBox.value = `#${j.id} ${j.name}`;
       history.replaceState(null, "", `/submit?clone=${j.id}`);
     } catch (e) { pickErr.textContent = e.status === 404 ? `There is no job #${id}.` : `Cannot clone job ${id}: ${e.message}`; }

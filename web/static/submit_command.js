@@ -32,28 +32,9 @@
     return b;
   }
 
-  function clearErrors() {
-    errBox.textContent = "";
-    for (const el of form.querySelectorAll(".invalid")) { el.classList.remove("invalid"); el.removeAttribute("aria-invalid"); }
-    for (const el of form.querySelectorAll(".field-error")) el.remove();
-  }
-  function showError(e) {
-    clearErrors();
-    let first = null;
-    const rest = [];
-    for (const fe of e.errors || []) {
-      // inputs are named by id (c-<field>): their name attributes would clash with the training form's
-      const input = fe.field && $(`c-${fe.field.split(".")[0].replaceAll("_", "-")}`);
-      if (!input) { rest.push(fe.field && fe.field !== "body" ? `${fe.field}: ${fe.message}` : fe.message); continue; }
-      input.classList.add("invalid"); input.setAttribute("aria-invalid", "true");
-      const id = `${input.id}-error`;
-      if (!$(id)) input.closest(".field").append(TP.el("span", { id, class: "field-error", role: "alert", text: fe.message }));
-      input.setAttribute("aria-describedby", `${input.id}-help ${id}`);
-      first = first || input;
-    }
-    errBox.textContent = rest.length ? rest.join("; ") : first ? "Please fix the highlighted field." : e.message;
-    if (first) first.focus();
-  }
+  // inputs are named by id (c-<field>): their name attributes would clash with the training form's
+  const { clear: clearErrors, show: showError } = TP.formErrors(form, errBox,
+    (f) => $(`c-${f.split(".")[0].replaceAll("_", "-")}`));
 
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -79,16 +60,7 @@
     const note = $("clone-note"); note.hidden = false;
     note.replaceChildren("Command copied from ", TP.el("a", { href: `/jobs/${j.id}`, text: `${j.name} #${j.id}` }), ` (${j.state}). Change what you like and run it.`);
   }
-  async function cloneFrom(id) {
-    if (!id) return;
-    const j = await TP.api(`/api/jobs/${id}`);
-    if (j.kind === "command") fill(j); else setMode("train");
-  }
-  $("clone-from").addEventListener("change", (ev) => {
-    if (!ev.target.value) { form.reset(); return; }
-    cloneFrom(ev.target.value).catch((e) => { errBox.textContent = `Cannot clone job ${ev.target.value}: ${e.message}`; });
-  });
-  const clone = train.getAttribute("data-clone"); // not train.dataset: the form's "dataset" input shadows it
-  if (clone) cloneFrom(clone).catch((e) => { errBox.textContent = `Cannot clone job ${clone}: ${e.message}`; });
-  else if (new URLSearchParams(location.search).get("mode") === "command") setMode("command");
+  // submit.js's "Start from job" picker fetches the job and says which one it picked
+  document.addEventListener("tp-clone", (ev) => { if (ev.detail.kind === "command") fill(ev.detail); else setMode("train"); });
+  if (!$("clone-from").getAttribute("data-clone") && new URLSearchParams(location.search).get("mode") === "command") setMode("command");
 })();

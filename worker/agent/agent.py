@@ -128,15 +128,8 @@ CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|
 def instrumentation_dir() -> Optional[str]:
     """The startup-hook directory that makes a command job's Python processes report (Trainer
     callback, tqdm/datasets progress, alive thread): put first on the job's PYTHONPATH."""
-    try:
-        from tokenpulse.instrument import hook_dir
-    except ModuleNotFoundError as e:
-        if e.name not in ("tokenpulse.instrument", "tokenpulse"):
-            raise
-        # TODO(F2): tokenpulse/instrument/__init__.py (engineer F2's branch, issue 12 item 2) provides
-        # hook_dir(); until that is merged, command jobs run uninstrumented (output, exit, stacks only).
-        return None
-    return str(hook_dir())
+    from tokenpulse.instrument import hook_dir  # stdlib only: the agent stays torch-free (tested)
+    return hook_dir()
 
 
 def command_env(base: Mapping[str, str], spec: CommandSpec, job_id: int, resume: Optional[str],

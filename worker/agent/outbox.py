@@ -90,16 +90,19 @@ class Outbox:
                       "again", why)
         self.disk_error = why
 
-    def _rewrite(self, job_id: int) -> bool:
-        """The journal from memory: every pending event, to a temp file renamed over the old one.
-        False (and the old journal untouched) when it still cannot be written."""
-        pending = self.pending.get(job_id, [])
+    def _close(self, job_id: int) -> None:
         f = self._files.pop(job_id, None)
         if f is not None:
             try:
                 f.close()
             except OSError:
-                pass
+                pass  # a full disk can fail the final flush: what was lost is rewritten from memory
+
+    def _rewrite(self, job_id: int) -> bool:
+        """The journal from memory: every pending event, to a temp file renamed over the old one.
+        False (and the old journal untouched) when it still cannot be written."""
+        pending = self.pending.get(job_id, [])
+        self._close(job_id)
         tmp = self.path(job_id).with_suffix(".tmp")
         try:
             with tmp.open("w") as out:
@@ -173,12 +176,7 @@ class Outbox:
         self._unjournaled.discard(job_id)
         if not self._unjournaled:
             self.disk_error = None
-        f = self._files.pop(job_id, None)
-        if f is not None:
-            try:
-                f.close()
-            except OSError:
-                pass
+        self._close(job_id)
         self.path(job_id).unlink(missing_ok=True)
 
     def recover(self) -> None:

@@ -25,7 +25,11 @@ def check(spec, cache_dir=None) -> dict:
     from .modeling import check_model
     check_model(spec)
     path = D.dataset_path(spec)
-    D.resolve_fields(spec, D.peek_columns(path, cache_dir))
+    fields = D.resolve_fields(spec, D.peek_columns(path, cache_dir, spec.dataset_config, spec.dataset_split))
+    if fields.kind == "messages":  # chats need the tokenizer's chat template: say so before the run
+        from .chat import require_template
+        from .modeling import load_tokenizer
+        require_template(load_tokenizer(spec), spec.model)
     return {"ok": True}
 
 
@@ -53,7 +57,8 @@ def _model_max(spec):
         from .modeling import builtin_config
         return builtin_config(2048).max_position_embeddings
     from transformers import AutoConfig
-    cfg = AutoConfig.from_pretrained(spec.model, trust_remote_code=False)
+    from .modeling import model_dir
+    cfg = AutoConfig.from_pretrained(str(model_dir(spec)), trust_remote_code=False)
     for k in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         v = getattr(cfg, k, None)
         if isinstance(v, int) and v > 0:
@@ -68,6 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", type=Path)
     ap.add_argument("--sample", type=int, help="tokenize at most this many examples (default 20000)")
     args = ap.parse_args(argv)
+    from .hub import use_shared_cache
+    use_shared_cache(args.cache_dir)  # before huggingface_hub is imported
     try:
         from tokenpulse.protocol import JobSpec
         try:

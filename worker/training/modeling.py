@@ -37,11 +37,19 @@ def load_tokenizer(spec: JobSpec):
     return tok
 
 
-def model_dir(spec: JobSpec) -> Path:
-    p = Path(spec.model).expanduser()
+class _Quiet:
+    def phase(self, *a, **k):
+        pass
+
+
+def model_dir(spec: JobSpec, em=None) -> Path:
+    """The model's local directory; a Hub model is downloaded into the shared cache first."""
+    from . import hub
+    snapshot = hub.fetch_model(spec, em or _Quiet())
+    p = snapshot if snapshot is not None else Path(spec.model).expanduser()
     if not p.is_dir():
-        raise SpecError(f"model must be {BUILTIN_MODEL} or a local Hugging Face model directory; "
-                        f"{spec.model} is not a directory", "model")
+        raise SpecError(f"model must be {BUILTIN_MODEL}, a local Hugging Face model directory or a Hub id; "
+                        f"{spec.model} is none of these", "model")
     if not (p / "config.json").is_file():
         raise SpecError(f"{spec.model} has no config.json: not a Hugging Face model directory", "model")
     return p

@@ -175,10 +175,15 @@ def collate(data: Tokenized, rows: list[list[int]], layout: Layout, pad_id: int)
             n = len(s)
             ids[r, c:c + n] = s
             pos[r, c:c + n] = np.arange(n)
-            start = max(int(data.prompt_lens[i]) - 1, 0)
-            if start < n - 1:
-                tgt[r, c + start:c + n - 1] = s[start + 1:]
-                n_targets += n - 1 - start
+            if data.loss_mask is not None:  # chats: targets where the next token is the assistant's
+                keep = data.mask(i, L)[1:].astype(bool)
+                tgt[r, c:c + n - 1] = np.where(keep, s[1:], IGNORE)
+                n_targets += int(keep.sum())
+            else:
+                start = max(int(data.prompt_lens[i]) - 1, 0)
+                if start < n - 1:
+                    tgt[r, c + start:c + n - 1] = s[start + 1:]
+                    n_targets += n - 1 - start
             c += n
         if c < width:  # positions continue into the pad tail so it never looks like a new example
             pos[r, c:] = np.arange(pos[r, c - 1] + 1, pos[r, c - 1] + 1 + width - c) if c else np.arange(width)

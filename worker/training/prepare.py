@@ -12,7 +12,7 @@ from tokenpulse.protocol import JobSpec
 from . import data as D
 from .errors import Cancelled
 from .faults import Faults
-from .tokenization import Tokenized, cache_key, cached_tokenize, encode_batch, tokenize_all
+from .tokenization import Tokenized, cache_key, cached_tokenize, encode_examples, tokenize_all
 
 
 def _noop(*a, **k):
@@ -25,17 +25,20 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
     """Tokenize the dataset (or a random sample of `sample` examples); info says what happened."""
     em.phase("loading dataset", detail=spec.dataset)
     faults.at("data", em=em, should_stop=should_stop)
-    path = D.dataset_path(spec)
-    fp = D.fingerprint(path)
+    path = D.dataset_path(spec, em)
+    fp = D.data_fingerprint(spec, path)
     rows = None
 
     def open_rows():
         nonlocal rows
         if rows is None:
-            rows = D.load_rows(path, cache_dir)
+            rows = D.load_rows(path, cache_dir, config=spec.dataset_config, split=spec.dataset_split)
         return rows
 
     fields = D.resolve_fields(spec, list(open_rows().column_names))
+    if fields.kind == "messages":
+        from .chat import require_template
+        require_template(tokenizer, spec.model)
     n_total = len(rows)
     info = {"examples": n_total, "fields": fields.__dict__, "dataset_fingerprint": fp[:16]}
     sampled = sample is not None and n_total > sample
@@ -70,8 +73,7 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
     """
     em.phase("loading dataset", detail=f"{spec.dataset} (streaming)")
     faults.at("data", em=em, should_stop=should_stop)
-    path = D.dataset_path(spec)
-    stream = D.load_rows(path, cache_dir, streaming=True)
+    stream = D.open_stream(spec, em, cache_dir)
     fields = None
     parts, buf, n_samples, n_tokens = [], [], 0, 0
     last = 0.0
@@ -79,8 +81,7 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
     def flush():
         nonlocal buf, n_samples, n_tokens
         if buf:
-            t = encode_batch(tokenizer, list(D.iter_texts(buf, fields)), fields.is_pair,
-                             spec.loss_on_response_only and fields.is_pair)
+            t = encode_examples(tokenizer, list(D.iter_texts(buf, fields)), fields, spec.loss_on_response_only)
             parts.append(t)
             n_samples += t.n
             n_tokens += int(t.offsets[-1])
@@ -89,6 +90,9 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
     for row in stream:
         if fields is None:
             fields = D.resolve_fields(spec, list(row.keys()))
+            if fields.kind == "messages":
+                from .chat import require_template
+                require_template(tokenizer, spec.model)
         buf.append(row)
         if len(buf) >= batch:
             flush()

@@ -21,6 +21,7 @@ from .controls import Controls
 from .diskspace import looks_like_disk_full
 from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
 from .faults import Faults
+from .hub import fetch_model
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
@@ -48,6 +49,7 @@ class Session:
         self.device, why = pick_device(spec)
         em.info(device=str(self.device), reason=why, torch_threads=torch.get_num_threads(),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"))
+        fetch_model(spec, em)  # a Hub model downloads first, as its own phase with bytes done/total
         em.phase("loading model", detail=spec.model)
         self.tokenizer = load_tokenizer(spec)
         self.state_in = None

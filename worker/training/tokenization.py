@@ -1,7 +1,8 @@
 """Tokenize once, cache by content hash, report progress.
 
-Examples are stored untruncated (flat int32 tokens + offsets + prompt lengths), so the analysis and any
-max_seq_length reuse the same cache; truncation is a cheap view taken at training time.
+Examples are stored untruncated (flat int32 tokens + offsets + prompt lengths, and for chats a per-token
+loss mask), so the analysis and any max_seq_length reuse the same cache; truncation is a cheap view
+taken at training time.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from .data import Fields
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: chat data (per-token loss masks)
 ProgressFn = Callable[[int, Optional[int]], None]
 
 
@@ -26,6 +27,7 @@ class Tokenized:
     tokens: np.ndarray  # int32, all examples back to back
     offsets: np.ndarray  # int64, n + 1
     prompt_lens: np.ndarray  # int32: tokens at the start of each example left out of the loss
+    loss_mask: Optional[np.ndarray] = None  # uint8 per token (chats: 1 on assistant turns); wins over prompt_lens
 
     @property
     def n(self) -> int:
@@ -39,16 +41,27 @@ class Tokenized:
         s = self.offsets[i]
         return self.tokens[s:min(self.offsets[i + 1], s + max_len)]
 
+    def mask(self, i: int, max_len: int) -> np.ndarray:
+        """1 where token i's tokens are loss targets (same truncation as ids)."""
+        s, e = self.offsets[i], self.offsets[i + 1]
+        e = min(e, s + max_len)
+        if self.loss_mask is not None:
+            return self.loss_mask[s:e]
+        m = np.ones(e - s, np.uint8)
+        m[:int(self.prompt_lens[i])] = 0
+        return m
+
     def save(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        extra = {"loss_mask": self.loss_mask} if self.loss_mask is not None else {}
         with tmp.open("wb") as f:
-            np.savez(f, tokens=self.tokens, offsets=self.offsets, prompt_lens=self.prompt_lens)
+            np.savez(f, tokens=self.tokens, offsets=self.offsets, prompt_lens=self.prompt_lens, **extra)
         os.replace(tmp, path)  # readers see the whole file or none of it
 
     @classmethod
     def load(cls, path: Path) -> "Tokenized":
         z = np.load(path)
-        return cls(z["tokens"], z["offsets"], z["prompt_lens"])
+        return cls(z["tokens"], z["offsets"], z["prompt_lens"], z["loss_mask"] if "loss_mask" in z else None)
 
     @classmethod
     def concat(cls, parts: list["Tokenized"]) -> "Tokenized":
@@ -58,8 +71,13 @@ class Tokenized:
         for p in parts:
             offs.append(p.offsets[1:] + base)
             base += int(p.offsets[-1])
+        mask = None
+        if any(p.loss_mask is not None for p in parts):
+            mask = np.concatenate([p.loss_mask if p.loss_mask is not None else
+                                   np.concatenate([p.mask(i, 1 << 62) for i in range(p.n)] or [np.zeros(0, np.uint8)])
+                                   for p in parts])
         return cls(np.concatenate([p.tokens for p in parts]), np.concatenate(offs),
-                   np.concatenate([p.prompt_lens for p in parts]))
+                   np.concatenate([p.prompt_lens for p in parts]), mask)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -73,9 +91,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def cache_key(data_fp: str, tokenizer, fields: Fields, loss_on_response_only: bool) -> str:
+    chat = fields.kind == "messages"
     key = json.dumps({"v": CACHE_VERSION, "data": data_fp, "tok": tokenizer_fingerprint(tokenizer),
-                      "fields": [fields.text, fields.prompt, fields.response],
-                      "response_only": bool(loss_on_response_only and fields.is_pair)}, sort_keys=True)
+                      "fields": fields.named(), "template": getattr(tokenizer, "chat_template", None) if chat else None,
+                      "response_only": bool(loss_on_response_only and (fields.is_pair or chat))}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -103,24 +122,36 @@ def encode_batch(tokenizer, pairs: list[tuple[str, str]], is_pair: bool, mask_pr
     return Tokenized(flat, offsets, np.asarray(plens, np.int32))
 
 
-def tokenize_all(pairs: Iterable[tuple[str, str]], total: Optional[int], tokenizer, fields: Fields,
+def encode_examples(tokenizer, examples: list, fields: Fields, loss_on_response_only: bool) -> Tokenized:
+    """Examples as data.iter_texts yields them: (prompt, response) pairs, or chats (message lists)."""
+    if fields.kind != "messages":
+        return encode_batch(tokenizer, examples, fields.is_pair, loss_on_response_only and fields.is_pair)
+    from .chat import encode_chats
+    seqs, masks = encode_chats(tokenizer, examples, fields.messages, loss_on_response_only)
+    lens = np.fromiter((len(s) for s in seqs), np.int64, len(seqs))
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    flat = np.fromiter((t for s in seqs for t in s), np.int32, int(offsets[-1]))
+    mask = np.concatenate(masks) if masks else np.zeros(0, np.uint8)
+    return Tokenized(flat, offsets, np.zeros(len(seqs), np.int32), mask.astype(np.uint8))
+
+
+def tokenize_all(pairs: Iterable, total: Optional[int], tokenizer, fields: Fields,
                  loss_on_response_only: bool, progress: ProgressFn, chunk: int = 256) -> Tokenized:
     """Tokenize in chunks; progress(done, total) is called at least every ~0.5 s of work."""
     parts, buf, done = [], [], 0
-    mask = loss_on_response_only and fields.is_pair
     last = time.monotonic()
     progress(0, total)
     for pair in pairs:
         buf.append(pair)
         if len(buf) >= chunk:
-            parts.append(encode_batch(tokenizer, buf, fields.is_pair, mask))
+            parts.append(encode_examples(tokenizer, buf, fields, loss_on_response_only))
             done += len(buf)
             buf = []
             if time.monotonic() - last >= 0.25:
                 progress(done, total)
                 last = time.monotonic()
     if buf:
-        parts.append(encode_batch(tokenizer, buf, fields.is_pair, mask))
+        parts.append(encode_examples(tokenizer, buf, fields, loss_on_response_only))
         done += len(buf)
     progress(done, total)
     return Tokenized.concat(parts)

@@ -56,6 +56,8 @@ def disk_full(em: Emitter, e: DiskFull, out: Path) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from .hub import use_shared_cache
+    use_shared_cache(args.cache_dir)  # one HF cache for all of the agent's jobs (before huggingface_hub loads)
     em = Emitter(narrate=True)  # stdout: a readable account, relayed by the agent as the job's log
     from .controls import Controls
     controls = Controls().install()

@@ -1,0 +1,66 @@
+"""External jobs (server/external.py): created by a script's watchdog, reported like an agent's."""
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+
+from server import external, store
+from server.context import AppDep
+from server.errors import invalid_body
+from server.ingest import apply, parse
+from server.models import Job
+from server.security import UserDep
+from tokenpulse.protocol import AgentReply
+
+router = APIRouter(prefix="/api/jobs", tags=["external jobs"])
+
+
+@router.post("/external", status_code=201)
+async def create_external(run: external.ExternalRun, tp: AppDep, _: UserDep) -> dict:
+    """A script started by hand (tokenpulse.init with TOKENPULSE_URL) gets a job and the URL to
+    send its event batches to (the agents' batch shape, seq from 0)."""
+    def create(s):
+        job = external.create(s, run)
+        return store.job_summary(job)
+    summary = await tp.db.write(create)
+    tp.hub.publish("jobs", {"type": "job", "job": summary}, droppable=False)
+    return {"id": summary["id"], "job": summary, "events_url": f"/api/jobs/{summary['id']}/events",
+            "next_seq": 0}
+
+
+@router.post("/{job_id}/events", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"type": "object", "required": ["events"],
+                                    "properties": {"events": {"type": "array", "items": {"type": "object"}}}}}}}})
+async def report_external(job_id: int, request: Request, tp: AppDep, _: UserDep) -> AgentReply:
+    """Store an external job's batch ({"events": [...]}, every event for this job); answer with the
+    highest stored seq and any command (cancel, stack) for the script's watchdog."""
+    body = await request.body()
+
+    def store_batch(s):
+        job = s.get(Job, job_id)
+        if job is None:
+            raise HTTPException(404, f"job {job_id} does not exist")
+        if not external.is_external(job):
+            raise HTTPException(409, f"job {job_id} is run by an agent; only external jobs take events here")
+        events = parse.parse_batch(body)
+        for i, e in enumerate(events):
+            if e.job_id != job_id:
+                raise invalid_body(("events", i, "job_id"), f"must be {job_id}, the job in the URL")
+        events, alive_at = external.split_alive(events)
+        frames = []
+        if alive_at is not None and job.agent_id is None:
+            job.alive_at = max(job.alive_at or 0, alive_at)
+            beat = {"type": "heartbeat", "job_id": job_id, "t": alive_at, "alive_at": alive_at}
+            frames += [(f"job:{job_id}", beat, True), ("jobs", beat, True)]
+        out = apply.ingest(s, None, events, tp.hub)
+        out.frames.extend(frames)
+        out.commands = external.commands_for(job)
+        return out
+    out = await tp.db.write(store_batch, bulk=len(body) > 65536)
+    tp.stats.ingested_events += out.stored_events
+    tp.stats.ingested_points += out.stored_points
+    for topic, payload, droppable in out.frames:
+        tp.hub.publish(topic, payload, droppable)
+    if out.alerts and tp.webhooks is not None:
+        for alert in out.alerts:
+            tp.webhooks.send(alert)
+    return AgentReply(acked=out.acked, commands=out.commands)

@@ -1,0 +1,41 @@
+"""What the startup hook does in each Python process of a command job (see __init__.py)."""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+
+from tokenpulse import run
+from tokenpulse.events import PIPE_ID_ENV
+
+from .imports import when_imported
+
+_started = False
+
+
+def start() -> None:
+    global _started
+    if _started:
+        return
+    first = not os.environ.get(PIPE_ID_ENV)  # the job's first Python process (not a worker it started)
+    em = run.reporter()
+    if em is None:
+        return  # not really part of a job (the descriptor is not the job's pipe)
+    _started = True
+    # The agent sends SIGUSR1 to see where a stalled job is when py-spy cannot attach: every
+    # thread's stack to stderr, which the agent reads (as for the native training process).
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, RuntimeError, OSError):
+        pass
+    run.install_pause_handler()  # in every process: a launcher passes a pause down to its trainer
+    if first:
+        run.start_alive()
+        argv = " ".join(sys.argv) if sys.argv and sys.argv[0] else "python"
+        em.emit_data("phase", {"name": "running", "detail": argv[:1000]})
+        em.phase_name = "running"
+    from . import patch_tqdm, patch_transformers
+    when_imported("tqdm.std", patch_tqdm.install)
+    when_imported("transformers.trainer", patch_transformers.install_trainer)
+    when_imported("transformers.modeling_utils", patch_transformers.install_loading)

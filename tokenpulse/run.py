@@ -1,0 +1,178 @@
+"""The process-wide reporter behind the explicit API and the Trainer callback.
+
+Under an agent (TOKENPULSE_EVENT_FD set) it is the job's event pipe; in a script started by hand
+with TOKENPULSE_URL (and a token), tokenpulse.init() creates an external job on the server and
+reports to it over HTTP (tokenpulse/remote.py); otherwise events are printed to stderr.
+Stdlib only: `import tokenpulse` must stay light.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from tokenpulse.events import Emitter, open_job_pipe
+
+_lock = threading.RLock()
+_reporter = None  # an Emitter, or a remote.RemoteRun (same methods)
+_alive_started = False
+pause_requested = threading.Event()  # SIGUSR2 from the agent: a Trainer callback checkpoints and stops
+
+
+def reporter(create: bool = True):
+    """This process's reporter when it is part of an agent's job (or init() was called), else None."""
+    global _reporter
+    with _lock:
+        if _reporter is None and create:
+            fd = open_job_pipe()
+            if fd is not None:
+                _reporter = Emitter(fd=fd, alive_every=0, from_env=False)
+        return _reporter
+
+
+def start_alive() -> None:
+    """One alive thread per process, started by whoever reports first."""
+    global _alive_started
+    with _lock:
+        em = reporter()
+        if em is not None and not _alive_started:
+            _alive_started = True
+            em.start_alive(1.0)
+
+
+trainer_training = False  # set by TokenPulseCallback while a Trainer trains in this process
+
+
+def _on_pause(signum, frame) -> None:
+    pause_requested.set()
+    if not trainer_training:
+        # A launcher (trl sft, accelerate launch) trains in a child: pass the request down.
+        threading.Thread(target=_forward_pause, daemon=True).start()
+
+
+def _forward_pause() -> None:
+    """SIGUSR2 to our child processes that handle it (never to one it would kill: a shell's default
+    action for SIGUSR2 is to die). Linux /proc; elsewhere nothing is forwarded."""
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{pid}/status") as f:
+                caught = next((int(x.split()[1], 16) for x in f if x.startswith("SigCgt:")), 0)
+            if caught & (1 << (signal.SIGUSR2 - 1)):
+                os.kill(pid, signal.SIGUSR2)
+        except (OSError, ValueError, IndexError):
+            continue
+
+
+def install_pause_handler() -> bool:
+    """SIGUSR2 = pause (what the agent sends). Only over the default action (which kills), so a
+    script's own handler wins; only from the main thread (Python's rule for signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        current = signal.getsignal(signal.SIGUSR2)
+        if current is _on_pause:
+            return True
+        if current not in (signal.SIG_DFL, None):
+            return False
+        signal.signal(signal.SIGUSR2, _on_pause)
+        return True
+    except (ValueError, OSError, AttributeError):
+        return False
+
+
+# ---- the explicit API ---------------------------------------------------------------------------
+
+def init(name: Optional[str] = None, config: Optional[dict] = None, total_steps: Optional[int] = None,
+         stall: Optional[dict] = None):
+    """Start reporting. Under an agent: the job's pipe. Started by hand with TOKENPULSE_URL (and
+    TOKENPULSE_TOKEN): an external job on that server, watched by a watchdog process; `stall`
+    overrides its thresholds (worker/agent/stall.py StallConfig: floor_s, factor, first_step_s...).
+    Else events go to stderr. total_steps makes log() report training progress as step n/total.
+    Returns the reporter."""
+    global _reporter, _total_steps
+    with _lock:
+        if total_steps is not None:
+            _total_steps = int(total_steps)
+        em = reporter()
+        if em is None:
+            if os.environ.get("TOKENPULSE_URL"):
+                from tokenpulse.remote import RemoteRun
+                em = RemoteRun.start(name=name or _script_name(), config=config or {}, stall=stall)
+            else:
+                em = Emitter(fd=None, alive_every=0, from_env=False)
+            _reporter = em
+        elif name or config:
+            em.info(**({"run_name": name} if name else {}), **({"config": config} if config else {}))
+    start_alive()
+    return em
+
+
+def _script_name() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    return os.path.basename(argv0)[:200]
+
+
+def _current():
+    em = reporter()
+    return em if em is not None else init()
+
+
+def log(values: dict, step: Optional[int] = None) -> None:
+    """Metrics at a step (default: one past the last logged step). Also the training phase's
+    progress (step n/total), at most once a second: what the stall detector and the UI follow."""
+    em = _current()
+    global _last_step, _phase_t
+    if step is None:
+        step = _last_step + 1
+    step = int(step)
+    _last_step = max(_last_step, step)
+    em.step_done = step
+    em.metrics(step, **{str(k): v for k, v in values.items() if isinstance(v, (int, float))})
+    now = time.monotonic()
+    if em.phase_name != "training" or now - _phase_t >= 1.0:
+        _phase_t = now
+        em.phase("training", done=step, total=_total_steps, unit="steps")
+
+
+_last_step = -1
+_phase_t = 0.0
+_total_steps: Optional[int] = None
+
+
+def phase(name: str, done: Optional[float] = None, total: Optional[float] = None,
+          unit: Optional[str] = None, detail: Optional[str] = None) -> None:
+    _current().phase(name, done=done, total=total, unit=unit, detail=detail)
+
+
+def alert(message: str, kind: str = "user", severity: str = "warning", clear: bool = False) -> None:
+    _current().alert(kind, message, severity=severity, clear=clear)
+
+
+def finish(state: str = "completed", reason: Optional[str] = None) -> None:
+    """End the run: completed (default) or failed. Standalone, this ends the external job (and the
+    watchdog sends what is left before it returns); under an agent it is the script's own verdict,
+    which the agent weighs with the exit code. Without finish(), a normal exit counts as completed
+    and an uncaught exception as failed."""
+    global _reporter
+    with _lock:
+        em = _reporter
+        if em is None:
+            return
+        finish_fn = getattr(em, "finish", None)
+        if finish_fn is not None:
+            finish_fn(state, reason)
+            _reporter = None
+        else:
+            em.emit("state", state=state, reason=reason)
