@@ -4,8 +4,8 @@ An HTTP heartbeat or event batch costs ~2 ms of server CPU, most of it not the d
 request, routing, a writer-thread hand-off, a session and a commit of its own. Over an agent's
 websocket (server/api/agent_ws.py) a message costs a frame and a JSON parse; the writes of every
 agent queue here for up to GATHER_S (250 ms; a state change or alert at once) and go to the writer
-as ONE transaction: the jobs they touch loaded in one query, one commit, one hand-off. 100 agents beating every 2 s with a phase event a
-second then cost a few percent of a core.
+as ONE transaction: the jobs they touch loaded in one query, one commit, one hand-off. 100 agents
+beating every 2 s with a phase event a second then cost a few percent of a core.
 
 Each message still gets its own answer (acks, commands, or the 4xx its HTTP twin would give); a
 failure of the whole transaction (a locked or full database) answers every message in it with a
@@ -102,8 +102,8 @@ class AgentWrites:
         job_ids = {e.job_id for evs in parsed if isinstance(evs, list) for e in evs}
         beating = {agent_id for agent_id, hb, _, _ in items if hb is not None}
         active = [x.value for x in ACTIVE_STATES]
-        jobs = list(s.scalars(select(Job).where(or_(Job.id.in_(job_ids), Job.agent_id.in_(beating) & Job.state.in_(active))))) \
-            if job_ids or beating else []
+        wanted = or_(Job.id.in_(job_ids), Job.agent_id.in_(beating) & Job.state.in_(active))
+        jobs = list(s.scalars(select(Job).where(wanted))) if job_ids or beating else []
         held: dict[int, list] = {}
         for job in jobs:
             if job.agent_id in beating and job.state in active:

@@ -2,8 +2,8 @@
 a free port on 127.0.0.1, removed at exit), so CI needs nothing set up by hand.
 
 initdb refuses to run as root: as root the cluster runs as the `postgres` user the Debian package
-creates (or `nobody`), dropping root in the child process. Durability is off (fsync, synchronous_commit): a test
-cluster that dies with the machine is thrown away anyway.
+creates (or `nobody`), dropping root in the child process. Durability is off (fsync,
+synchronous_commit): a test cluster that dies with the machine is thrown away anyway.
 """
 from __future__ import annotations
 

@@ -102,7 +102,8 @@ async def agent_socket(ws: WebSocket, agent_id: int):
                     assert isinstance(msg["heartbeat"], dict) and len(msg["heartbeat"]) <= 1000
                     jobs = {int(k): float(v) for k, v in msg["heartbeat"].items()}
                 except (AssertionError, TypeError, ValueError):
-                    await ws.send_text(orjson.dumps({"id": mid, "status": 422, "detail": "heartbeat: job id -> time"}).decode())
+                    await ws.send_text(orjson.dumps({"id": mid, "status": 422,
+                                                     "detail": "heartbeat: job id -> time"}).decode())
                     continue
             if isinstance(msg.get("events"), list):
                 body = text.encode()  # as it came: parse_batch reads its "events" on the writer thread

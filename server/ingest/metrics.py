@@ -90,7 +90,7 @@ class PointBatch:
     def store(self, s: Session) -> None:
         if not self.rows:
             return
-        # Raw sqlite3 cursor (same connection, so the same transaction): no ORM object or SQLAlchemy
+        # Raw DBAPI cursor (same connection, so the same transaction): no ORM object or SQLAlchemy
         # statement handling per row. 500 rows per INSERT statement: measured 1.5x executemany's
         # rate, as SQLite runs one statement per 500 rows and Python drops and retakes the GIL once
         # per statement rather than once per row (which also lets the event loop cut in less often).

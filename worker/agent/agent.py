@@ -752,7 +752,8 @@ class Agent:
             except Exception:
                 log.exception("heartbeat failed")
             try:
-                await asyncio.wait_for(self.beat_now.wait(), max(0.05, self.beat_at + self.heartbeat_s - time.monotonic()))
+                due_in = self.beat_at + self.heartbeat_s - time.monotonic()
+                await asyncio.wait_for(self.beat_now.wait(), max(0.05, due_in))
             except asyncio.TimeoutError:
                 pass
 
