@@ -735,12 +735,14 @@ class Agent:
         return {str(jid): rj.alive_at for jid, rj in self.jobs.items()}
 
     async def heartbeat_loop(self) -> None:
+        tried_at = 0.0
         while True:
             nudged = self.beat_now.is_set()
             self.beat_now.clear()
             try:
                 # A heartbeat folded into an event batch (send) counts: then none is due here.
                 if nudged or time.monotonic() - self.beat_at >= self.heartbeat_s * 0.9:
+                    tried_at = time.monotonic()
                     jobs = self.alive_jobs()
                     reply = await self.channel.request({"heartbeat": jobs})
                     if reply is None or "status" in reply:
@@ -752,7 +754,7 @@ class Agent:
             except Exception:
                 log.exception("heartbeat failed")
             try:
-                due_in = self.beat_at + self.heartbeat_s - time.monotonic()
+                due_in = max(self.beat_at, tried_at) + self.heartbeat_s - time.monotonic()  # refused: not sooner
                 await asyncio.wait_for(self.beat_now.wait(), max(0.05, due_in))
             except asyncio.TimeoutError:
                 pass
