@@ -103,7 +103,11 @@ class AgentWrites:
         beating = {agent_id for agent_id, hb, _, _ in items if hb is not None}
         active = [x.value for x in ACTIVE_STATES]
         wanted = or_(Job.id.in_(job_ids), Job.agent_id.in_(beating) & Job.state.in_(active))
-        jobs = list(s.scalars(select(Job).where(wanted))) if job_ids or beating else []
+        query = select(Job).where(wanted).order_by(Job.id)  # one lock order for every process
+        if s.get_bind().dialect.name == "postgresql":  # what ingest would lock job by job (apply.py)
+            query = query.with_for_update()
+        jobs = list(s.scalars(query)) if job_ids or beating else []
+        s.info["locked"] = {job.id for job in jobs}
         held: dict[int, list] = {}
         for job in jobs:
             if job.agent_id in beating and job.state in active:
@@ -138,4 +142,5 @@ class AgentWrites:
             except HTTPException as e:
                 results.append({"status": e.status_code, "detail": e.detail})
         del jobs
+        s.info.pop("locked", None)
         return results, frames, alerts

@@ -109,7 +109,9 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
     for job_id, evs in by_job.items():
         # PostgreSQL: the row stays locked to this transaction, so two server processes storing
         # batches of one job (an agent that switched servers) never both pass its watermark.
-        job = s.get(Job, job_id, with_for_update=True if pg else None)
+        # (the agent channel loads and locks a whole gathering's jobs in one query: s.info["locked"])
+        locked = pg and job_id not in s.info.get("locked", ())
+        job = s.get(Job, job_id, with_for_update=True if locked else None)
         evs.sort(key=lambda e: e.seq)
         if job is None:
             out.acked[job_id] = evs[-1].seq  # nothing to store them in; let the agent forget them
