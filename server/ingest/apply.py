@@ -68,6 +68,7 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
     for i, chunk in enumerate(chunks):
         if i:
             yield_()
+            s.info.pop("locked", None)  # the commit released the rows the caller had locked
         part = ingest_chunk(s, agent_id, chunk)
         for job_id, seq in part.acked.items():
             out.acked[job_id] = max(seq, out.acked.get(job_id, seq))
