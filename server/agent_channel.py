@@ -17,7 +17,6 @@ import asyncio
 import logging
 from typing import Any, Optional
 
-from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy import or_, select
 from sqlalchemy.exc import DataError, OperationalError
@@ -100,6 +99,7 @@ class AgentWrites:
         # Every job these messages name, and every active job of the agents that beat, in one query:
         # later lookups hit the session's identity map (held here: it keeps only referenced objects).
         job_ids = {e.job_id for evs in parsed if isinstance(evs, list) for e in evs}
+        job_ids.update(jid for _, hb, _, _ in items if hb is not None for jid in hb)
         beating = {agent_id for agent_id, hb, _, _ in items if hb is not None}
         active = [x.value for x in ACTIVE_STATES]
         wanted = or_(Job.id.in_(job_ids), Job.agent_id.in_(beating) & Job.state.in_(active))
@@ -114,33 +114,42 @@ class AgentWrites:
                 held.setdefault(job.agent_id, []).append(job)
         results, frames, alerts = [], [], []
         origin = lease_origin(tp.db, tp.started_at)
-        for (agent_id, hb, _, _), evs in zip(items, parsed):
+        for (agent_id, hb, _, _), evs in zip(items, parsed):  # event batches first, one by one
             if isinstance(evs, dict):
                 results.append(evs)
                 continue
-            try:
-                reply: dict = {"commands": []}
-                if evs is not None:
-                    out = apply.ingest(s, agent_id, evs, tp.hub)
-                    tp.stats.ingested_events += out.stored_events
-                    tp.stats.ingested_points += out.stored_points
-                    frames += out.frames
-                    alerts += out.alerts
-                    reply = {"acked": {str(k): v for k, v in out.acked.items()},
-                             "commands": [c.model_dump() for c in out.commands]}
-                if hb is not None:
-                    commands, fr = heartbeats.heartbeat(s, agent_id, hb)
-                    for job in store.reconcile(s, agent_id, set(hb), tp.settings.agent_lost_after_s, origin,
-                                               held.pop(agent_id, [])):
-                        summary = store.job_summary(job)
-                        fr += [("jobs", {"type": "job", "job": summary}, False),
+            reply: dict = {"commands": []}
+            if evs is not None:
+                out = apply.ingest(s, agent_id, evs, tp.hub)
+                tp.stats.ingested_events += out.stored_events
+                tp.stats.ingested_points += out.stored_points
+                frames += out.frames
+                alerts += out.alerts
+                reply = {"acked": {str(k): v for k, v in out.acked.items()},
+                         "commands": [c.model_dump() for c in out.commands]}
+            results.append(reply)
+        # then every heartbeat at once (a few statements, not a few per agent), against the jobs as
+        # the batches above left them
+        beats: dict[int, dict] = {}
+        for (agent_id, hb, _, _), evs in zip(items, parsed):
+            if hb is not None and not isinstance(evs, dict):
+                beats.setdefault(agent_id, {}).update(hb)
+        if beats:
+            s.flush()  # the raw statements below must see what the batches changed
+            by_id = {job.id: job for job in jobs}
+            commands, fr = heartbeats.heartbeat_many(s, beats, {jid: j.agent_id for jid, j in by_id.items()})
+            frames += fr
+            for agent_id, hb in beats.items():
+                for job in store.reconcile(s, agent_id, set(hb), tp.settings.agent_lost_after_s, origin,
+                                           held.pop(agent_id, [])):
+                    summary = store.job_summary(job)
+                    frames += [("jobs", {"type": "job", "job": summary}, False),
                                (f"job:{job.id}", {"type": "job", "job": summary}, False)]
-                    frames += fr
+            for (agent_id, hb, _, _), reply in zip(items, results):
+                if hb is not None and "status" not in reply:
                     have = {(c["job_id"], c["action"]) for c in reply["commands"]}
-                    reply["commands"] += [c.model_dump() for c in commands if (c.job_id, c.action) not in have]
-                results.append(reply)
-            except HTTPException as e:
-                results.append({"status": e.status_code, "detail": e.detail})
+                    reply["commands"] += [c.model_dump() for c in commands[agent_id]
+                                          if (c.job_id, c.action) not in have]
         del jobs
         s.info.pop("locked", None)
         return results, frames, alerts

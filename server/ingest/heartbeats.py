@@ -5,6 +5,7 @@ Raw SQL on the indexed jobs.agent_id throughout: this runs on every heartbeat an
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from sqlalchemy.orm import Session
 
@@ -49,3 +50,38 @@ def heartbeat(s: Session, agent_id: int, jobs: dict[int, float]) -> tuple[list[C
             frames.append((f"job:{jid}", {"type": "heartbeat", "job_id": jid, "t": now, "alive_at": alive_t}, True))
             frames.append(("jobs", {"type": "heartbeat", "job_id": jid, "t": now, "alive_at": alive_t}, True))
     return pending_commands(s, agent_id, list(jobs)), frames
+
+
+def heartbeat_many(s: Session, beats: dict[int, dict[int, float]], owner: dict[int, Optional[int]]
+                   ) -> tuple[dict[int, list[Command]], list[tuple]]:
+    """Many agents' heartbeats in a few statements (agent websockets' gatherings, agent_channel.py):
+    what heartbeat() and pending_commands() do for one, with each statement run once for all.
+    owner: job id -> its agent, as the session holds the jobs now (every job the beats name)."""
+    now = time.time()
+    frames: list[tuple] = []
+    cur = raw_cursor(s)
+    cur.executemany("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", [(now, a) for a in beats])
+    rows = [(alive_t, jid, aid) for aid, jobs in beats.items() for jid, alive_t in jobs.items()
+            if owner.get(jid) == aid]
+    if rows:
+        cur.executemany("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", rows)
+    for alive_t, jid, _ in rows:
+        frame = {"type": "heartbeat", "job_id": jid, "t": now, "alive_at": alive_t}
+        frames += [(f"job:{jid}", frame, True), ("jobs", frame, True)]
+    cmds: dict[int, list[Command]] = {aid: [] for aid in beats}
+    stacks = []
+    for jid, aid, action, stack_at in cur.execute(
+            "SELECT id, agent_id, requested_action, stack_requested_at FROM jobs WHERE agent_id IN "
+            f"({', '.join('?' * len(beats))}) AND (requested_action IS NOT NULL OR stack_requested_at IS NOT NULL)",
+            list(beats)).fetchall():
+        if action is not None:
+            cmds[aid].append(Command(job_id=jid, action=action))
+        if stack_at is not None:
+            cmds[aid].append(Command(job_id=jid, action="stack"))
+            stacks.append((jid,))
+    if stacks:  # one-shot: handed out once
+        cur.executemany("UPDATE jobs SET stack_requested_at = NULL WHERE id = ?", stacks)
+    for aid, jobs in beats.items():  # jobs it runs that are no longer its own: cancel
+        mine = {c.job_id for c in cmds[aid]}
+        cmds[aid] += [Command(job_id=jid, action="cancel") for jid in jobs if jid not in mine and owner.get(jid) != aid]
+    return cmds, frames
