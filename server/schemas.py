@@ -73,6 +73,25 @@ class JobDetail(JobSummary):
     attempts: list[AttemptOut]
 
 
+class PreflightWarning(BaseModel):
+    kind: str = Field(description="truncation, padding, batch_size, streaming_epochs")
+    field: str = Field(description="the JobSpec setting it is about")
+    message: str
+    fix: str = Field(description="the suggested change")
+
+
+class PreflightOut(BaseModel):
+    analysis: str = Field(description="the data analysis behind the warnings: not needed (automatic settings), "
+                                      "done, cached, pending (still running; a later submit finds it), failed")
+    seconds: float = Field(description="time the submit spent on preflight")
+
+
+class Submitted(JobDetail):
+    """A created job, with the submit's preflight advice (the job runs as asked regardless)."""
+    warnings: list[PreflightWarning] = Field(default_factory=list)
+    preflight: Optional[PreflightOut] = None
+
+
 class JobListRow(JobSummary):
     last_agent_id: Optional[int] = Field(description="the agent of the latest attempt (a finished job holds none)")
 
@@ -167,3 +186,6 @@ class DatasetAnalysis(BaseModel):
     layouts: dict[str, dict[str, Number]] = Field(description="max_length / dynamic / pack: padding and tokens per step")
     fields: dict[str, Any] = Field(default_factory=dict)
     tokenization_cache: Optional[str] = None
+    warnings: list[dict[str, Any]] = Field(default_factory=list, description="preflight advice: {kind, field, message, fix}")
+    memory: Optional[dict[str, Any]] = Field(None, description="with ?measure=: {device, precision, budget_s, table: "
+                                              "[{seq_len, max_rows, tokens_per_s, fits, limited_by}]}")

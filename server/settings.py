@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     webhook_retries: int = 3
     ws_queue_frames: int = Field(256, description="frames buffered per browser before coalescing")
     analyze_timeout_s: float = 300.0
+    preflight_wait_s: float = Field(5.0, ge=0, description="a submit waits this long for the data analysis "
+                                                            "behind its warnings (0: no analysis)")
     session_ttl_s: float = Field(7 * 86400.0, gt=0, description="a browser login lasts this long")
 
     @property

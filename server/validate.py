@@ -179,6 +179,8 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
                                           f"prompt_field/response_field (it has: {', '.join(columns)})")
         if spec.messages_field or not named and "messages" in columns:
             check_chat_template(spec)
+    if spec.eval_dataset:
+        spec = check_eval_dataset(spec, settings, [name for _, name in wanted if name], columns)
     return spec
 
 
@@ -198,6 +200,24 @@ def check_chat_template(spec: JobSpec) -> None:
         raise SpecError("model", f"the dataset holds chats (messages) but the tokenizer of {spec.model!r} has no "
                                  "chat template: use a chat/instruct model, add a chat_template to its "
                                  "tokenizer, or name plain-text columns with text_field")
+
+
+def check_eval_dataset(spec: JobSpec, settings: Settings, named: list[str], train_columns) -> JobSpec:
+    """The evaluation file: an allowed local path, readable, holding the fields training reads
+    (the named ones, or the same kind of data the training set has: text, messages or Alpaca)."""
+    path = confined(settings, spec.eval_dataset, "eval_dataset")
+    try:
+        columns = dataset_columns(path)
+    except SpecError as e:
+        raise SpecError("eval_dataset", e.message) from None
+    if columns is not None:
+        # a Hub training set's columns are not known here: then only named fields are checked
+        auto = [c for c in ("text", "messages", "instruction", "output") if c in (train_columns or [])]
+        missing = [f for f in (named or auto[:1]) if f not in columns]
+        if missing:
+            raise SpecError("eval_dataset", f"the evaluation dataset has no column {missing[0]!r} "
+                                            f"(it has: {', '.join(columns)})")
+    return spec.model_copy(update={"eval_dataset": str(path)})
 
 
 def dataset_columns(path: Path) -> Optional[list[str]]:

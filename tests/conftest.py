@@ -153,7 +153,10 @@ def make_server(tmp_path: Path, **settings) -> Server:
     port = free_port()
     data_dir = tmp_path / "data"
     # Agents started from this server's env (and their training processes) read the fault plan.
-    env = {**os.environ, "TOKENPULSE_FAULT_PLAN": str(tmp_path / "fault-plan.json"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "TOKENPULSE_FAULT_PLAN": str(tmp_path / "fault-plan.json"), "PYTHONUNBUFFERED": "1",
+           # A submit's data analysis (a child loading transformers, ~3 CPU-s) only where a test asks
+           # for it (server_factory(preflight_wait_s=...)): the suite shares two cores.
+           "TOKENPULSE_PREFLIGHT_WAIT_S": "0"}
     if pg.enabled() and "database_url" not in settings:
         env["TOKENPULSE_DATABASE_URL"] = pg.cluster().create_database("s")  # one database per server
     env.update({f"TOKENPULSE_{k.upper()}": (json.dumps(v) if isinstance(v, (list, dict)) else str(v))

@@ -2,6 +2,7 @@
 processes, real scripts written into tmp_path; the output folding is also tested on real tqdm output."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
@@ -373,7 +374,12 @@ def test_secret_env_values_never_reach_the_server(server_factory, tmp_path):
         digest = hashlib.sha256(value.encode()).hexdigest()
         assert f"digest {digest}" in out, "the script got the value"
         assert "the secret is ***" in out and "stderr has it too: ***" in out, out
-        assert "plain visible unnamed key None tokenpulse vars ['TOKENPULSE_EVENT_FD', 'TOKENPULSE_JOB_ID']" in out, out
+        line = next(x for x in out if x.startswith("plain "))
+        assert line.startswith("plain visible unnamed key None tokenpulse vars "), line
+        seen = set(ast.literal_eval(line.split("tokenpulse vars ", 1)[1]))
+        # the job's id and event pipe (the instrumentation adds the pipe's identity); never a token
+        assert {"TOKENPULSE_EVENT_FD", "TOKENPULSE_JOB_ID"} <= seen <= {
+            "TOKENPULSE_EVENT_FD", "TOKENPULSE_JOB_ID", "TOKENPULSE_EVENT_PIPE_ID", "TOKENPULSE_EVENT_PIPE_PATH"}, seen
         for path in (f"/api/jobs/{job['id']}", "/api/jobs", f"/api/jobs/{job['id']}/events?limit=100000",
                      "/api/alerts", "/api/agents", "/api/tokens"):
             r = c.get(path)

@@ -217,12 +217,25 @@ def cmd_submit(args) -> int:
         key, _, value = kv.partition("=")
         import yaml
         spec[key] = yaml.safe_load(value)
+    if args.test:
+        spec["test_run"] = True
     try:
         job = client(args).submit(spec)
     except ApiError as e:
         return report_error(e)
-    _console().print(f"job [bold]{job['id']}[/] ({job['name']}) queued: {client(args).url}/jobs/{job['id']}")
+    console = _console()
+    console.print(f"job [bold]{job['id']}[/] ({job['name']}) queued: {client(args).url}/jobs/{job['id']}")
+    print_warnings(console, job)
     return watch(client(args), job["id"]) if args.follow else 0
+
+
+def print_warnings(console, job: dict) -> None:
+    """The submit's preflight advice: each warning with its field and fix (the job runs as asked)."""
+    for w in job.get("warnings") or []:
+        console.print(f"[yellow]warning[/] {w['field']}: {w['message']}", highlight=False)
+        console.print(f"  fix: {w['fix']}", highlight=False)
+    if (job.get("preflight") or {}).get("analysis") == "pending":
+        console.print("the data analysis behind the warnings is still running; `tokenpulse analyze` shows it in full")
 
 
 def cmd_demo(args) -> int:
@@ -282,9 +295,21 @@ def _watch(c: Client, job_id: int) -> int:
             time.sleep(1)
     color = {"completed": "green", "failed": "red"}.get(job["state"], "yellow")
     console.print(f"job {job_id} [{color}]{job['state']}[/]" + (f": {job['reason']}" if job.get("reason") else ""))
+    line = final_eval(job)
+    if line:
+        console.print(line)
     if job.get("output_dir"):
         console.print(f"model saved in {job['output_dir']}")
     return 0 if job["state"] == "completed" else 1
+
+
+def final_eval(job: dict) -> str:
+    """'eval loss 2.31, perplexity 10.1 (step 200)' from the job's latest values, or ''."""
+    last = job.get("last") or {}
+    if "eval/loss" not in last:
+        return ""
+    ppl = f", perplexity {last['eval/ppl']:.4g}" if "eval/ppl" in last else ""
+    return f"eval loss {last['eval/loss']:.4f}{ppl}"
 
 
 def parse_env(pairs: Optional[list[str]]) -> dict[str, str]:
@@ -328,12 +353,13 @@ def cmd_watch(args) -> int:
 def cmd_jobs(args) -> int:
     from rich.table import Table
     data = client(args).jobs(state=args.state, q=args.q, limit=args.limit)
-    table = Table("id", "name", "state", "phase", "step", "loss", "tok/s", title=f"{data['total']} jobs")
+    table = Table("id", "name", "state", "phase", "step", "loss", "eval loss", "tok/s", title=f"{data['total']} jobs")
     for j in data["jobs"]:
         p, last = j.get("phase") or {}, j.get("last") or {}
         table.add_row(str(j["id"]), j["name"], j["state"], p.get("name", ""),
                       f"{j.get('step') or 0}/{j.get('total_steps') or '?'}",
                       f"{last['loss']:.4f}" if "loss" in last else "",
+                      f"{last['eval/loss']:.4f}" if "eval/loss" in last else "",
                       f"{last['tokens_per_s']:,.0f}" if "tokens_per_s" in last else "")
     _console().print(table)
     return 0
@@ -408,7 +434,7 @@ def cmd_analyze(args) -> int:
     if args.model:  # its tokenizer (and chat template) decides the token lengths
         spec["model"] = args.model
     try:
-        a = client(args).analyze(spec)
+        a = client(args).analyze(spec, measure=args.measure)
     except ApiError as e:
         return report_error(e)
     if args.json:
@@ -431,6 +457,15 @@ def cmd_analyze(args) -> int:
         table.add_row(name, f"{100 * s['padding_frac']:.1f} %", f"{s['padded_tokens_per_step']:,.0f}",
                       f"{s['computed_per_real_token']:.2f}", f"{100 * s['compute_vs_max_length']:.0f} %")
     console.print(table)
+    mem = a.get("memory")
+    if mem:
+        t = Table("max_seq_length", "largest micro-batch", "tokens/s", "limited by",
+                  title=f"Measured on {mem['device']} ({mem['precision']}): rows of full length that fit")
+        for m in mem["table"]:
+            t.add_row(f"{m['seq_len']:,}", f"{m['max_rows']} row{'' if m['max_rows'] == 1 else 's'}" if m["fits"] else ("does not fit" if m["fits"] is False else "not measured"),
+                      f"{m['tokens_per_s']:,.0f}" if m["fits"] else "", m["limited_by"])
+        console.print(t)
+    print_warnings(console, a)
     return 0
 
 
@@ -477,6 +512,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("spec")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting")
     p.add_argument("-f", "--follow", action="store_true", help="watch it until it ends")
+    p.add_argument("--test", action="store_true", help="first a quick test run: the whole job end to end on a "
+                   "few steps (load, tokenize, train, eval, checkpoint, resume, save, reload); a failure ends it at once")
     p.set_defaults(fn=cmd_submit)
 
     p = sub.add_parser("run", help="run your own command as a job: tokenpulse run [options] -- python train.py ...",
@@ -554,6 +591,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--messages-field", help="chat data: the column of {role, content} lists")
     p.add_argument("--model", help="whose tokenizer to count with (a local directory or a Hub id)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--measure", type=float, default=0, metavar="SECONDS",
+                   help="also measure, per candidate sequence length, the largest micro-batch that fits and its tokens/s")
     p.set_defaults(fn=cmd_analyze)
 
     args = ap.parse_args(argv)

@@ -81,8 +81,9 @@ class Client:
         return self.request("GET", f"/api/jobs/{job_id}/events",
                             params={"after_seq": after_seq, "kinds": kinds or []})
 
-    def analyze(self, spec: dict) -> dict:
-        return self.request("POST", "/api/datasets/analyze", json=spec, timeout=600)
+    def analyze(self, spec: dict, measure: float = 0) -> dict:
+        return self.request("POST", "/api/datasets/analyze", json=spec, timeout=1200,
+                            params={"measure": measure} if measure else None)
 
     def alerts(self, **filters) -> list:
         return self.request("GET", "/api/alerts", params={k: v for k, v in filters.items() if v is not None})

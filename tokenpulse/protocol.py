@@ -119,6 +119,23 @@ class JobSpec(BaseModel):
     log_every: int = Field(1, ge=1, description="steps between metric points")
     seed: int = Field(0, ge=0, le=2**32 - 1)
     priority: int = Field(0, ge=-100, le=100, description="higher runs first")
+    # ---- evaluation and the quick test run ----
+    eval_fraction: Optional[float] = Field(
+        None, gt=0, le=0.5, description="hold out this fraction of the examples for evaluation (chosen by seed)")
+    eval_dataset: Optional[str] = Field(
+        None, min_length=1, max_length=4096, description="a separate evaluation file or save_to_disk dir (same fields)")
+    eval_split: Optional[str] = Field(
+        None, min_length=1, max_length=200, description="evaluate on this split of the dataset (a save_to_disk "
+                                                         "DatasetDict or a Hub dataset), e.g. validation")
+    eval_every: Optional[int] = Field(None, ge=1, description="evaluate every N steps (and always at the end)")
+    eval_every_min: Optional[float] = Field(None, gt=0, description="... or every N minutes")
+    eval_max_examples: int = Field(2000, ge=1, le=1_000_000, description="evaluate on at most this many examples")
+    eval_prompts: list[Annotated[str, Field(min_length=1, max_length=2000)]] = Field(
+        default_factory=list, max_length=8, description="fixed prompts whose greedy generations are shown at each eval")
+    eval_max_new_tokens: int = Field(32, ge=1, le=256, description="tokens generated per eval prompt")
+    test_run: bool = Field(False, description="first run the whole job end to end on a few steps; "
+                                              "a failing check fails the job at once")
+
     max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, lost worker, crash)")
     stall: StallSpec = Field(default_factory=StallSpec)
 
@@ -153,7 +170,22 @@ class JobSpec(BaseModel):
             raise ValueError("give messages_field alone, not with text_field or prompt_field/response_field")
         if self.max_steps is None and self.epochs is None:
             self.max_steps = 200
+        if sum(x is not None for x in (self.eval_fraction, self.eval_dataset, self.eval_split)) > 1:
+            raise ValueError("give one of eval_fraction, eval_dataset or eval_split")
+        if self.eval_fraction is not None and self.streaming:
+            raise ValueError("eval_fraction cannot hold out examples from a stream; give eval_dataset")
         return self
+
+    @field_validator("eval_dataset")
+    @classmethod
+    def _eval_path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and "\x00" in v:
+            raise ValueError("must not contain NUL bytes")
+        return v.strip() if v is not None else v
+
+    @property
+    def has_eval(self) -> bool:
+        return self.eval_fraction is not None or bool(self.eval_dataset) or bool(self.eval_split)
 
 
 # ---- command jobs -----------------------------------------------------------------------------------

@@ -137,6 +137,17 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("gradient_checkpointing", "Gradient checkpointing", "bool", "Recompute activations in the backward pass: less memory, ~30 % slower."),
         ("device", "Device", "select:auto,cpu,cuda", "auto: the accelerator when there is one."),
     ]),
+    ("eval", "Evaluation and a quick test run", [
+        ("eval_fraction", "Hold out for eval (fraction)", "float", "Share of the examples held out for evaluation (0–0.5, chosen by seed). Or give an eval dataset."),
+        ("eval_dataset", "Eval dataset", "text", "A separate evaluation file or save_to_disk directory with the same fields."),
+        ("eval_split", "Eval split", "text", "Evaluate on this split of the dataset (a save_to_disk DatasetDict or a Hub dataset), e.g. validation."),
+        ("eval_every", "Evaluate every (steps)", "int", "Eval loss and perplexity every N steps; always at the end when evaluating."),
+        ("eval_every_min", "… or every (minutes)", "float", "Evaluate every N minutes of training."),
+        ("eval_max_examples", "Eval examples (at most)", "int", "Evaluate on at most this many examples (a fixed random choice)."),
+        ("eval_prompts", "Eval prompts", "lines", "One prompt per line (at most 8): greedy generations at each eval, shown on the job page."),
+        ("eval_max_new_tokens", "Tokens per generation", "int", "New tokens generated for each eval prompt (at most 256)."),
+        ("test_run", "Quick test run first", "bool", "Before the full run: load, tokenize a sample, train a few steps, eval, checkpoint, resume, save and reload; a failing check fails the job at once."),
+    ]),
     ("lora", "LoRA (parameter-efficient fine-tuning)", [
         ("lora.enabled", "Use LoRA", "bool", "Train small low-rank adapters instead of all weights."),
         ("lora.rank", "Rank r", "int", "Adapter rank; 8–64 is typical."),

@@ -7,7 +7,7 @@ import json
 import sys
 import tempfile
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 
 from server.context import AppDep
 from server.errors import unprocessable
@@ -41,8 +41,13 @@ async def run_worker_tool(module: str, spec: JobSpec, timeout: float, *args: str
 
 
 @router.post("/analyze")
-async def analyze(spec: JobSpec, tp: AppDep, _: UserDep) -> DatasetAnalysis:
+async def analyze(spec: JobSpec, tp: AppDep, _: UserDep,
+                  measure: float = Query(0, ge=0, le=600, description="seconds to spend measuring, per "
+                                         "candidate sequence length, the largest micro-batch that fits and its "
+                                         "tokens/s (on the server's machine; 0: not measured)")) -> DatasetAnalysis:
     """Token length histogram and percentiles, the recommended max_seq_length, what it truncates,
-    and the predicted padding waste and real tokens per step for max_length / dynamic / packing."""
+    and the predicted padding waste and real tokens per step for max_length / dynamic / packing;
+    `warnings` with their fixes; with `measure`, `memory`: the sequence length vs micro-batch table."""
     spec = await check_spec_async(spec, tp.settings)  # a SpecError is a 422 naming the field (server/errors.py)
-    return await run_worker_tool("worker.training.analyze", spec, tp.settings.analyze_timeout_s)
+    extra = ("--measure", str(measure)) if measure else ()
+    return await run_worker_tool("worker.training.analyze", spec, tp.settings.analyze_timeout_s, *extra)

@@ -14,9 +14,14 @@ from server.errors import error_list, unprocessable
 from server.context import AppDep
 from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
+<<<<<<< HEAD
 from server.api.agent_ws import agent_topic
 from server.dialect import raw_cursor
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut
+=======
+from server.preflight import preflight
+from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
+>>>>>>> main
 from server.series import read_series
 from server.validate import check_spec_async
 from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState
@@ -57,11 +62,17 @@ async def submit(tp, spec, parent_id: Optional[int] = None) -> dict:
     detail = await tp.db.write(create)
     tp.hub.publish("jobs", {"type": "job", "job": {k: v for k, v in detail.items() if k not in ("spec", "info")}},
                    droppable=False)
-    return detail
+    if not isinstance(spec, JobSpec):
+        return detail  # a command job: nothing to analyze
+    # after the job is queued (an agent may start it meanwhile): advice, never a refusal
+    return {**detail, **await preflight(spec, tp.settings, tp.db)}
 
 
 @router.post("", status_code=201)
-async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> JobDetail:
+async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> Submitted:
+    """Queue a job. The answer carries `warnings`: preflight advice (padding waste, truncation, a
+    batch size far from what was measured, streaming with epochs), each with the field and the fix;
+    the job runs as asked regardless."""
     return await submit(tp, spec)
 
 
@@ -150,7 +161,7 @@ async def capture_stack(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
 
 
 @router.post("/{job_id}/clone", status_code=201)
-async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep) -> JobDetail:
+async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep) -> Submitted:
     """Retry or clone: a new job with the same spec (and any changes), linked to its parent. A command
     job's clone runs code again: it needs a token with the `commands` scope, as a submit does."""
     with tp.db.read() as s:

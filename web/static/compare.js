@@ -114,6 +114,10 @@
       row("steps", details.map((d) => `${TP.num(d.step)}${d.total_steps ? " / " + TP.num(d.total_steps) : ""}`)),
       row("last loss", details.map((d) => TP.sig((d.last || {}).loss))),
       row("real tokens/s (last)", details.map((d) => TP.compact((d.last || {}).tokens_per_s, "tok/s"))),
+      // the final (latest) evaluation on held-out data, for jobs that evaluate
+      ...(details.some((d) => (d.last || {})["eval/loss"] !== undefined) ? [
+        row("eval loss (last)", details.map((d) => TP.sig((d.last || {})["eval/loss"]))),
+        row("eval perplexity (last)", details.map((d) => TP.sig((d.last || {})["eval/ppl"])))] : []),
       row("duration", details.map((d) => (d.started_at ? TP.dur((d.finished_at || Date.now() / 1000) - d.started_at) : "–"))),
       ...differ.map((k) => row(k, specs.map((s) => fmt(s[k])), "diff")),
       ...infoDiff.map((k) => row(`${k} (chosen)`, infos.map((i) => fmt(i[k])), "diff")),

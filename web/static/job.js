@@ -418,6 +418,9 @@
     const active = job && TP.ACTIVE.includes(job.state);
     $("step").textContent = step !== null && step !== undefined ? `${TP.num(step)}${job.total_steps ? " / " + TP.num(job.total_steps) : ""}` : "–";
     $("loss").textContent = TP.sig(last.loss);
+    const ev = last["eval/loss"]; // the latest (at the end: the final) evaluation
+    $("eval-box").hidden = ev === undefined;
+    if (ev !== undefined) $("eval-loss").textContent = `${TP.sig(ev)}${last["eval/ppl"] !== undefined ? ` (ppl ${TP.sig(last["eval/ppl"], 3)})` : ""}`;
     $("lr").textContent = last.lr !== undefined ? small(last.lr) : "–";
     $("lr").title = last.lr !== undefined ? String(last.lr) : "";
     const tps = smoothed("tokens_per_s", last.tokens_per_s);
@@ -559,13 +562,25 @@
     }
     const rows = [];
     for (const ev of infoEvents) {
-      const { reason, measured, ...rest } = ev.data;
+      const { reason, measured, eval_generations, eval_step, ...rest } = ev.data; // generations have their own panel
+      if (!Object.keys(rest).length) continue;
       const main = Object.entries(rest).map(([k, v]) => `${k.replaceAll("_", " ")}: ${fmtVal(k, v)}`).join(" · ");
       rows.push(TP.el("li", {}, TP.el("span", { class: "choice", text: main }),
         reason ? TP.el("span", { class: "why", text: ` — ${reason}` }) : "",
         measured ? TP.el("details", {}, TP.el("summary", { text: "measurements" }), TP.el("pre", { text: JSON.stringify(measured, null, 1) })) : ""));
     }
     box.replaceChildren(TP.el("ul", { class: "choices" }, ...rows));
+    showGenerations();
+  }
+  // The eval prompts' greedy generations, newest eval first (each info event with eval_generations).
+  function showGenerations() {
+    const evs = infoEvents.filter((e) => Array.isArray(e.data.eval_generations));
+    const box = $("generations");
+    box.hidden = !evs.length;
+    if (!evs.length) return;
+    $("generations-list").replaceChildren(...evs.slice(-5).reverse().map((e) => TP.el("div", { class: "gen-eval" },
+      TP.el("span", { class: "label", text: `step ${TP.num(e.data.eval_step)}` }),
+      ...e.data.eval_generations.map((g) => TP.el("p", { class: "gen" }, TP.el("code", { text: g.prompt }), TP.el("span", { text: ` → ${g.output || "(nothing)"}` }))))));
   }
   // A command job: what runs where, with which settings; secrets by name only (the server never has them).
   function showCommand(s) {

@@ -25,6 +25,7 @@
       if (kind === "int" || kind === "float") setPath(s, el.name, isFinite(Number(v)) ? Number(v) : v);
       else if (kind === "auto-int") setPath(s, el.name, v === "auto" ? "auto" : isFinite(Number(v)) ? Number(v) : v);
       else if (kind === "list") setPath(s, el.name, v.split(",").map((x) => x.trim()).filter(Boolean));
+      else if (kind === "lines") setPath(s, el.name, v.split("\n").map((x) => x.trim()).filter(Boolean)); // eval prompts may hold commas
       else setPath(s, el.name, v);
     }
     const extra = $("f-extra").value.trim();
@@ -44,9 +45,24 @@
     const btn = $("submit"); btn.disabled = true;
     try {
       const j = await TP.api("/api/jobs", { method: "POST", body: spec() });
-      location.href = `/jobs/${j.id}`;
+      if (j.warnings && j.warnings.length) { showWarnings(j); btn.disabled = false; } else location.href = `/jobs/${j.id}`;
     } catch (e) { showError(e); btn.disabled = false; }
   });
+  // The submit's preflight advice: the job is queued and runs as asked; each warning names the
+  // setting and the fix, so the user can open the job, or cancel it and change the setting.
+  const warnList = (ws) => TP.el("ul", { class: "warnings" }, ...ws.map((w) => TP.el("li", {},
+    TP.el("strong", { text: `${w.field}: ` }), w.message, TP.el("span", { class: "fix", text: ` — fix: ${w.fix}` }))));
+  function showWarnings(j) {
+    const box = $("submit-warnings");
+    box.hidden = false;
+    box.replaceChildren(TP.el("p", {}, `Job #${j.id} is queued and runs as asked, with ${j.warnings.length} warning${j.warnings.length === 1 ? "" : "s"}: `,
+      TP.el("a", { href: `/jobs/${j.id}`, id: "open-job", text: `open job #${j.id}` }),
+      " · ", TP.el("button", { type: "button", class: "small ghost", text: "Cancel it", onclick: async (e) => {
+        e.target.disabled = true;
+        try { await TP.api(`/api/jobs/${j.id}/cancel`, { method: "POST" }); e.target.textContent = "Cancelled"; } catch (err) { e.target.disabled = false; errBox.textContent = err.message; }
+      } })), warnList(j.warnings));
+    box.scrollIntoView({ block: "nearest" });
+  }
   form.addEventListener("input", (ev) => { // an edited field loses its stale error
     const el = ev.target; if (!el.classList.contains("invalid")) return;
     el.classList.remove("invalid"); el.removeAttribute("aria-invalid");
@@ -55,14 +71,18 @@
 
   // ---- Analyze dataset ---------------------------------------------------------------------------
   let started = 0, timer = null;
-  $("analyze").addEventListener("click", async () => {
+  // measure: seconds the worker code may spend finding, per sequence length, the largest micro-batch that fits
+  const MEASURE_S = 30;
+  $("analyze").addEventListener("click", () => runAnalysis(0));
+  $("measure").addEventListener("click", () => runAnalysis(MEASURE_S));
+  async function runAnalysis(measure) {
     const btn = $("analyze"), status = $("analyze-status");
     clearErrors();
-    btn.disabled = true; btn.textContent = "Analyzing…"; started = Date.now();
-    timer = setInterval(() => { status.textContent = `tokenizing the dataset… ${Math.round((Date.now() - started) / 1000)} s`; }, 500);
+    btn.disabled = true; $("measure").disabled = true; btn.textContent = "Analyzing…"; started = Date.now();
+    timer = setInterval(() => { status.textContent = `${measure ? "tokenizing and measuring memory" : "tokenizing the dataset"}… ${Math.round((Date.now() - started) / 1000)} s`; }, 500);
     clearAnalysis(); // results of an earlier dataset must never stand for this one
     try {
-      const a = await TP.api("/api/datasets/analyze", { method: "POST", body: spec() });
+      const a = await TP.api(`/api/datasets/analyze${measure ? `?measure=${measure}` : ""}`, { method: "POST", body: spec() });
       showAnalysis(a);
       status.textContent = `analyzed in ${TP.num((Date.now() - started) / 1000, 1)} s`;
     } catch (e) {
@@ -71,13 +91,26 @@
       const fe = (e.errors || []).find((x) => x.field) || {};
       status.replaceChildren(TP.el("span", { id: "analysis-error", class: "error", text: `Analysis failed: ${fe.message || e.message}` }));
     }
-    finally { clearInterval(timer); btn.disabled = false; btn.textContent = "Analyze dataset"; }
-  });
+    finally { clearInterval(timer); btn.disabled = false; $("measure").disabled = false; btn.textContent = "Analyze dataset"; }
+  }
 
+  // The sequence-length vs micro-batch trade-off, measured by the worker code on this machine.
+  function showMemory(m) {
+    const box = $("analysis-memory");
+    box.hidden = !m;
+    if (!m) return;
+    const cell = (r) => (r.fits ? `${TP.num(r.max_rows)} rows` : r.fits === false ? "does not fit" : "not measured");
+    $("analysis-memory-note").textContent = `Measured on ${m.device} (${m.precision}) with rows full of your data's tokens, within about ${TP.num(m.budget_s)} s: the largest micro-batch that fits at each max sequence length, and its speed. "limited by time" or "cap" means more rows may fit.`;
+    $("analysis-memory-table").replaceChildren(
+      TP.el("tr", {}, ...["Max sequence length", "Largest micro-batch", "Tokens/s", "Limited by"].map((h, i) => TP.el("th", { class: i ? "r" : "", text: h }))),
+      ...m.table.map((r) => TP.el("tr", { "data-seq-len": r.seq_len }, TP.el("td", { text: TP.num(r.seq_len) }), TP.el("td", { class: "r", text: cell(r) }),
+        TP.el("td", { class: "r", text: r.fits ? TP.compact(r.tokens_per_s, "tok/s") : "–" }), TP.el("td", { class: "r", text: r.limited_by }))));
+  }
   let hist = null;
   function clearAnalysis() {
+    $("analysis-memory").hidden = true;
     $("analysis").hidden = true;
-    for (const id of ["analysis-summary", "analysis-pct", "analysis-table", "chart-hist"]) $(id).replaceChildren();
+    for (const id of ["analysis-summary", "analysis-warnings", "analysis-pct", "analysis-table", "chart-hist"]) $(id).replaceChildren();
     $("analysis-note").textContent = "";
     if (hist) { hist.destroy(); hist = null; }
   }
@@ -89,6 +122,8 @@
     const useBtn = TP.el("button", { type: "button", class: "small", id: "use-recommended", text: `Use ${rec}`, onclick: () => {
       form.elements.max_seq_length.value = rec; form.elements.max_seq_length.focus(); } });
     const truncated = a.truncated ?? 0;
+    $("analysis-warnings").replaceChildren(...((a.warnings || []).length ? [warnList(a.warnings)] : []));
+    showMemory(a.memory);
     $("analysis-summary").replaceChildren(
       TP.el("p", { class: "recommend" }, "Recommended max sequence length: ", TP.el("strong", { id: "recommended", text: `${TP.num(rec)} tokens` }), " ", useBtn),
       TP.el("p", { text: `Covers ${a.length_coverage} % of examples whole` + (a.model_max_length ? `; the model accepts up to ${TP.num(a.model_max_length)} tokens.` : ".") }),
@@ -160,7 +195,7 @@
       }
       const el = form.elements[k];
       if (!el) { if (v !== null) extra[k] = v; continue; }
-      if (el.type === "checkbox") el.checked = !!v; else el.value = v === null || v === undefined ? "" : v;
+      if (el.type === "checkbox") el.checked = !!v; else el.value = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(el.dataset.kind === "lines" ? "\n" : ", ") : v;
     }
     $("f-extra").value = Object.keys(extra).length ? JSON.stringify(extra) : "";
     if (lora) $("details-lora").open = true;

@@ -33,7 +33,7 @@ def check(spec, cache_dir=None) -> dict:
     return {"ok": True}
 
 
-def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
+def analyze(spec, cache_dir=None, em=None, sample=None, measure_s: float = 0.0) -> dict:
     from .analysis import SAMPLE_ABOVE, analyze_lengths
     from .modeling import load_tokenizer
     from .prepare import load_tokenized
@@ -45,10 +45,32 @@ def analyze(spec, cache_dir=None, em=None, sample=None) -> dict:
     model_max = _model_max(spec)
     fixed = spec.max_seq_length if spec.max_seq_length != "auto" else None
     out = analyze_lengths(data.lengths, spec.length_coverage, model_max, fixed, n_total=info["examples"],
-                          tokens_per_batch=spec.tokens_per_batch, group_by_length=spec.group_by_length)
+                          tokens_per_batch=spec.tokens_per_batch, group_by_length=spec.group_by_length,
+                          pad_all=spec.padding == "max_length")
     out["fields"] = {k: v for k, v in info["fields"].items() if v}
     out["tokenization_cache"] = "hit" if info["cache_hit"] else "miss"
+    from tokenpulse.preflight import analysis_warnings, spec_warnings
+    out["warnings"] = spec_warnings(spec) + analysis_warnings(spec, out)
+    if measure_s > 0:
+        out["memory"] = measure_fit(spec, tok, data, model_max, out["max_seq_length"], measure_s, em)
     return out
+
+
+def measure_fit(spec, tok, data, model_max, seq_len, budget_s, em) -> dict:
+    """Per candidate sequence length, the largest micro-batch that fits and its tokens/s (fit.py)."""
+    from .fit import fit_table
+    from .modeling import load_model
+    from .precision import pick_device, pick_precision
+    device, _ = pick_device(spec)
+    model = load_model(spec, tok, device)
+    precision, _, _ = pick_precision(spec, device, getattr(model.config, "hidden_size", 256))
+    from .memory import apply_test_headroom
+    apply_test_headroom()  # test-only (env): real allocator failures at a known size
+
+    def progress(k, n):
+        em.phase("measuring memory", done=k, total=n, unit="lengths")
+    table = fit_table(model, data, precision, device, model_max, (seq_len,), spec.seed, budget_s, progress)
+    return {"device": str(device), "precision": precision, "budget_s": budget_s, "table": table}
 
 
 def _model_max(spec):
@@ -72,6 +94,9 @@ def main(argv=None) -> int:
     ap.add_argument("--check-only", action="store_true", help="validate model, dataset and fields only")
     ap.add_argument("--cache-dir", type=Path)
     ap.add_argument("--sample", type=int, help="tokenize at most this many examples (default 20000)")
+    ap.add_argument("--measure", type=float, default=0.0, metavar="SECONDS",
+                    help="also measure, within about this many seconds, the largest micro-batch that fits "
+                         "for each candidate sequence length and its tokens/s (loads the model)")
     args = ap.parse_args(argv)
     from .hub import use_shared_cache
     use_shared_cache(args.cache_dir)  # before huggingface_hub is imported
@@ -83,7 +108,10 @@ def main(argv=None) -> int:
             raise SpecError(f"spec file not found: {args.spec}", "spec")
         except Exception as e:
             raise SpecError(f"invalid spec: {e}", "spec")
-        out = check(spec, args.cache_dir) if args.check_only else analyze(spec, args.cache_dir, sample=args.sample)
+        if args.check_only:
+            out = check(spec, args.cache_dir)
+        else:
+            out = analyze(spec, args.cache_dir, sample=args.sample, measure_s=args.measure)
         code = EXIT_OK
     except SpecError as e:
         out, code = e.as_json(), EXIT_SPEC

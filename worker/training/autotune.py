@@ -14,12 +14,11 @@ import numpy as np
 import torch
 
 from .loop import forward_loss, to_device
+from .memory import is_oom
 from .packing import Layout, collate, epoch_batches, epoch_steps
 from .tokenization import Tokenized
 
 
-def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(e).lower()
 
 
 def _sample_micro_batches(data: Tokenized, layout: Layout, seed: int, n: int) -> list:
@@ -53,7 +52,7 @@ def measure(model, data: Tokenized, layout: Layout, pad_id: int, precision: str,
         dt = time.perf_counter() - t0
         return real / dt if dt > 0 and real else None
     except Exception as e:
-        if not _is_oom(e):
+        if not is_oom(e):  # CUDA's OutOfMemoryError, or the CPU allocator's: does not fit
             raise
         model.zero_grad(set_to_none=True)
         if device.type == "cuda":
@@ -84,7 +83,7 @@ def autotune(model, data: Tokenized, base: Layout, step_tokens: int, pad_id: int
     """The fastest fitting layout and the table of what was measured."""
     lengths = np.minimum(data.lengths, base.max_len)
     p90 = int(np.percentile(lengths, 90)) if data.n else 0
-    # CPU: bounded micro-batches (host RAM has no OOM exception to recover from); GPU: try, halve on OOM
+    # CPU: bounded micro-batches (the host may swap long before its allocator fails); GPU: try, halve on OOM
     cands = candidates(base, step_tokens, p90, 16384 if device.type == "cpu" else None)
     if base.mode != "pack":
         # more rows than one step's examples is pointless
@@ -95,6 +94,7 @@ def autotune(model, data: Tokenized, base: Layout, step_tokens: int, pad_id: int
         progress(k, len(cands))
         tps = measure(model, data, lay, pad_id, precision, device, seed)
         while tps is None and lay.rows > 1:  # did not fit: try half the rows per micro-batch
+            table.append({"row_len": lay.row_len, "rows": lay.rows, "tokens_per_s": 0.0, "fits": False})
             lay = replace(lay, rows=lay.rows // 2)
             tps = measure(model, data, lay, pad_id, precision, device, seed)
         table.append({"row_len": lay.row_len, "rows": lay.rows, "tokens_per_s": round(tps or 0, 1),

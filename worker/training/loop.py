@@ -84,9 +84,10 @@ class Telemetry:
 
 def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], state: LoopState,
         total_steps: int, precision: str, device: torch.device, tel: Telemetry,
-        controls: Controls, faults: Faults = Faults(), on_step: Optional[Callable[[LoopState], None]] = None,
+        controls: Controls, faults: Faults = Faults(), on_step: Optional[Callable[[LoopState], Optional[bool]]] = None,
         scaler=None, max_grad_norm: float = 1.0) -> LoopResult:
-    """Train from state.step to total_steps. `steps` yields (epoch, the step's collated micro-batches)."""
+    """Train from state.step to total_steps. `steps` yields (epoch, the step's collated micro-batches).
+    on_step(state) runs after each step; a true return means it evaluated (left out of tokens/s)."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     proc = psutil.Process()
@@ -190,7 +191,12 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
             if r:
                 return r
         if on_step is not None:
-            on_step(state)
+            t_cb = time.perf_counter()
+            if on_step(state) and win_t is not None:
+                # an evaluation ran: its time is not training time, keep it out of the speed figures
+                spent = time.perf_counter() - t_cb
+                win_t += spent
+                timed["t0"] += spent
     r = flush(state.step)
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -20,16 +20,20 @@ from .autotune import autotune
 from .controls import Controls
 from .diskspace import looks_like_disk_full
 from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
+from .evaluation import Evaluator, cap, hold_out
 from .faults import Faults
 from .hub import fetch_model
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
+from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
+from .quicktest import run_test
 from .precision import measure_peak_flops, pick_device, pick_precision
 from .prepare import load_tokenized, stream_chunks
 from .tokenization import Tokenized
 
 DEFAULT_ROWS_PER_STEP = 16  # JobSpec: tokens_per_batch defaults to 16 examples' worth of real tokens
+TRUNCATION_ALERT_FRAC = 0.01  # more examples cut than this is an alert, not just an info line
 
 
 class Session:
@@ -42,6 +46,9 @@ class Session:
         # Test-only faults come from TOKENPULSE_FAULT_PLAN, never from the spec.
         self.faults = faults if faults is not None else Faults.for_job(spec.name)
         self.result = None  # LoopResult, for callers in-process (tests, benchmark)
+        self.eval_data: Optional[Tokenized] = None  # held-out or separate eval examples
+        self.evaluator: Optional[Evaluator] = None
+        self.sample: Optional[int] = None  # tokenize only a sample of this many examples (the test run)
 
     # ---- setup -------------------------------------------------------------------------------
     def _model(self):
@@ -78,19 +85,33 @@ class Session:
     def _choose_max_len(self, lengths: np.ndarray) -> int:
         spec, em = self.spec, self.em
         model_max = self._model_max()
+        rec = recommend_max_len(lengths, spec.length_coverage, model_max, pad_all=spec.padding == "max_length")
         if spec.max_seq_length != "auto":
             L = min(spec.max_seq_length, model_max) if model_max else spec.max_seq_length
             tr = int((lengths > L).sum())
             em.info(max_seq_length=L, reason="asked for" + (f" (clamped to the model's {model_max})"
                     if L != spec.max_seq_length else ""), truncated=tr, truncated_frac=tr / max(1, len(lengths)),
-                    recommended_max_seq_length=recommend_max_len(lengths, spec.length_coverage, model_max))
-            return L
-        L = recommend_max_len(lengths, spec.length_coverage, model_max)
-        tr = int((lengths > L).sum())
-        pct = float(np.percentile(lengths, spec.length_coverage)) if len(lengths) else 0
-        em.info(max_seq_length=L, recommended_max_seq_length=L, truncated=tr, truncated_frac=tr / max(1, len(lengths)),
-                reason=f"covers {spec.length_coverage:g}% of examples (p{spec.length_coverage:g} = "
-                       f"{pct:.0f} tokens, rounded up to a multiple of 8); truncates {tr} of {len(lengths)}")
+                    recommended_max_seq_length=rec)
+        else:
+            L = rec
+            tr = int((lengths > L).sum())
+            pct = float(np.percentile(lengths, spec.length_coverage)) if len(lengths) else 0
+            longest = int(lengths.max()) if len(lengths) else 0
+            cov = f"{spec.length_coverage:g}"
+            if tr == 0 and longest > pct:
+                reason = (f"covers every example: the longest has {longest} tokens and the few beyond "
+                          f"p{cov} = {pct:.0f} cost little; rounded up to a multiple of 8")
+            else:
+                reason = (f"covers {cov}% of examples (p{cov} = {pct:.0f} tokens, rounded up to a multiple "
+                          f"of 8); truncates {tr} of {len(lengths)}")
+            em.info(max_seq_length=L, recommended_max_seq_length=L, truncated=tr,
+                    truncated_frac=tr / max(1, len(lengths)), reason=reason)
+        frac = tr / max(1, len(lengths))
+        if frac > TRUNCATION_ALERT_FRAC:  # cutting many examples silently changes what the model learns
+            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% whole" if rec > L else
+                   f"the model takes at most {model_max} tokens: split or shorten the longest examples")
+            em.alert("truncation", f"{tr:,} of {len(lengths):,} examples ({frac:.1%}) are longer than "
+                     f"max_seq_length={L} and are cut; {fix}", severity="warning")
         return L
 
     def _choose_mode(self) -> str:
@@ -112,6 +133,7 @@ class Session:
     def _layout(self, data: Tokenized, mode: str, max_len: int, precision: str) -> tuple[Layout, int]:
         """Micro-batch shape and grad_accum; measured when batch_size is auto."""
         spec, em = self.spec, self.em
+        apply_test_headroom()  # test-only (env): real allocator failures for batches that do not fit
         lengths = np.minimum(data.lengths, max_len)
         mean = float(lengths.mean()) if len(lengths) else 1.0
         step_tokens = spec.tokens_per_batch or int(round(DEFAULT_ROWS_PER_STEP * mean))
@@ -155,6 +177,35 @@ class Session:
                      f"(covers {spec.length_coverage:g}% of examples)", severity="warning")
         return lay, step_tokens
 
+    def _eval_split(self, data: Optional[Tokenized]) -> Optional[Tokenized]:
+        """Set self.eval_data (held out from `data` by seed, or a separate dataset); returns the
+        training examples."""
+        spec, em = self.spec, self.em
+        if spec.eval_fraction is not None and data is not None:
+            data, ev = hold_out(data, spec.eval_fraction, spec.seed)
+            why = f"{spec.eval_fraction:g} of the examples held out (chosen by seed {spec.seed})"
+        elif spec.eval_dataset or spec.eval_split:
+            # a separate local file, or another split of the same dataset
+            change = ({"dataset": spec.eval_dataset, "dataset_config": None, "dataset_split": None,
+                       "dataset_revision": None} if spec.eval_dataset else {"dataset_split": spec.eval_split})
+            field = "eval_dataset" if spec.eval_dataset else "eval_split"
+            try:
+                ev, _ = load_tokenized(spec.model_copy(update=change), self.tokenizer, em, self.cache_dir,
+                                       should_stop=self.controls.should_stop)
+            except SpecError as e:
+                raise SpecError(e.message, field if e.field in ("dataset", "dataset_split") else e.field) from e
+            if ev.n == 0:
+                raise SpecError("the evaluation data has no examples", field)
+            why = f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else f"split {spec.eval_split!r} of the dataset"
+        else:
+            return data
+        self.eval_data = cap(ev, spec.eval_max_examples, spec.seed)
+        em.info(eval_examples=self.eval_data.n, eval_held_out=ev.n, eval_every=spec.eval_every,
+                eval_every_min=spec.eval_every_min,
+                reason=why + (f"; evaluating on {self.eval_data.n:,} of them (eval_max_examples)"
+                              if self.eval_data.n < ev.n else ""))
+        return data
+
     def _precision(self) -> str:
         if self.state_in is not None:
             p = self.state_in["precision"]
@@ -169,15 +220,18 @@ class Session:
         spec, em = self.spec, self.em
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()  # our phase events report progress; bars only clutter stderr
+        if spec.test_run and self.resume is None:
+            run_test(spec, self.out, em, self.controls, self.cache_dir)  # raises SpecError naming the check
         self._model()
         if spec.streaming:
             return self._run_streaming()
-        data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, should_stop=self.controls.should_stop,
-                                    faults=self.faults)
+        data, info = load_tokenized(spec, self.tokenizer, em, self.cache_dir, sample=self.sample,
+                                    should_stop=self.controls.should_stop, faults=self.faults)
         em.info(tokenization_cache="hit" if info["cache_hit"] else "miss", examples=data.n,
                 tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
         if data.n == 0:
             raise SpecError("dataset has no examples", "dataset")
+        data = self._eval_split(data)
         precision = self._precision()
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
@@ -214,6 +268,7 @@ class Session:
         spec, em = self.spec, self.em
         if spec.epochs is not None and spec.max_steps is None:
             raise SpecError("streaming needs max_steps (the stream's length is unknown)", "max_steps")
+        self._eval_split(None)
         precision = self._precision()
         chunk_tokens = 200_000
 
@@ -293,6 +348,8 @@ class Session:
                     f"{precision} matmul on this device ({peak / 1e12:.2f} TFLOP/s)")
         tel = Telemetry(em, flops_per_token=fpt, peak_flops=peak, log_every=spec.log_every, enabled=self.telemetry)
         last_ckpt = {"t": time.monotonic()}
+        ev = self.evaluator = Evaluator(spec, self.eval_data, lay, self.tokenizer, self.device, precision, em,
+                                        self.controls.should_stop) if self.eval_data is not None else None
 
         def save(st: LoopState) -> Path:
             em.phase("saving", detail=f"checkpoint at step {st.step}")
@@ -309,12 +366,17 @@ class Session:
             last_ckpt["t"] = time.monotonic()
             return p
 
-        def on_step(st: LoopState) -> None:
+        def on_step(st: LoopState) -> bool:
+            evaluated = ev is not None and ev.due(st.step, total)
+            if evaluated:
+                ev.run(model, st.step)
             due = spec.checkpoint_every and st.step % spec.checkpoint_every == 0
             due = due or (spec.checkpoint_every_min and time.monotonic() - last_ckpt["t"] >= 60 * spec.checkpoint_every_min)
             if due and st.step < total:
                 save(st)
+            if (due or evaluated) and st.step < total:
                 em.phase("training", done=st.step, total=total, unit="steps")
+            return evaluated
 
         em.phase("training", done=state.step, total=total, unit="steps")
         res = run(model, opt, sched, batches, state, total, precision, self.device, tel,
@@ -331,6 +393,8 @@ class Session:
             p = save(state)
             em.emit("state", state="paused", reason=f"paused at step {state.step}; resume from {p}")
             return EXIT_OK
+        if ev is not None and (ev.last is None or ev.last["step"] != state.step):
+            ev.run(model, state.step)  # the data ran out before the last planned step: the final eval
         em.phase("saving", detail="final model")
         final = self.out / "final"
         tmp = self.out / ".tmp-final"

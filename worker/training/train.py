@@ -75,8 +75,8 @@ def main(argv=None) -> int:
         em.emit("state", state="cancelled", reason="cancelled (SIGTERM) before training")
         return EXIT_OK
     except BaseException as e:  # noqa: BLE001 -- the last word must be a state event
-        import torch
-        if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        from .memory import is_oom
+        if is_oom(e):  # CUDA's OutOfMemoryError, MemoryError, or the CPU allocator's RuntimeError
             em.alert("oom", clip(f"out of memory: {e}", 500), severity="critical")
             em.emit("state", state="failed", reason=clip(f"out of memory: {e}", 2000), failure="oom",
                     exit_code=EXIT_OOM)
