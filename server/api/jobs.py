@@ -14,14 +14,10 @@ from server.errors import error_list, unprocessable
 from server.context import AppDep
 from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
-<<<<<<< HEAD
 from server.api.agent_ws import agent_topic
 from server.dialect import raw_cursor
-from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut
-=======
 from server.preflight import preflight
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
->>>>>>> main
 from server.series import read_series
 from server.validate import check_spec_async
 from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState
