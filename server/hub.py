@@ -17,6 +17,8 @@ from typing import Iterable, Optional, Union
 
 import orjson
 
+from tokenpulse.protocol import AGENT_FRAME, EVENTS_FRAME, HEARTBEAT_FRAME, JOB_FRAME, events_frame, job_frame
+
 MAX_MERGED_EVENTS = 5000
 MAX_MERGED_BYTES = 1 << 20  # a merged frame stays under ~1 MB of JSON
 
@@ -28,15 +30,23 @@ def dumps(payload: dict) -> str:
 
 def coalesce_key(payload: dict) -> Optional[tuple]:
     kind = payload.get("type")
-    if kind == "events":
-        return ("events", payload["job_id"])
-    if kind == "heartbeat":
-        return ("heartbeat", payload["job_id"])
-    if kind == "job":
-        return ("job", payload["job"].get("id"))
-    if kind == "agent":
-        return ("agent", payload["agent"].get("id"))
+    if kind == EVENTS_FRAME or kind == HEARTBEAT_FRAME:
+        return (kind, payload["job_id"])
+    if kind == JOB_FRAME:
+        return (kind, payload["job"].get("id"))
+    if kind == AGENT_FRAME:
+        return (kind, payload["agent"].get("id"))
     return None
+
+
+def job_topic(job_id: int) -> str:
+    return f"job:{job_id}"
+
+
+def job_frames(summary: dict, droppable: bool = False) -> list[tuple[str, dict, bool]]:
+    """A job's summary for the jobs list and for the job's own page: (topic, frame, droppable)."""
+    frame = job_frame(summary)
+    return [("jobs", frame, droppable), (job_topic(summary["id"]), frame, droppable)]
 
 
 class Frame:
@@ -53,7 +63,7 @@ def merge(frames: list[Frame]) -> tuple[Frame, int]:
     """Several queued frames with one key -> one frame; returns it and how many events were lost
     (the oldest beyond MAX_MERGED_EVENTS or MAX_MERGED_BYTES, counted in the frame's "missed")."""
     last = frames[-1]
-    if len(frames) == 1 or last.key[0] != "events":
+    if len(frames) == 1 or last.key[0] != EVENTS_FRAME:
         return last, 0  # summaries and heartbeats: the newest says it all
     kept: list[list] = []
     n = size = lost = 0
@@ -65,9 +75,7 @@ def merge(frames: list[Frame]) -> tuple[Frame, int]:
         kept.append(take)
         n, size = n + len(take), size + len(f.text) * len(take) // max(1, len(evs))
         lost += len(evs) - len(take)
-    payload = {**last.payload, "events": [e for evs in reversed(kept) for e in evs]}
-    if lost:
-        payload["missed"] = lost
+    payload = events_frame(last.payload["job_id"], [e for evs in reversed(kept) for e in evs], lost)
     new_lost = lost - sum(f.payload.get("missed", 0) for f in frames)
     return Frame(payload, True), new_lost
 
@@ -192,3 +200,8 @@ class Hub:
         frame = frame_from_text(text, droppable)
         for sub in subs:
             sub.push(frame)
+
+    def publish_all(self, frames: Iterable[tuple]) -> None:
+        """(topic, payload or Frame, droppable) triples, as the writer-thread code returns them."""
+        for topic, payload, droppable in frames:
+            self.publish(topic, payload, droppable)

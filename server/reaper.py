@@ -16,10 +16,11 @@ from typing import Optional
 from sqlalchemy import select
 
 from server import store
+from server.hub import job_frames
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Agent, Job
 from server.storage_errors import clear_outages
-from tokenpulse.protocol import ACTIVE_STATES, JobState
+from tokenpulse.protocol import ACTIVE_STATES, ALERT_FRAME, AlertKind, Failure, JobState, agent_frame, alert_frame
 
 log = logging.getLogger("tokenpulse.reaper")
 
@@ -31,7 +32,7 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
     frames = []
     for agent in s.scalars(select(Agent).where(Agent.state == "online", Agent.seen_at < now - lost_after_s)):
         agent.state = "lost"
-        frames.append(("agents", {"type": "agent", "agent": {"id": agent.id, "state": "lost"}}, False))
+        frames.append(("agents", agent_frame({"id": agent.id, "state": "lost"}), False))
         jobs = s.scalars(select(Job).where(Job.agent_id == agent.id,
                                            Job.state.in_([x.value for x in ACTIVE_STATES])))
         for job in jobs:
@@ -39,14 +40,13 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
             reason = (f"worker lost: agent {agent.name} sent no heartbeat for {silent:.0f} s "
                       f"(lost after {lost_after_s:g} s)")
             attempt = job.attempt
-            new_state = store.end_attempt(s, job, JobState.failed, reason, "lost")
+            new_state = store.end_attempt(s, job, JobState.failed, reason, Failure.LOST)
             policy = (f"requeued after attempt {attempt} (resumes from its newest checkpoint)"
                       if new_state == JobState.queued else f"job {new_state.value}")
-            alert = upsert_alert(s, job.id, agent.id, {"kind": "worker_lost", "severity": "critical",
+            alert = upsert_alert(s, job.id, agent.id, {"kind": AlertKind.WORKER_LOST, "severity": "critical",
                                                        "message": f"{reason}; {policy}"})
-            frames.append(("alerts", {"type": "alert", "alert": alert_dict(alert)}, False))
-            frames.append(("jobs", {"type": "job", "job": store.job_summary(job)}, False))
-            frames.append((f"job:{job.id}", {"type": "job", "job": store.job_summary(job)}, False))
+            frames.append(("alerts", alert_frame(alert_dict(alert)), False))
+            frames += job_frames(store.job_summary(job))
             log.warning("job %s: %s -> %s", job.id, reason, new_state.value)
     return frames
 
@@ -70,9 +70,9 @@ async def reaper_loop(tp, lock=None) -> None:
             frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s,
                                                       lease_origin(tp.db, started_at)))
             clear_outages(tp)  # this pass was written: a full disk or a lock is over
-            for topic, payload, droppable in frames:
-                tp.hub.publish(topic, payload, droppable)
-                if payload.get("type") == "alert" and tp.webhooks is not None:
+            tp.hub.publish_all(frames)
+            for _, payload, _ in frames:
+                if payload["type"] == ALERT_FRAME and tp.webhooks is not None:
                     tp.webhooks.send(payload["alert"])
         except Exception:  # the reaper must outlive any one bad pass
             log.exception("reaper pass failed")

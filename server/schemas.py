@@ -2,7 +2,8 @@
 drop a field the UI (web/static/*.js) or the CLI (tokenpulse/cli.py) reads.
 
 Server-side answer shapes only; request bodies and the agent's shapes live in tokenpulse/protocol.py.
-Kept in one flat module so any of them can move to protocol.py when a client starts reading it typed.
+Kept in one flat module so any of them can move to protocol.py when a client starts reading it typed
+(as the dataset analysis did: protocol.DatasetAnalysis).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Number = Union[int, float]  # int first: a step stays 12, not 12.0
+from tokenpulse.protocol import Number  # int first: a step stays 12, not 12.0
 
 
 class Answer(BaseModel):
@@ -164,28 +165,3 @@ class AgentOut(Answer):
     created_at: float
     seen_at: float
     jobs: list[int] = Field(description="ids of the jobs it holds")
-
-
-class DatasetAnalysis(BaseModel):
-    """worker/training/analysis.py's answer; extra keys pass through untouched."""
-    model_config = ConfigDict(extra="allow")
-    examples: int
-    sampled: bool
-    sample_size: int
-    tokens: int
-    mean: float
-    percentiles: dict[str, Number]
-    histogram: list[dict[str, int]] = Field(description="[{lo, hi, count}]")
-    length_coverage: float
-    recommended_max_seq_length: Optional[int]
-    max_seq_length: Optional[int]
-    model_max_length: Optional[int]
-    truncated: int
-    truncated_frac: float
-    rows_per_step: int
-    layouts: dict[str, dict[str, Number]] = Field(description="max_length / dynamic / pack: padding and tokens per step")
-    fields: dict[str, Any] = Field(default_factory=dict)
-    tokenization_cache: Optional[str] = None
-    warnings: list[dict[str, Any]] = Field(default_factory=list, description="preflight advice: {kind, field, message, fix}")
-    memory: Optional[dict[str, Any]] = Field(None, description="with ?measure=: {device, precision, budget_s, table: "
-                                              "[{seq_len, max_rows, tokens_per_s, fits, limited_by}]}")

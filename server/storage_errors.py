@@ -15,6 +15,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
+from tokenpulse.protocol import AlertKind
+
 log = logging.getLogger("tokenpulse")
 
 FULL_RETRY_S = 10
@@ -74,8 +76,8 @@ def open_outage(tp, kind: str, message: str) -> None:
     """The database cannot store an alert about itself: webhooks carry it (once per outage)."""
     if kind in tp.db.outages:
         return
-    alert = {"id": f"server-db-{kind}-{int(time.time())}", "job_id": None, "kind": "disk_full" if kind == "full"
-             else "database_locked", "severity": "critical" if kind == "full" else "warning",
+    alert = {"id": f"server-db-{kind}-{int(time.time())}", "job_id": None, "kind": AlertKind.DISK_FULL if kind == "full"
+             else AlertKind.DATABASE_LOCKED, "severity": "critical" if kind == "full" else "warning",
              "state": "open", "message": message, "created_at": time.time()}
     tp.db.outages[kind] = alert
     if tp.webhooks is not None:

@@ -13,7 +13,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from server.models import Agent, Alert, Attempt, Job
-from tokenpulse.protocol import ACTIVE_STATES, FINAL_STATES, CommandSpec, JobSpec, JobState, load_spec, spec_kind
+from tokenpulse.protocol import (ACTIVE_STATES, FINAL_STATES, CommandSpec, Failure, JobSpec, JobState, load_spec,
+                                 spec_kind)
 
 # Which transitions are legal. Anything else is refused (409), never silently applied.
 TRANSITIONS: dict[JobState, set[JobState]] = {
@@ -30,12 +31,12 @@ TRANSITIONS: dict[JobState, set[JobState]] = {
 
 # Failure policy. Worth another attempt (resuming from the newest checkpoint): a crash, a killed
 # process, a lost worker, a stall the agent gave up on; out of memory too, with half the micro-batch.
-RETRYABLE = {"oom", "crash", "lost", "signal", "hang"}
+RETRYABLE = {Failure.OOM, Failure.CRASH, Failure.LOST, Failure.SIGNAL, Failure.HANG}
 # Never retried, whatever the agent asks: a bad spec or a non-finite loss would only fail again; so
 # would a full disk (disk_full: the same agent, the same output dir), and each retry would first
 # write more onto it. The reason names the disk and the newest checkpoint kept: free space, then
 # clone the job or resume from there.
-FINAL_FAILURES = {"spec", "nan", "disk_full"}
+FINAL_FAILURES = {Failure.SPEC, Failure.NAN, Failure.DISK_FULL}
 
 
 class TransitionError(Exception):
@@ -174,7 +175,7 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
         problem = unusable_spec(job)
         if problem is None:
             return job
-        job.failure = attempt.failure = "spec"
+        job.failure = attempt.failure = Failure.SPEC
         _final(s, job, JobState.failed, f"the stored job spec is not valid ({problem}); clone the job "
                "and fix the named field", attempt, time.time())
 
@@ -207,7 +208,7 @@ def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, sin
         if job.id in reported or now - (job.alive_at or 0) < lease_s:
             continue
         end_attempt(s, job, JobState.failed, f"agent {agent_id} is alive but does not run this job "
-                    f"(not in its heartbeats for {now - (job.alive_at or 0):.0f} s; a lost claim answer?)", "lost")
+                    f"(not in its heartbeats for {now - (job.alive_at or 0):.0f} s; a lost claim answer?)", Failure.LOST)
         out.append(job)
     return out
 
@@ -243,7 +244,7 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
         used = retries_used(s, job)
         if used < spec.max_retries:
             note = ""
-            if failure == "oom" and isinstance(spec, JobSpec):
+            if failure == Failure.OOM and isinstance(spec, JobSpec):
                 smaller = halve_micro_batch(spec, json.loads(job.info) if job.info else {})
                 if smaller is None:
                     return _final(s, job, state, f"{reason}; out of memory at micro-batch 1: nothing left to halve",

@@ -441,21 +441,21 @@ def cmd_analyze(args) -> int:
         print(json.dumps(a, indent=2))
         return 0
     from rich.table import Table
+    from tokenpulse.protocol import DatasetAnalysis
+    a = DatasetAnalysis.model_validate(a)  # the protocol's model: a renamed field fails here, by name
     console = _console()
-    # Keys as worker/training/analysis.py's analyze_lengths returns them (tests/test_cli.py runs this).
-    p = a.get("percentiles", {})
-    console.print(f"{a['examples']:,} examples" + (f" (lengths from a sample of {a['sample_size']:,})" if a.get("sampled") else ""))
-    console.print("token length: " + ", ".join(f"{k} {v:,.0f}" for k, v in p.items()))
-    console.print(f"[bold]recommended max_seq_length: {a['recommended_max_seq_length']}[/] "
-                  f"(at {a['max_seq_length']} it truncates {a.get('truncated', 0):,} example{'' if a.get('truncated') == 1 else 's'})")
+    console.print(f"{a.examples:,} examples" + (f" (lengths from a sample of {a.sample_size:,})" if a.sampled else ""))
+    console.print("token length: " + ", ".join(f"{k} {v:,.0f}" for k, v in a.percentiles.items()))
+    console.print(f"[bold]recommended max_seq_length: {a.recommended_max_seq_length}[/] "
+                  f"(at {a.max_seq_length} it truncates {a.truncated:,} example{'' if a.truncated == 1 else 's'})")
     # every layout at the same real tokens per step, as training runs them: only the padding differs
     table = Table("layout", "padding", "computed/step", "per real token", "vs max_length",
-                  title=f"Each layout at {a.get('real_tokens_per_step', 0):,.0f} real tokens per optimizer step",
+                  title=f"Each layout at {a.real_tokens_per_step:,.0f} real tokens per optimizer step",
                   caption="tokens computed (padding included) per step and per real token; "
                           "compute relative to padding every row to max_length")
-    for name, s in a.get("layouts", {}).items():
-        table.add_row(name, f"{100 * s['padding_frac']:.1f} %", f"{s['padded_tokens_per_step']:,.0f}",
-                      f"{s['computed_per_real_token']:.2f}", f"{100 * s['compute_vs_max_length']:.0f} %")
+    for name, s in a.layouts.items():
+        table.add_row(name, f"{100 * s.padding_frac:.1f} %", f"{s.padded_tokens_per_step:,.0f}",
+                      f"{s.computed_per_real_token:.2f}", f"{100 * s.compute_vs_max_length:.0f} %")
     console.print(table)
     mem = a.get("memory")
     if mem:

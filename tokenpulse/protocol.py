@@ -10,7 +10,7 @@ import math
 import os
 import re
 import shlex
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, TypedDict, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -30,6 +30,70 @@ class JobState(str, enum.Enum):
 
 ACTIVE_STATES = {JobState.starting, JobState.running}
 FINAL_STATES = {JobState.completed, JobState.failed, JobState.cancelled}
+
+
+# ---- named kinds: failures, alerts, phases, commands, job kinds ------------------------------------
+# Plain str constants (not enums): they go into SQLite columns, JSON and f-strings unchanged.
+
+FailureKind = Literal["oom", "nan", "crash", "lost", "signal", "hang", "spec", "disk_full", "error"]
+
+
+class Failure:
+    """Why an attempt failed (jobs.failure, attempts.failure, StateData.failure)."""
+    OOM: FailureKind = "oom"  # out of memory: retried with half the micro-batch
+    NAN: FailureKind = "nan"  # non-finite loss
+    CRASH: FailureKind = "crash"  # the training process died of an exception or an unknown exit
+    LOST: FailureKind = "lost"  # its agent went silent, shut down, or lost the claim
+    SIGNAL: FailureKind = "signal"  # killed by a signal
+    HANG: FailureKind = "hang"
+    SPEC: FailureKind = "spec"  # the spec cannot run (a missing file, a bad field)
+    DISK_FULL: FailureKind = "disk_full"
+    ERROR: FailureKind = "error"  # a command job exited non-zero (its script's own failure)
+
+
+
+class AlertKind:
+    """The alert kinds tokenpulse raises. AlertData.kind stays a str: an instrumented script or the
+    explicit API may raise alerts of its own kinds; ours use these names."""
+    STALLED = "stalled"
+    SLOW = "slow"
+    CONTENTION = "contention"
+    CRASHED = "crashed"
+    NAN = "nan"
+    OOM = "oom"
+    WORKER_LOST = "worker_lost"
+    PADDING = "padding"
+    DISK_FULL = "disk_full"
+    DATABASE_LOCKED = "database_locked"  # webhooks only: the database cannot store it
+
+
+class Phase:
+    """The native training process's phase names. PhaseData.name stays a str: instrumented scripts
+    and the explicit API report phases of their own names. The server's logic reads TRAINING."""
+    LOADING_MODEL = "loading model"
+    LOADING_DATASET = "loading dataset"
+    TOKENIZING = "tokenizing"
+    ACCUMULATING = "accumulating"
+    TUNING = "tuning batch size"
+    PACKING = "packing"
+    TRAINING = "training"
+    EVALUATING = "evaluating"
+    SAVING = "saving"
+
+
+CommandAction = Literal["cancel", "pause", "stack"]
+
+
+class Action:
+    """What the server asks an agent to do with a job (Command.action)."""
+    CANCEL: CommandAction = "cancel"
+    PAUSE: CommandAction = "pause"
+    STACK: CommandAction = "stack"
+
+
+JobKind = Literal["train", "command"]
+TRAIN: JobKind = "train"  # JobSpec: tokenpulse's own training process
+COMMAND: JobKind = "command"  # CommandSpec: the user's own command
 
 
 class LoraSpec(BaseModel):
@@ -293,16 +357,16 @@ def _env_name(k: str) -> None:
         raise ValueError(f"{k} is reserved: the agent sets it, or it is a tokenpulse credential")
 
 
-JOB_KINDS: dict[str, type[BaseModel]] = {"train": JobSpec, "command": CommandSpec}
+JOB_KINDS: dict[str, type[BaseModel]] = {TRAIN: JobSpec, COMMAND: CommandSpec}
 
 
-def spec_kind(spec: BaseModel) -> str:
-    return "command" if isinstance(spec, CommandSpec) else "train"
+def spec_kind(spec: BaseModel) -> JobKind:
+    return COMMAND if isinstance(spec, CommandSpec) else TRAIN
 
 
 def load_spec(kind: str, raw: Union[str, bytes, dict]):
     """A stored spec (the jobs table's JSON and kind) as its model."""
-    model = JOB_KINDS.get(kind or "train", JobSpec)
+    model = JOB_KINDS.get(kind or TRAIN, JobSpec)
     return model.model_validate(raw) if isinstance(raw, dict) else model.model_validate_json(raw)
 
 
@@ -312,7 +376,7 @@ EventKind = Literal["phase", "alive", "metrics", "log", "state", "alert", "check
 
 
 class PhaseData(BaseModel):
-    name: str  # loading model, tokenizing, packing, training, evaluating, saving, accumulating...
+    name: str  # ours are Phase's names; a user's script may name its own
     done: Optional[float] = None
     total: Optional[float] = None
     unit: Optional[str] = None  # examples, steps, samples, tokens...
@@ -343,11 +407,12 @@ class StateData(BaseModel):
     exit_code: Optional[int] = None
     signal: Optional[str] = None
     retry: bool = False  # the agent asks for a requeue (policy decides)
-    failure: Optional[str] = None  # oom, nan, crash, lost, spec, hang, disk_full...
+    # Ours are FailureKind; a str because a command job's own process may send its state event.
+    failure: Optional[str] = None
 
 
 class AlertData(BaseModel):
-    kind: str = Field(max_length=64)  # stalled, slow, crashed, nan, worker_lost, padding...
+    kind: str = Field(max_length=64)  # ours are AlertKind's names; a user's script may raise its own
     severity: Literal["info", "warning", "critical"] = "warning"
     message: str = Field(max_length=8192)
     stack: Optional[str] = Field(None, max_length=200_000)
@@ -401,9 +466,25 @@ class EventBatch(BaseModel):
     events: list[Event] = Field(max_length=100_000)
 
 
+class Registered(BaseModel):
+    """The server's answer to AgentHello (the agent reads its id; the rest is server/schemas.AgentOut)."""
+    id: int
+
+
+class Heartbeat(BaseModel):
+    # job id -> time the training process last said it was alive
+    jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
+
+
+def event_batch_body(events: list[dict]) -> dict:
+    """An EventBatch as the agent sends it: its journaled event dicts (already the Event shape),
+    not revalidated here - the server checks every event (5,000 through pydantic would cost ~75 ms)."""
+    return {"events": events}
+
+
 class Command(BaseModel):
     job_id: int
-    action: Literal["cancel", "pause", "stack"]
+    action: CommandAction
 
 
 class AgentReply(BaseModel):
@@ -416,7 +497,7 @@ class Claim(BaseModel):
     job_id: int
     attempt: int
     seq_start: int
-    kind: Literal["train", "command"] = "train"
+    kind: JobKind = TRAIN
     spec: Union[JobSpec, CommandSpec]
     resume_from: Optional[str] = None
 
@@ -424,5 +505,143 @@ class Claim(BaseModel):
     @classmethod
     def _spec_of_kind(cls, v):
         if isinstance(v, dict) and isinstance(v.get("spec"), dict):
-            v = {**v, "spec": load_spec(v.get("kind", "train"), v["spec"])}
+            v = {**v, "spec": load_spec(v.get("kind", TRAIN), v["spec"])}
         return v
+
+
+# ---- websocket frames ------------------------------------------------------------------------------
+# Every frame the server pushes (and web/static/*.js reads by "type"), built here and nowhere else.
+# Plain dicts typed by TypedDict, not models: the hub serializes each frame once with orjson, and a
+# heartbeat or events frame is built per job per batch on the writer thread, so no model is built or
+# dumped on that path. The payloads inside (a job summary, an alert, an agent, stored events) are the
+# REST shapes of server/schemas.py.
+
+FrameType = Literal["job", "events", "heartbeat", "alert", "agent", "error", "subscribed"]
+JOB_FRAME: FrameType = "job"
+EVENTS_FRAME: FrameType = "events"
+HEARTBEAT_FRAME: FrameType = "heartbeat"
+ALERT_FRAME: FrameType = "alert"
+AGENT_FRAME: FrameType = "agent"
+ERROR_FRAME: FrameType = "error"
+SUBSCRIBED_FRAME: FrameType = "subscribed"
+
+
+class JobFrame(TypedDict):
+    type: Literal["job"]
+    job: dict[str, Any]  # a job summary (schemas.JobSummary)
+
+
+class _EventsFrame(TypedDict):
+    type: Literal["events"]
+    job_id: int
+    events: list[dict[str, Any]]  # {"kind", "seq", "t", "data"}, in seq order
+
+
+class EventsFrame(_EventsFrame, total=False):
+    missed: int  # events a lagging client never got (server/hub.py merge); the page refills from REST
+
+
+class HeartbeatFrame(TypedDict):
+    type: Literal["heartbeat"]
+    job_id: int
+    t: float  # when the server heard the agent
+    alive_at: float  # when the training process last said it was alive
+
+
+class AlertFrame(TypedDict):
+    type: Literal["alert"]
+    alert: dict[str, Any]  # schemas.AlertOut
+
+
+class AgentFrame(TypedDict):
+    type: Literal["agent"]
+    agent: dict[str, Any]  # schemas.AgentOut, or {"id", "state"} for a change of state
+
+
+class ErrorFrame(TypedDict):
+    type: Literal["error"]
+    message: str
+
+
+class SubscribedFrame(TypedDict):
+    type: Literal["subscribed"]
+    topics: list[str]
+
+
+def job_frame(summary: dict[str, Any]) -> JobFrame:
+    return {"type": JOB_FRAME, "job": summary}
+
+
+def events_frame(job_id: int, events: list[dict[str, Any]], missed: int = 0) -> EventsFrame:
+    f: EventsFrame = {"type": EVENTS_FRAME, "job_id": job_id, "events": events}
+    if missed:
+        f["missed"] = missed
+    return f
+
+
+def heartbeat_frame(job_id: int, t: float, alive_at: float) -> HeartbeatFrame:
+    return {"type": HEARTBEAT_FRAME, "job_id": job_id, "t": t, "alive_at": alive_at}
+
+
+def alert_frame(alert: dict[str, Any]) -> AlertFrame:
+    return {"type": ALERT_FRAME, "alert": alert}
+
+
+def agent_frame(agent: dict[str, Any]) -> AgentFrame:
+    return {"type": AGENT_FRAME, "agent": agent}
+
+
+def error_frame(message: str) -> ErrorFrame:
+    return {"type": ERROR_FRAME, "message": message}
+
+
+def subscribed_frame(topics: list[str]) -> SubscribedFrame:
+    return {"type": SUBSCRIBED_FRAME, "topics": topics}
+
+
+# ---- dataset analysis ------------------------------------------------------------------------------
+
+Number = Union[int, float]  # int first: a count stays 12, not 12.0
+
+
+class LengthBin(BaseModel):
+    lo: int
+    hi: int
+    count: int
+
+
+class LayoutCost(BaseModel):
+    """One padding layout at the same real tokens per optimizer step (worker/training/analysis.py).
+    Extra keys allowed: the pack layout adds row_len, and the JSON stays as the worker wrote it."""
+    model_config = ConfigDict(extra="allow")
+    padding_frac: Number
+    real_tokens_per_step: Number
+    padded_tokens_per_step: Number
+    computed_per_real_token: Number
+    compute_vs_max_length: Number
+
+
+class DatasetAnalysis(BaseModel):
+    """The preflight analysis (`python -m worker.training.analyze`, POST /api/datasets/analyze,
+    `tokenpulse analyze`). Extra keys pass through, so a newer worker's additions reach the caller."""
+    model_config = ConfigDict(extra="allow")
+    examples: int
+    sampled: bool
+    sample_size: int
+    tokens: int
+    mean: float
+    percentiles: dict[str, Number] = Field(description="p50, p90, p99, p99.9 and max token length")
+    histogram: list[LengthBin]
+    length_coverage: float
+    recommended_max_seq_length: Optional[int]
+    max_seq_length: Optional[int]
+    model_max_length: Optional[int]
+    truncated: int
+    truncated_frac: float
+    rows_per_step: int
+    real_tokens_per_step: Number = 0
+    real_tokens_per_step_from: Optional[str] = None
+    layouts: dict[str, LayoutCost] = Field(default_factory=dict,
+                                           description="max_length / dynamic / pack: padding and tokens per step")
+    fields: dict[str, Any] = Field(default_factory=dict)
+    tokenization_cache: Optional[Literal["hit", "miss"]] = None

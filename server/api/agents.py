@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from server import store
@@ -13,25 +12,16 @@ from server.context import AppDep
 from server.security import AgentDep, UserDep
 from server.models import Agent, Event as EventRow, Job
 from server.reaper import lease_origin
+from server.hub import job_frames
 from server.schemas import AgentOut
-from tokenpulse.protocol import AgentHello, AgentReply, Claim, EventBatch, JobSpec, load_spec
+from tokenpulse.protocol import AgentHello, AgentReply, Claim, Heartbeat, agent_frame, load_spec
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
-
-
-class Heartbeat(BaseModel):
-    # job id -> time the training process last said it was alive
-    jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
 
 
 def agent_dict(a: Agent, job_ids: list[int]) -> dict:
     return {"id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
             "accepts_commands": bool(a.accepts_commands), "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
-
-
-def publish(tp, frames) -> None:
-    for topic, payload, droppable in frames:
-        tp.hub.publish(topic, payload, droppable)
 
 
 @router.post("", status_code=201)
@@ -45,7 +35,7 @@ async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> AgentOut:
         s.flush()
         return agent_dict(a, [])
     d = await tp.db.write(add)
-    tp.hub.publish("agents", {"type": "agent", "agent": d}, False)
+    tp.hub.publish("agents", agent_frame(d), False)
     return d
 
 
@@ -75,12 +65,10 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
         commands, frames = heartbeats.heartbeat(s, agent_id, hb.jobs)
         for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
                                      lease_origin(tp.db, tp.started_at)):
-            summary = store.job_summary(job)
-            frames += [("jobs", {"type": "job", "job": summary}, False),
-                       (f"job:{job.id}", {"type": "job", "job": summary}, False)]
+            frames += job_frames(store.job_summary(job))
         return commands, frames
     commands, frames = await tp.db.write(beat)
-    publish(tp, frames)
+    tp.hub.publish_all(frames)
     return AgentReply(commands=commands)
 
 
@@ -97,8 +85,7 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep):
     if got is None:
         return Response(status_code=204)
     job, summary = got
-    tp.hub.publish("jobs", {"type": "job", "job": summary}, False)
-    tp.hub.publish(f"job:{job.id}", {"type": "job", "job": summary}, False)
+    tp.hub.publish_all(job_frames(summary))
     return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
                  spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint)
 
@@ -123,7 +110,7 @@ async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) 
     out = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
     tp.stats.ingested_events += out.stored_events
     tp.stats.ingested_points += out.stored_points
-    publish(tp, out.frames)
+    tp.hub.publish_all(out.frames)
     if out.alerts and tp.webhooks is not None:
         for alert in out.alerts:
             tp.webhooks.send(alert)

@@ -11,10 +11,9 @@ from fastapi import APIRouter, HTTPException, Query
 
 from server.context import AppDep
 from server.errors import unprocessable
-from server.schemas import DatasetAnalysis
 from server.security import UserDep
 from server.validate import check_spec_async
-from tokenpulse.protocol import JobSpec
+from tokenpulse.protocol import DatasetAnalysis, JobSpec
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"])
 

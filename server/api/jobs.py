@@ -11,6 +11,7 @@ from sqlalchemy import func, or_, select
 
 from server import store
 from server.errors import error_list, unprocessable
+from server.hub import job_frames
 from server.context import AppDep
 from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
@@ -20,7 +21,7 @@ from server.preflight import preflight
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
 from server.series import read_series
 from server.validate import check_spec_async
-from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState
+from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState, job_frame
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -56,7 +57,7 @@ async def submit(tp, spec, parent_id: Optional[int] = None) -> dict:
         job = store.create_job(s, spec, parent_id)
         return job_detail(job, [])
     detail = await tp.db.write(create)
-    tp.hub.publish("jobs", {"type": "job", "job": {k: v for k, v in detail.items() if k not in ("spec", "info")}},
+    tp.hub.publish("jobs", job_frame({k: v for k, v in detail.items() if k not in ("spec", "info")}),
                    droppable=False)
     if not isinstance(spec, JobSpec):
         return detail  # a command job: nothing to analyze
@@ -126,8 +127,7 @@ async def request_action(tp, job_id: int, action: str) -> dict:
         store.REQUESTS[action](s, job)
         return store.job_summary(job)
     summary = await tp.db.write(apply)
-    tp.hub.publish("jobs", {"type": "job", "job": summary}, droppable=False)
-    tp.hub.publish(f"job:{job_id}", {"type": "job", "job": summary}, droppable=False)
+    tp.hub.publish_all(job_frames(summary))
     if summary["agent_id"] is not None:  # an agent on a websocket asks for its commands at once
         tp.hub.publish(agent_topic(summary["agent_id"]), {"type": "nudge"}, droppable=False)
     return summary

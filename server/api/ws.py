@@ -2,7 +2,8 @@
 
 Topics: "jobs" (job summaries and heartbeats of every job), "job:<id>" (that job's events),
 "alerts", "agents". Subscribe with ?topics=jobs,job:3 or by sending {"subscribe": [...]}.
-Frames: {"type": "job"|"events"|"heartbeat"|"alert"|"agent"|"error", ...}.
+Frames: tokenpulse/protocol.py's FrameType (job, events, heartbeat, alert, agent; error and subscribed
+answer a client's own message), built by its constructors.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from server.security import websocket_caller
+from tokenpulse.protocol import error_frame, subscribed_frame
 
 router = APIRouter()
 TOPIC = re.compile(r"^(jobs|alerts|agents|job:[1-9][0-9]{0,12})$")
@@ -65,11 +67,11 @@ async def websocket(ws: WebSocket):
                 break
             raw = msg_in.get("text")
             if raw is None:  # a binary frame: refused like a malformed one, the socket stays open
-                await ws.send_text(json.dumps({"type": "error", "message": "send JSON text frames, "
-                                               "e.g. {\"subscribe\": [\"jobs\"]}; binary frames are refused"}))
+                await ws.send_text(json.dumps(error_frame("send JSON text frames, "
+                                               "e.g. {\"subscribe\": [\"jobs\"]}; binary frames are refused")))
                 continue
             if len(raw) > 65536:
-                await ws.send_text(json.dumps({"type": "error", "message": "message too large"}))
+                await ws.send_text(json.dumps(error_frame("message too large")))
                 continue
             try:
                 msg = ClientMessage.model_validate_json(raw)
@@ -77,13 +79,13 @@ async def websocket(ws: WebSocket):
                 err = e.errors()[0]
                 where = ".".join(str(x) for x in err.get("loc", ()))
                 text = str(err["msg"]).removeprefix("Value error, ")
-                await ws.send_text(json.dumps({"type": "error", "message": f"{where}: {text}" if where else text}))
+                await ws.send_text(json.dumps(error_frame(f"{where}: {text}" if where else text)))
                 continue
             hub.unsubscribe(sub)
             sub.topics = (sub.topics | set(msg.subscribe)) - set(msg.unsubscribe)
             for t in sub.topics:
                 hub.by_topic.setdefault(t, set()).add(sub)
-            await ws.send_text(json.dumps({"type": "subscribed", "topics": sorted(sub.topics)}))
+            await ws.send_text(json.dumps(subscribed_frame(sorted(sub.topics))))
     except (WebSocketDisconnect, RuntimeError):
         pass
     finally:

@@ -16,12 +16,13 @@ from sqlalchemy.orm import Session
 
 from server import store
 from server.dialect import dialect_name, raw_cursor
-from server.hub import Frame
+from server.hub import Frame, job_topic
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.ingest.metrics import PointBatch
 from server.ingest.parse import INT_LIMIT, Ev
 from server.models import Job
-from tokenpulse.protocol import ACTIVE_STATES, Command, JobState
+from tokenpulse.protocol import (ACTIVE_STATES, Action, Command, JobState, Phase, alert_frame, events_frame,
+                                 job_frame)
 
 INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
 PG_INSERT_EVENT = INSERT_EVENT.replace(" OR IGNORE", "") + " ON CONFLICT (job_id, seq) DO NOTHING"
@@ -89,12 +90,11 @@ def live_frames(out: Outcome, hub=None) -> Outcome:
     writer thread, and only for topics someone watches."""
     watched = hub.watched if hub is not None else (lambda topic: True)
     for job_id, (live, critical, job) in out.live.items():
-        topic = f"job:{job_id}"
+        topic = job_topic(job_id)
         if watched(topic):
-            payload = {"type": "events", "job_id": job_id, "events": live}
-            out.frames.append((topic, Frame(payload, not critical), not critical))
+            out.frames.append((topic, Frame(events_frame(job_id, live), not critical), not critical))
         if watched("jobs"):
-            out.frames.append(("jobs", Frame({"type": "job", "job": store.job_summary(job)}, not critical),
+            out.frames.append(("jobs", Frame(job_frame(store.job_summary(job)), not critical),
                                not critical))
     return out
 
@@ -116,14 +116,14 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         evs.sort(key=lambda e: e.seq)
         if job is None:
             out.acked[job_id] = evs[-1].seq  # nothing to store them in; let the agent forget them
-            out.commands.append(Command(job_id=job_id, action="cancel"))
+            out.commands.append(Command(job_id=job_id, action=Action.CANCEL))
             continue
         fresh = [e for e in evs if e.seq >= job.next_seq]
         if job.agent_id != agent_id or JobState(job.state) not in ACTIVE_STATES:
             # A stale agent (its job was reassigned or is over): acknowledge, store nothing, stop it.
             out.acked[job_id] = evs[-1].seq
             if any(e.kind != "state" for e in fresh) and JobState(job.state) != JobState.paused:
-                out.commands.append(Command(job_id=job_id, action="cancel"))
+                out.commands.append(Command(job_id=job_id, action=Action.CANCEL))
             continue
         out.acked[job_id] = max(evs[-1].seq, job.next_seq - 1)
         if not fresh:
@@ -163,7 +163,7 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
     if e.kind == "phase":
         job.phase = json.dumps(d)
         total, done = d.get("total"), d.get("done")
-        if d.get("name") == "training" and total and math.isfinite(total) and 0 < total < INT_LIMIT:
+        if d.get("name") == Phase.TRAINING and total and math.isfinite(total) and 0 < total < INT_LIMIT:
             job.total_steps = int(total)
             if done is not None and math.isfinite(done) and 0 <= done < INT_LIMIT:
                 job.step = int(done)
@@ -185,4 +185,4 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
         if alert is not None:
             payload = alert_dict(alert)
             out.alerts.append(payload)
-            out.frames.append(("alerts", {"type": "alert", "alert": payload}, False))
+            out.frames.append(("alerts", alert_frame(payload), False))

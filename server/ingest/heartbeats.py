@@ -10,8 +10,8 @@ from typing import Optional
 from sqlalchemy.orm import Session
 
 from server.dialect import raw_cursor
-
-from tokenpulse.protocol import Command
+from server.hub import job_topic
+from tokenpulse.protocol import Action, Command, heartbeat_frame
 
 
 def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Command]:
@@ -25,7 +25,7 @@ def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Comm
         if action is not None:
             cmds.append(Command(job_id=jid, action=action))
         if stack_at is not None:
-            cmds.append(Command(job_id=jid, action="stack"))
+            cmds.append(Command(job_id=jid, action=Action.STACK))
             stacks.append((jid,))
     if stacks:  # one-shot: handed out once
         cur.executemany("UPDATE jobs SET stack_requested_at = NULL WHERE id = ?", stacks)
@@ -34,7 +34,7 @@ def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Comm
     if others:
         owner = dict(cur.execute(f"SELECT id, agent_id FROM jobs WHERE id IN ({', '.join('?' * len(others))})",
                                  others).fetchall())
-        cmds.extend(Command(job_id=jid, action="cancel") for jid in others if owner.get(jid) != agent_id)
+        cmds.extend(Command(job_id=jid, action=Action.CANCEL) for jid in others if owner.get(jid) != agent_id)
     return cmds
 
 
@@ -47,8 +47,9 @@ def heartbeat(s: Session, agent_id: int, jobs: dict[int, float]) -> tuple[list[C
     for jid, alive_t in jobs.items():
         cur.execute("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", (alive_t, jid, agent_id))
         if cur.rowcount:
-            frames.append((f"job:{jid}", {"type": "heartbeat", "job_id": jid, "t": now, "alive_at": alive_t}, True))
-            frames.append(("jobs", {"type": "heartbeat", "job_id": jid, "t": now, "alive_at": alive_t}, True))
+            frame = heartbeat_frame(jid, now, alive_t)
+            frames.append((job_topic(jid), frame, True))
+            frames.append(("jobs", frame, True))
     return pending_commands(s, agent_id, list(jobs)), frames
 
 
@@ -66,8 +67,8 @@ def heartbeat_many(s: Session, beats: dict[int, dict[int, float]], owner: dict[i
     if rows:
         cur.executemany("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", rows)
     for alive_t, jid, _ in rows:
-        frame = {"type": "heartbeat", "job_id": jid, "t": now, "alive_at": alive_t}
-        frames += [(f"job:{jid}", frame, True), ("jobs", frame, True)]
+        frame = heartbeat_frame(jid, now, alive_t)
+        frames += [(job_topic(jid), frame, True), ("jobs", frame, True)]
     cmds: dict[int, list[Command]] = {aid: [] for aid in beats}
     stacks = []
     for jid, aid, action, stack_at in cur.execute(
@@ -77,11 +78,12 @@ def heartbeat_many(s: Session, beats: dict[int, dict[int, float]], owner: dict[i
         if action is not None:
             cmds[aid].append(Command(job_id=jid, action=action))
         if stack_at is not None:
-            cmds[aid].append(Command(job_id=jid, action="stack"))
+            cmds[aid].append(Command(job_id=jid, action=Action.STACK))
             stacks.append((jid,))
     if stacks:  # one-shot: handed out once
         cur.executemany("UPDATE jobs SET stack_requested_at = NULL WHERE id = ?", stacks)
     for aid, jobs in beats.items():  # jobs it runs that are no longer its own: cancel
         mine = {c.job_id for c in cmds[aid]}
-        cmds[aid] += [Command(job_id=jid, action="cancel") for jid in jobs if jid not in mine and owner.get(jid) != aid]
+        cmds[aid] += [Command(job_id=jid, action=Action.CANCEL) for jid in jobs
+                      if jid not in mine and owner.get(jid) != aid]
     return cmds, frames

@@ -53,6 +53,13 @@ def fast_metric(e: Any) -> Optional[Ev]:
     return Ev("metrics", job_id, seq, t, d)
 
 
+def in_range(ev: Ev) -> bool:
+    """SQLite integers are 64-bit and a NaN time would be stored as NULL: out of range is a 422, not a 500.
+    Applies to both paths (fast or model) alike."""
+    return (ev.job_id < INT_LIMIT and ev.seq < INT_LIMIT and math.isfinite(ev.t)
+            and (ev.kind != "metrics" or ev.data["step"] < INT_LIMIT))
+
+
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether containers nest deeper than limit (iterative: no recursion to overflow)."""
     stack = [(value, 1)]
@@ -100,9 +107,7 @@ def parse_batch(body: bytes) -> list[Ev]:
                 first = err.errors()[0]
                 raise invalid_body(("events", i) + tuple(first.get("loc", ())), first.get("msg", "invalid")) from None
             ev = Ev(m.kind, m.job_id, m.seq, m.t, m.data)
-        # SQLite integers are 64-bit and a NaN time would be stored as NULL: refuse, not a 500.
-        if (ev.job_id >= INT_LIMIT or ev.seq >= INT_LIMIT or not math.isfinite(ev.t)
-                or ev.kind == "metrics" and ev.data["step"] >= INT_LIMIT):
+        if not in_range(ev):
             raise invalid_body(("events", i), "job_id, seq and step must be below 2**63 and t finite")
         out.append(ev)
     return out

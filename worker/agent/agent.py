@@ -24,7 +24,8 @@ from typing import Mapping, Optional
 
 import httpx
 
-from tokenpulse.protocol import Claim, CommandSpec
+from tokenpulse.protocol import (Action, AgentHello, AgentReply, AlertKind, Claim, Command, CommandSpec, Failure,
+                                 Heartbeat, Registered, event_batch_body)
 from worker.agent.channel import Channel
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
@@ -260,13 +261,13 @@ class Agent:
             delay = min(delay * 2, 5.0)
 
     async def register(self) -> None:
-        r = await self.call("POST", "/api/agents", json={
-            "name": self.name, "host": socket.gethostname(), "device": describe_device(),
-            "capacity": self.capacity, "accepts_commands": self.allow_commands}, until_stopped=True)
+        hello = AgentHello(name=self.name, host=socket.gethostname(), device=describe_device(),
+                           capacity=self.capacity, accepts_commands=self.allow_commands)
+        r = await self.call("POST", "/api/agents", json=hello.model_dump(), until_stopped=True)
         if r is None:
             return  # stopped before the server ever answered
         r.raise_for_status()
-        self.agent_id = r.json()["id"]
+        self.agent_id = Registered.model_validate(r.json()).id
         log.info("registered as agent %s (%s)%s", self.agent_id, self.name,
                  "; takes command jobs (--allow-commands)" if self.allow_commands else "")
 
@@ -368,7 +369,7 @@ class Agent:
         try:
             await proc.start()
         except OSError as e:
-            self.emit(rj, "state", {"state": "failed", "reason": f"could not start training: {e}", "failure": "crash"})
+            self.emit(rj, "state", {"state": "failed", "reason": f"could not start training: {e}", "failure": Failure.CRASH})
             self.finish(claim.job_id)
             return
         self.watch(rj)
@@ -409,7 +410,7 @@ class Agent:
             except OSError as e:  # no such program, not executable: the command's fault, not worth a retry
                 problem = f"could not start {spec.command[0]!r}: {e.strerror or e}"
         if problem is not None:
-            self.emit(rj, "state", {"state": "failed", "reason": problem, "failure": "spec"})
+            self.emit(rj, "state", {"state": "failed", "reason": problem, "failure": Failure.SPEC})
             self.finish(claim.job_id)
             return
         self.watch(rj)
@@ -437,13 +438,13 @@ class Agent:
         if problem and self.disk_alert is None:
             self.disk_alert = problem
             for rj in self.jobs.values():
-                self.emit(rj, "alert", {"kind": "disk_full", "severity": "critical", "message": (
+                self.emit(rj, "alert", {"kind": AlertKind.DISK_FULL, "severity": "critical", "message": (
                     f"agent {self.name}: {problem}; its events are kept in memory and still sent, "
                     "and it claims no new job until space returns")})
         elif not problem and self.disk_alert is not None:
             self.disk_alert = None
             for rj in self.jobs.values():
-                self.emit(rj, "alert", {"kind": "disk_full", "clear": True,
+                self.emit(rj, "alert", {"kind": AlertKind.DISK_FULL, "clear": True,
                                         "message": f"agent {self.name}: its disk is writable again"})
 
     def emit(self, rj: RunningJob, kind: str, data: dict, t: Optional[float] = None) -> None:
@@ -467,7 +468,7 @@ class Agent:
             rj.alive_at = now
             recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
             if recovered is not None:
-                self.emit(rj, "alert", {"kind": "stalled", "message": recovered.message, "clear": True})
+                self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": recovered.message, "clear": True})
             if kind == "alive":
                 continue  # carried by the heartbeat, not stored one by one
             if rj.slow is not None:
@@ -545,7 +546,7 @@ class Agent:
                     t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
         verdict = self.judge_exit(rj, proc.proc.returncode)
-        if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal"):
+        if verdict.get("state") == "failed" and verdict.get("failure") in (Failure.CRASH, Failure.SIGNAL):
             d = rj.detector
             ago = time.time() - d.last_progress if d.last_progress else 0
             verdict["reason"] = (f"{verdict.get('reason') or ''}\nlast progress: {d.where()}, "
@@ -558,7 +559,7 @@ class Agent:
         if rj.command is not None and rj.detector.events == 0:
             return  # a command that reports nothing (not instrumented): no progress to judge it by
         v = rj.detector.check(now)
-        if v is not None and v.kind == "stalled":
+        if v is not None and v.kind == AlertKind.STALLED:
             stack = await self.capture_stack(rj)
             if rj.process.proc.returncode is not None:
                 return  # it ended while we looked: the exit tells the story
@@ -568,7 +569,7 @@ class Agent:
             if not can_run_handlers(state):  # its alive thread spoke a moment ago, but it is frozen now
                 message = message.replace(ALIVE_CLAUSE, "") + f"; process state {describe_state(state)}"
             message += f"; stuck at {where}" if where else ""
-            self.emit(rj, "alert", {"kind": "stalled", "severity": "critical", "message": message,
+            self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
         if rj.slow is None:
             return
@@ -581,22 +582,22 @@ class Agent:
             if v is None:
                 continue
             kind, clear = v.kind.removesuffix("_clear"), v.kind.endswith("_clear")
-            severity = "info" if kind == "contention" else "warning"
+            severity = "info" if kind == AlertKind.CONTENTION else "warning"
             self.emit(rj, "alert", {"kind": kind, "severity": severity, "message": v.message, "clear": clear})
 
     def close_alerts(self, rj: RunningJob, verdict: dict) -> None:
         """The process is gone: open stalled/slow alerts close (saying how it ended); a crash alerts."""
         how = f"the {'command' if rj.command is not None else 'training process'} ended ({verdict.get('state')})"
         if self.disk_alert is not None:
-            self.emit(rj, "alert", {"kind": "disk_full", "message": how, "clear": True})
+            self.emit(rj, "alert", {"kind": AlertKind.DISK_FULL, "message": how, "clear": True})
         if rj.detector.stalled:
-            self.emit(rj, "alert", {"kind": "stalled", "message": how, "clear": True})
+            self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": how, "clear": True})
         if rj.slow is not None and rj.slow.open_keys:
-            self.emit(rj, "alert", {"kind": "slow", "message": how, "clear": True})
+            self.emit(rj, "alert", {"kind": AlertKind.SLOW, "message": how, "clear": True})
         if rj.slow is not None and rj.slow.contention_open:
-            self.emit(rj, "alert", {"kind": "contention", "message": how, "clear": True})
-        if verdict.get("state") == "failed" and verdict.get("failure") in ("crash", "signal", "error"):
-            self.emit(rj, "alert", {"kind": "crashed", "severity": "critical",
+            self.emit(rj, "alert", {"kind": AlertKind.CONTENTION, "message": how, "clear": True})
+        if verdict.get("state") == "failed" and verdict.get("failure") in (Failure.CRASH, Failure.SIGNAL, Failure.ERROR):
+            self.emit(rj, "alert", {"kind": AlertKind.CRASHED, "severity": "critical",
                                     "message": (verdict.get("reason") or "training process crashed")[:8000]})
 
     def judge_exit(self, rj: RunningJob, returncode: int) -> dict:
@@ -608,11 +609,11 @@ class Agent:
             return {"state": "queued", "exit_code": code,   # no retry spent
                     "reason": f"agent {self.name} shut down; requeued ({child.get('reason', 'checkpoint saved')})"}
         if rj.requested == "shutdown" and said is None:
-            return {"state": "failed", "failure": "lost", "exit_code": code, "signal": sig, "retry": True,
+            return {"state": "failed", "failure": Failure.LOST, "exit_code": code, "signal": sig, "retry": True,
                     "reason": f"agent {self.name} shut down; {what} {words}"}
         if returncode == 0 and said in ("completed", "paused", "cancelled"):
             return {**child, "exit_code": 0}
-        if rj.requested == "cancel":
+        if rj.requested == Action.CANCEL:
             return {"state": "cancelled", "reason": f"cancelled by user; {what} {words}",
                     "exit_code": code, "signal": sig}
         tail = "\n".join(list(rj.process.tail)[-15:])
@@ -627,13 +628,13 @@ class Agent:
                 reason = f"{frame}\n" if frame else ""
                 reason += f"command {words}" + (f"; last output:\n{tail}" if tail else "")
                 return {"state": "failed", "reason": reason[:8000],
-                        "failure": "error", "exit_code": code, "retry": False}
-        failure = child.get("failure") or ("signal" if sig else "crash")
+                        "failure": Failure.ERROR, "exit_code": code, "retry": False}
+        failure = child.get("failure") or (Failure.SIGNAL if sig else Failure.CRASH)
         reason = child.get("reason") or f"{what} {words}"
         if tail and not child.get("reason"):
             reason += f"; last output:\n{tail}"
         return {"state": "failed", "reason": reason, "failure": failure, "exit_code": code, "signal": sig,
-                "retry": failure in ("oom", "crash", "signal")}
+                "retry": failure in (Failure.OOM, Failure.CRASH, Failure.SIGNAL)}
 
     def finish(self, job_id: int) -> None:
         self.jobs.pop(job_id, None)
@@ -696,26 +697,26 @@ class Agent:
 
     # ---- commands from the server --------------------------------------------------------------
 
-    async def handle(self, commands: list[dict]) -> None:
+    async def handle(self, commands: list[Command]) -> None:
         for c in commands:
-            rj = self.jobs.get(c["job_id"])
+            rj = self.jobs.get(c.job_id)
             if rj is None:
                 continue
-            action = c["action"]
-            if action == "stack":
+            action = c.action
+            if action == Action.STACK:
                 stack = await self.capture_stack(rj)
                 self.emit(rj, "log", {"line": stack[:8000], "stream": "agent"})
-            elif action == "pause" and rj.command is not None and not rj.pausable and rj.requested is None:
+            elif action == Action.PAUSE and rj.command is not None and not rj.pausable and rj.requested is None:
                 # The server refuses such a pause (409); a job whose process has not said pausable in this
                 # attempt is never sent SIGUSR2 (its default action kills).
                 rj.requested = "pause-refused"
                 self.emit(rj, "log", {"line": "agent: pause requested, but this command has not said it can "
                                               "pause (no Trainer instrumentation); it keeps running", "stream": "agent"})
-            elif action in ("cancel", "pause") and (rj.requested is None or (action, rj.requested) in (
-                    ("cancel", "pause"), ("cancel", "pause-refused"))):
+            elif action in (Action.CANCEL, Action.PAUSE) and (rj.requested is None or (action, rj.requested) in (
+                    (Action.CANCEL, Action.PAUSE), (Action.CANCEL, "pause-refused"))):
                 rj.requested = action
                 self.emit(rj, "log", {"line": f"agent: {action} requested", "stream": "agent"})
-                if action == "cancel":
+                if action == Action.CANCEL:
                     asyncio.create_task(rj.process.stop(signal.SIGTERM, self.grace_s))
                 else:  # pause: the training process checkpoints and exits; give it time to save
                     asyncio.create_task(self.pause(rj))
@@ -727,7 +728,7 @@ class Agent:
         while rj.claim.job_id in self.jobs and (rj.process.proc is None or (
                 rj.alive_at <= rj.born and time.monotonic() - rj.started < 120 and rj.process.proc.returncode is None)):
             await asyncio.sleep(0.2)
-        if rj.process.proc is not None and rj.requested == "pause":
+        if rj.process.proc is not None and rj.requested == Action.PAUSE:
             await rj.process.stop(signal.SIGUSR2, max(self.grace_s, 120))
 
     def alive_jobs(self) -> dict[str, float]:
@@ -743,14 +744,14 @@ class Agent:
                 # A heartbeat folded into an event batch (send) counts: then none is due here.
                 if nudged or time.monotonic() - self.beat_at >= self.heartbeat_s * 0.9:
                     tried_at = time.monotonic()
-                    jobs = self.alive_jobs()
-                    reply = await self.channel.request({"heartbeat": jobs})
+                    beat = Heartbeat(jobs={jid: rj.alive_at for jid, rj in self.jobs.items()})
+                    reply = await self.channel.request({"heartbeat": self.alive_jobs()})
                     if reply is None or "status" in reply:
-                        r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json={"jobs": jobs})
+                        r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json=beat.model_dump())
                         reply = r.json() if r.status_code == 200 else None
                     if reply is not None:
                         self.beat_at = time.monotonic()
-                        await self.handle(reply.get("commands", []))
+                        await self.handle(AgentReply.model_validate(reply).commands)
             except Exception:
                 log.exception("heartbeat failed")
             try:
@@ -764,21 +765,22 @@ class Agent:
         (422) or too large (413) is split in halves until the culprit is one event, which is dropped
         with a log line: one bad event must never hold back every event after it."""
         if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
-            msg: dict = {"events": batch}
+            msg: dict = event_batch_body(batch)
             if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5:  # one message, not two
                 msg["heartbeat"] = self.alive_jobs()
-            reply = await self.channel.request(msg)
-            if reply is not None and "status" not in reply:
+            got = await self.channel.request(msg)
+            if got is not None and "status" not in got:
                 if "heartbeat" in msg:
                     self.beat_at = time.monotonic()
-                self.outbox.ack(reply.get("acked", {}))
-                await self.handle(reply.get("commands", []))
+                reply = AgentReply.model_validate(got)
+                self.outbox.ack(reply.acked)
+                await self.handle(reply.commands)
                 return True
-        r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json={"events": batch})
+        r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json=event_batch_body(batch))
         if r.status_code == 200:
-            reply = r.json()
-            self.outbox.ack(reply.get("acked", {}))
-            await self.handle(reply.get("commands", []))
+            reply = AgentReply.model_validate(r.json())
+            self.outbox.ack(reply.acked)
+            await self.handle(reply.commands)
             return True
         if r.status_code in (413, 422):
             if len(batch) == 1:

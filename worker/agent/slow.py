@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tokenpulse.protocol import AlertKind, Phase
 from worker.agent.stall import StallConfig, Verdict
 
 
@@ -111,7 +112,7 @@ class SlowDetector:
                 self.projected_tps = float(data["projected_tokens_per_s"])
         elif kind == "phase":
             name = data.get("name")
-            if name and name != "training" and self.last_step is not None:
+            if name and name != Phase.TRAINING and self.last_step is not None:
                 self.pauses_at.setdefault(self.last_step, set()).add(name)
         elif kind == "metrics":
             step, v = int(data.get("step", 0)), data.get("values", {})
@@ -203,7 +204,7 @@ class SlowDetector:
                        f"this job")
                 starved = self._starved(w)
                 if starved:
-                    out.append(("contention", f"{msg}, because {starved}"))
+                    out.append((AlertKind.CONTENTION, f"{msg}, because {starved}"))
                 else:
                     out.append(("fell", msg))
 
@@ -215,8 +216,8 @@ class SlowDetector:
                 msg = f"{unit(now_rate)} is {below:.1f}x below the preflight projection of {unit(self.projected_tps)}"
                 starved = self._starved(3, relative=False)  # the projection was measured on its own
                 if starved:
-                    if not any(k == "contention" for k, _ in out):
-                        out.append(("contention", f"{msg}, because {starved}"))
+                    if not any(k == AlertKind.CONTENTION for k, _ in out):
+                        out.append((AlertKind.CONTENTION, f"{msg}, because {starved}"))
                 else:
                     out.append(("projection", msg))
 
@@ -338,14 +339,14 @@ class SlowDetector:
             return None
         self.fresh = False
         all_reasons = self.reasons()
-        rs = [(k, t) for k, t in all_reasons if k != "contention"]
-        cont = [t for k, t in all_reasons if k == "contention"]
+        rs = [(k, t) for k, t in all_reasons if k != AlertKind.CONTENTION]
+        cont = [t for k, t in all_reasons if k == AlertKind.CONTENTION]
         self._contention = cont[0] if cont else None
         keys = frozenset(k for k, _ in rs)
         if rs and keys != self.open_keys:
             self.open_keys = keys
             self.open_message = "slow: " + "; ".join(text for _, text in rs)
-            return Verdict("slow", self.open_message, reasons=rs)
+            return Verdict(AlertKind.SLOW, self.open_message, reasons=rs)
         if not rs and self.open_keys:
             self.open_keys = self.open_message = None
             return Verdict("slow_clear", f"no longer slow: {self._now_rate()} at step {self.last_step}")
@@ -357,7 +358,7 @@ class SlowDetector:
         cur = getattr(self, "_contention", None)
         if cur and not self.contention_open:
             self.contention_open = cur
-            return Verdict("contention", f"slowed by a busy machine: {cur}")
+            return Verdict(AlertKind.CONTENTION, f"slowed by a busy machine: {cur}")
         if not cur and self.contention_open:
             self.contention_open = None
             return Verdict("contention_clear", f"the machine is no longer holding the job back: "

@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from tokenpulse.protocol import AlertKind
+
 
 @dataclass
 class StallConfig:
@@ -206,7 +208,7 @@ class StallDetector:
                      f"frozen, a deadlock holding the GIL, SIGSTOP, or uninterruptible I/O)")
         else:
             alive = ALIVE_CLAUSE
-        return Verdict("stalled", f"stalled: no progress in {self.where()} for {silent:.0f} s (timeout "
+        return Verdict(AlertKind.STALLED, f"stalled: no progress in {self.where()} for {silent:.0f} s (timeout "
                        f"{limit:.0f} s: {self.explain_timeout()}){alive}",
                        silent_s=silent, timeout_s=limit, phase=self.phase)
 

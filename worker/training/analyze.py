@@ -33,7 +33,9 @@ def check(spec, cache_dir=None) -> dict:
     return {"ok": True}
 
 
-def analyze(spec, cache_dir=None, em=None, sample=None, measure_s: float = 0.0) -> dict:
+def analyze(spec, cache_dir=None, em=None, sample=None, measure_s: float = 0.0):
+    """-> protocol.DatasetAnalysis"""
+    from tokenpulse.protocol import DatasetAnalysis
     from .analysis import SAMPLE_ABOVE, analyze_lengths
     from .modeling import load_tokenizer
     from .prepare import load_tokenized
@@ -53,7 +55,7 @@ def analyze(spec, cache_dir=None, em=None, sample=None, measure_s: float = 0.0) 
     out["warnings"] = spec_warnings(spec) + analysis_warnings(spec, out)
     if measure_s > 0:
         out["memory"] = measure_fit(spec, tok, data, model_max, out["max_seq_length"], measure_s, em)
-    return out
+    return DatasetAnalysis(**out)
 
 
 def measure_fit(spec, tok, data, model_max, seq_len, budget_s, em) -> dict:
@@ -108,10 +110,8 @@ def main(argv=None) -> int:
             raise SpecError(f"spec file not found: {args.spec}", "spec")
         except Exception as e:
             raise SpecError(f"invalid spec: {e}", "spec")
-        if args.check_only:
-            out = check(spec, args.cache_dir)
-        else:
-            out = analyze(spec, args.cache_dir, sample=args.sample, measure_s=args.measure)
+        out = (check(spec, args.cache_dir) if args.check_only
+               else analyze(spec, args.cache_dir, sample=args.sample, measure_s=args.measure).model_dump(mode="json"))
         code = EXIT_OK
     except SpecError as e:
         out, code = e.as_json(), EXIT_SPEC

@@ -15,6 +15,7 @@ import time
 from typing import Optional
 
 from tokenpulse.events import Emitter as PipeEmitter
+from tokenpulse.protocol import Phase
 
 
 class Emitter(PipeEmitter):
@@ -39,7 +40,7 @@ class Emitter(PipeEmitter):
         """One readable stdout line for an event, or None (most training-phase ticks say nothing)."""
         if kind == "phase":
             name, done, total, unit = d.get("name"), d.get("done"), d.get("total"), d.get("unit") or ""
-            if name == "training":
+            if name == Phase.TRAINING:
                 self._train_total = total
                 if (name, "start") == self._said_phase:
                     return None
@@ -48,7 +49,7 @@ class Emitter(PipeEmitter):
                     return "training"
                 return f"training {_n(total)} steps" if not done else f"training from step {_n(done)} of {_n(total)}"
             finished = total is not None and done is not None and done >= total
-            if finished and name == "saving":
+            if finished and name == Phase.SAVING:
                 return None  # the checkpoint line that follows says where
             key = (name, "end" if finished else "start")
             if key == self._said_phase and not d.get("detail"):

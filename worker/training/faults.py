@@ -20,6 +20,8 @@ from typing import Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokenpulse.protocol import Phase
+
 from .errors import EXIT_FAULT_CRASH, Cancelled
 
 PLAN_ENV = "TOKENPULSE_FAULT_PLAN"
@@ -93,7 +95,7 @@ def _slow_data(seconds: float, em, should_stop: Callable[[], bool]) -> None:
     """A data phase that takes `seconds`, visibly alive (progress every 0.5 s)."""
     t0 = time.monotonic()
     while (el := time.monotonic() - t0) < seconds:
-        em.phase("loading dataset", done=round(el, 1), total=seconds, unit="s", detail="slow_data_s fault")
+        em.phase(Phase.LOADING_DATASET, done=round(el, 1), total=seconds, unit="s", detail="slow_data_s fault")
         if should_stop():
             raise Cancelled()
         time.sleep(min(0.5, seconds - el))

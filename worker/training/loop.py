@@ -15,6 +15,8 @@ import psutil
 import torch
 import torch.nn.functional as F
 
+from tokenpulse.protocol import Failure, Phase
+
 from .controls import Controls
 from .faults import Faults
 from .packing import IGNORE
@@ -110,7 +112,7 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         pending = []
         for s, l in zip(steps, losses):
             if not math.isfinite(l):
-                return LoopResult("nan", s, all_losses, f"loss is {l} at step {s}")
+                return LoopResult(Failure.NAN, s, all_losses, f"loss is {l} at step {s}")
         all_losses.extend(losses)
         if not tel.enabled:
             return None
@@ -130,7 +132,7 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
                 vals["mfu"] = tps * tel.flops_per_token / tel.peak_flops
             win_t, win = now, dict(steps=0, real=0, padded=0, examples=0)
         tel.em.metrics(step, **vals)
-        tel.em.phase("training", done=step, total=total_steps, unit="steps")
+        tel.em.phase(Phase.TRAINING, done=step, total=total_steps, unit="steps")
         return None
 
     while state.step < total_steps:

@@ -7,7 +7,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from tokenpulse.protocol import JobSpec
+from tokenpulse.protocol import JobSpec, Phase
 
 from . import data as D
 from .errors import Cancelled
@@ -23,7 +23,7 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
                    sample: Optional[int] = None, should_stop: Callable[[], bool] = lambda: False,
                    faults: Faults = Faults()) -> tuple[Tokenized, dict]:
     """Tokenize the dataset (or a random sample of `sample` examples); info says what happened."""
-    em.phase("loading dataset", detail=spec.dataset)
+    em.phase(Phase.LOADING_DATASET, detail=spec.dataset)
     faults.at("data", em=em, should_stop=should_stop)
     path = D.dataset_path(spec, em)
     fp = D.data_fingerprint(spec, path)
@@ -45,7 +45,7 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
     key = cache_key(fp + (f":sample{sample}" if sampled else ""), tokenizer, fields, spec.loss_on_response_only)
 
     def progress(done, total):
-        em.phase("tokenizing", done=done, total=total, unit="examples")
+        em.phase(Phase.TOKENIZING, done=done, total=total, unit="examples")
         if should_stop():
             raise Cancelled()
 
@@ -59,7 +59,7 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
 
     tok, hit = cached_tokenize(cache_dir, key, make)
     if hit:
-        em.phase("tokenizing", done=tok.n, total=tok.n, unit="examples", detail="cached")
+        em.phase(Phase.TOKENIZING, done=tok.n, total=tok.n, unit="examples", detail="cached")
     info.update(cache_hit=hit, cache_key=key, sampled=sampled, sample_size=tok.n)
     return tok, info
 
@@ -71,7 +71,7 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
 
     Emits an "accumulating" phase at least every second while a chunk fills.
     """
-    em.phase("loading dataset", detail=f"{spec.dataset} (streaming)")
+    em.phase(Phase.LOADING_DATASET, detail=f"{spec.dataset} (streaming)")
     faults.at("data", em=em, should_stop=should_stop)
     stream = D.open_stream(spec, em, cache_dir)
     fields = None
@@ -98,13 +98,13 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
             flush()
         now = time.monotonic()
         if now - last >= 0.5:
-            em.phase("accumulating", done=n_samples, unit="samples",
+            em.phase(Phase.ACCUMULATING, done=n_samples, unit="samples",
                      detail=f"{n_samples:,} samples, ~{n_tokens:,} tokens")
             last = now
             if should_stop():
                 raise Cancelled()
         if n_tokens >= chunk_tokens:
-            em.phase("accumulating", done=n_samples, unit="samples",
+            em.phase(Phase.ACCUMULATING, done=n_samples, unit="samples",
                      detail=f"{n_samples:,} samples, ~{n_tokens:,} tokens (chunk ready)")
             yield Tokenized.concat(parts)
             parts, n_samples, n_tokens = [], 0, 0

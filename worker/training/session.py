@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from tokenpulse.protocol import JobSpec
+from tokenpulse.protocol import AlertKind, Failure, JobSpec, Phase
 
 from . import checkpoint as ckpt
 from .analysis import recommend_max_len
@@ -57,7 +57,7 @@ class Session:
         em.info(device=str(self.device), reason=why, torch_threads=torch.get_num_threads(),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"))
         fetch_model(spec, em)  # a Hub model downloads first, as its own phase with bytes done/total
-        em.phase("loading model", detail=spec.model)
+        em.phase(Phase.LOADING_MODEL, detail=spec.model)
         self.tokenizer = load_tokenizer(spec)
         self.state_in = None
         weights = None
@@ -73,7 +73,7 @@ class Session:
         self.cfg = cfg
         em.info(model=spec.model, params=total, trainable_params=trainable, architecture=cfg.model_type,
                 attn_implementation=getattr(cfg, "_attn_implementation", None))
-        em.phase("loading model", done=1, total=1, detail=f"{total:,} parameters")
+        em.phase(Phase.LOADING_MODEL, done=1, total=1, detail=f"{total:,} parameters")
 
     def _model_max(self) -> Optional[int]:
         for k in ("max_position_embeddings", "n_positions", "max_sequence_length"):
@@ -124,7 +124,7 @@ class Session:
             em.info(padding="pack", reason=f"padding-free packing: {why}")
             return "pack"
         if spec.padding == "pack":
-            em.alert("padding", f"packing was asked for but is unsafe for this model ({why}); "
+            em.alert(AlertKind.PADDING, f"packing was asked for but is unsafe for this model ({why}); "
                      "using dynamic padding", severity="warning")
         em.info(padding="dynamic", group_by_length=spec.group_by_length,
                 reason=f"model cannot pack ({why}): dynamic padding (pad to the longest in each batch)")
@@ -143,7 +143,7 @@ class Session:
         why_tokens = "asked for" if spec.tokens_per_batch else f"{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}"
         if spec.batch_size == "auto":
             def progress(k, n):
-                em.phase("tuning batch size", done=k, total=n, unit="shapes")
+                em.phase(Phase.TUNING, done=k, total=n, unit="shapes")
             lay, table = autotune(self.model, data, base, step_tokens, self.tokenizer.pad_token_id,
                                   precision, self.device, spec.seed, progress)
             best = max(t["tokens_per_s"] for t in table)
@@ -172,7 +172,7 @@ class Session:
         if mode == "max_length":
             waste = 1 - mean / max_len
             rec = recommend_max_len(data.lengths, spec.length_coverage, self._model_max())
-            em.alert("padding", f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
+            em.alert(AlertKind.PADDING, f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
                      f"on pad tokens; use padding=auto (packing) or dynamic, or max_seq_length={rec} "
                      f"(covers {spec.length_coverage:g}% of examples)", severity="warning")
         return lay, step_tokens
@@ -241,9 +241,9 @@ class Session:
             max_len = self._choose_max_len(data.lengths)
             mode = self._choose_mode()
             lay, _ = self._layout(data, mode, max_len, precision)
-        em.phase("packing", done=0, total=1, unit="epochs")
+        em.phase(Phase.PACKING, done=0, total=1, unit="epochs")
         per_epoch = len(epoch_steps(data, lay, spec.seed, 0))
-        em.phase("packing", done=1, total=1, unit="epochs", detail=f"{per_epoch} optimizer steps per epoch")
+        em.phase(Phase.PACKING, done=1, total=1, unit="epochs", detail=f"{per_epoch} optimizer steps per epoch")
         if spec.max_steps is not None and spec.epochs is None:
             total = spec.max_steps
         else:
@@ -302,7 +302,7 @@ class Session:
             pending = [(epoch0, first)]
             while True:
                 for ep, c in pending:
-                    em.phase("packing", detail=f"chunk {ci}: {c.n:,} samples")
+                    em.phase(Phase.PACKING, detail=f"chunk {ci}: {c.n:,} samples")
                     for step in epoch_steps(c, lay, spec.seed, ci):
                         if k >= skip:
                             yield ep, [collate(c, rows, lay, pad) for rows in step]
@@ -352,7 +352,7 @@ class Session:
                                         self.controls.should_stop) if self.eval_data is not None else None
 
         def save(st: LoopState) -> Path:
-            em.phase("saving", detail=f"checkpoint at step {st.step}")
+            em.phase(Phase.SAVING, detail=f"checkpoint at step {st.step}")
             try:
                 p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
                               {"data_pos": st.data_pos, "epoch": st.epoch, "layout": lay.to_dict(),
@@ -375,16 +375,16 @@ class Session:
             if due and st.step < total:
                 save(st)
             if (due or evaluated) and st.step < total:
-                em.phase("training", done=st.step, total=total, unit="steps")
+                em.phase(Phase.TRAINING, done=st.step, total=total, unit="steps")
             return evaluated
 
-        em.phase("training", done=state.step, total=total, unit="steps")
+        em.phase(Phase.TRAINING, done=state.step, total=total, unit="steps")
         res = run(model, opt, sched, batches, state, total, precision, self.device, tel,
                   self.controls, self.faults, on_step=on_step, scaler=scaler)
         self.result = res
-        if res.outcome == "nan":
-            em.alert("nan", f"non-finite loss at step {res.step}: {res.detail}", severity="critical")
-            em.emit("state", state="failed", reason=res.detail, failure="nan", exit_code=EXIT_NAN)
+        if res.outcome == Failure.NAN:
+            em.alert(AlertKind.NAN, f"non-finite loss at step {res.step}: {res.detail}", severity="critical")
+            em.emit("state", state="failed", reason=res.detail, failure=Failure.NAN, exit_code=EXIT_NAN)
             return EXIT_NAN
         if res.outcome == "cancelled":
             em.emit("state", state="cancelled", reason=f"cancelled (SIGTERM) at step {res.step}")
@@ -395,7 +395,7 @@ class Session:
             return EXIT_OK
         if ev is not None and (ev.last is None or ev.last["step"] != state.step):
             ev.run(model, state.step)  # the data ran out before the last planned step: the final eval
-        em.phase("saving", detail="final model")
+        em.phase(Phase.SAVING, detail="final model")
         final = self.out / "final"
         tmp = self.out / ".tmp-final"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -415,7 +415,7 @@ class Session:
             raise
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        em.phase("saving", done=1, total=1, detail=str(final))
+        em.phase(Phase.SAVING, done=1, total=1, detail=str(final))
         em.emit("checkpoint", step=state.step, path=str(final), final=True)
         reason = f"trained {state.step} steps" + (" (data exhausted)" if res.outcome == "exhausted" else "")
         em.emit("state", state="completed", reason=reason)

@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from tokenpulse.protocol import JobSpec
+from tokenpulse.protocol import AlertKind, Failure, JobSpec
 
 from .emit import Emitter
 from .errors import (EXIT_CRASH, EXIT_DISK_FULL, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, DiskFull, SpecError,
@@ -49,8 +49,8 @@ def disk_full(em: Emitter, e: DiskFull, out: Path) -> int:
             else "; no complete checkpoint yet")
     reason = f"{e.message}{keep}"
     em.log(reason)
-    em.alert("disk_full", reason[:2000], severity="critical")
-    em.emit("state", state="failed", reason=reason[:8000], failure="disk_full", exit_code=EXIT_DISK_FULL)
+    em.alert(AlertKind.DISK_FULL, reason[:2000], severity="critical")
+    em.emit("state", state="failed", reason=reason[:8000], failure=Failure.DISK_FULL, exit_code=EXIT_DISK_FULL)
     return EXIT_DISK_FULL
 
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         return Session(spec, args.out, em, controls, cache_dir=args.cache_dir, resume=args.resume).run()
     except SpecError as e:
         em.log(clip(f"spec error ({e.field}): {e.message}"))
-        em.emit("state", state="failed", reason=clip(e.message), failure="spec", exit_code=EXIT_SPEC)
+        em.emit("state", state="failed", reason=clip(e.message), failure=Failure.SPEC, exit_code=EXIT_SPEC)
         return EXIT_SPEC
     except DiskFull as e:
         return disk_full(em, e, args.out)
@@ -77,8 +77,8 @@ def main(argv=None) -> int:
     except BaseException as e:  # noqa: BLE001 -- the last word must be a state event
         from .memory import is_oom
         if is_oom(e):  # CUDA's OutOfMemoryError, MemoryError, or the CPU allocator's RuntimeError
-            em.alert("oom", clip(f"out of memory: {e}", 500), severity="critical")
-            em.emit("state", state="failed", reason=clip(f"out of memory: {e}", 2000), failure="oom",
+            em.alert(AlertKind.OOM, clip(f"out of memory: {e}", 500), severity="critical")
+            em.emit("state", state="failed", reason=clip(f"out of memory: {e}", 2000), failure=Failure.OOM,
                     exit_code=EXIT_OOM)
             return EXIT_OOM
         if is_disk_full(e):  # a write elsewhere (tokenization cache, logs) found the disk full
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         em.log(tb[-8000:])
-        em.emit("state", state="failed", reason=clip(f"{type(e).__name__}: {e}"), failure="crash",
+        em.emit("state", state="failed", reason=clip(f"{type(e).__name__}: {e}"), failure=Failure.CRASH,
                 exit_code=EXIT_CRASH)
         return EXIT_CRASH
     finally:
