@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from server import auth, errors, prometheus, storage_errors
 from server.agent_channel import AgentWrites
 from server.api import agent_ws, agents, alerts, datasets, external, jobs, tokens, ws
+from server.api import ranks as ranks_api
 from server.db import Database, upgrade_to_head
 from server.context import App, AppDep
 from server.hub import Hub
@@ -100,7 +101,8 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    for r in (external.router, jobs.router, agents.router, agent_ws.router, alerts.router, datasets.router,
+    for r in (external.router, jobs.router, ranks_api.router, agents.router, agent_ws.router, alerts.router,
+              datasets.router,
               tokens.router, ws.router):
         app.include_router(r)
 

@@ -48,6 +48,7 @@ class Job(Base):
     checkpoint: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     output_dir: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     info: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # automatic choices JSON
+    nnodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # > 1: claimed by a gang of agents
 
     __table_args__ = (Index("ix_jobs_queue", "state", "priority", "id"),)
 
@@ -172,3 +173,38 @@ class BrowserSession(Base):
     expires_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
 
+
+
+class JobRank(Base):
+    """One rank of a distributed job, as its agent last reported it (heartbeats): who it is and how
+    far it got. Rows of the current attempt; a new attempt's ranks replace them."""
+    __tablename__ = "job_ranks"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    agent_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    host: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    pid: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    device: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    step_time_s: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    busy_s: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # its own work per step, waits left out
+    rss_mb: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    alive_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    progress_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    exit: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class GangMember(Base):
+    """An agent's share of a multi-node job (nnodes > 1) for one attempt: its node rank and, for node
+    rank 0, the rendezvous endpoint it advertised. Rows of an attempt still forming (the job queued,
+    attempt = job.attempt + 1) are the gang being gathered; all or nothing within gang_timeout_s."""
+    __tablename__ = "gang_members"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    agent_id: Mapped[int] = mapped_column(Integer, index=True)
+    endpoint: Mapped[Optional[str]] = mapped_column(String(300), nullable=True)  # host:port (node rank 0)
+    joined_at: Mapped[float] = mapped_column(Float)
+    handed_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # its claim answer was given

@@ -16,6 +16,7 @@ from typing import Optional
 from sqlalchemy import select
 
 from server import store
+from server.gang import lost_gangs
 from server.hub import job_frames
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Agent, Job
@@ -33,8 +34,9 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
     for agent in s.scalars(select(Agent).where(Agent.state == "online", Agent.seen_at < now - lost_after_s)):
         agent.state = "lost"
         frames.append(("agents", agent_frame({"id": agent.id, "state": "lost"}), False))
-        jobs = s.scalars(select(Job).where(Job.agent_id == agent.id,
-                                           Job.state.in_([x.value for x in ACTIVE_STATES])))
+        jobs = list(s.scalars(select(Job).where(Job.agent_id == agent.id,
+                                                Job.state.in_([x.value for x in ACTIVE_STATES]))))
+        jobs += lost_gangs(s, agent.id)  # a multi-node job fails as a whole with any of its agents
         for job in jobs:
             silent = now - (agent.seen_at or 0)
             reason = (f"worker lost: agent {agent.name} sent no heartbeat for {silent:.0f} s "

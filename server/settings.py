@@ -18,6 +18,8 @@ class Settings(BaseSettings):
     port: int = 8765
 
     agent_lost_after_s: float = Field(30.0, description="an agent silent this long is lost")
+    gang_timeout_s: float = Field(60.0, gt=0, description="a multi-node job's gang must gather within this; "
+                                  "else its agents are released")
     reaper_every_s: float = 2.0
     busy_timeout_s: float = Field(30.0, gt=0, description="how long a write waits for another process's "
                                   "lock on the SQLite file before answering 503")

@@ -47,7 +47,8 @@ def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optiona
     command = isinstance(spec, CommandSpec)
     job = Job(name=spec.name or (spec.label() if command else ""), state=JobState.queued.value,
               kind=spec_kind(spec), spec=spec.model_dump_json(), priority=spec.priority, parent_id=parent_id,
-              created_at=time.time(), attempt=0, next_seq=0, total_steps=None if command else spec.max_steps)
+              created_at=time.time(), attempt=0, next_seq=0, total_steps=None if command else spec.max_steps,
+              nnodes=getattr(spec, "nnodes", 1))
     s.add(job)
     s.flush()
     if not job.name:
@@ -156,9 +157,10 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
     # Command jobs run code: only agents started with --allow-commands are handed them.
     kinds = ["train", "command"] if agent.accepts_commands else ["train"]
     while True:
+        # (multi-node jobs are claimed by a gang of agents together: server/gang.py)
         # FOR UPDATE SKIP LOCKED (PostgreSQL; SQLite has no row locks and ignores it): another server
         # process claiming at this moment takes the next job instead of waiting for this one.
-        candidate = (select(Job.id).where(Job.state == JobState.queued.value, Job.kind.in_(kinds))
+        candidate = (select(Job.id).where(Job.state == JobState.queued.value, Job.kind.in_(kinds), Job.nnodes == 1)
                      .order_by(Job.priority.desc(), Job.id).limit(1)
                      .with_for_update(skip_locked=True).scalar_subquery())
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)

@@ -174,7 +174,7 @@ def cmd_agent(args) -> int:
     agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity,
                   heartbeat_s=args.heartbeat, grace_s=args.grace,
                   resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None,
-                  allow_commands=args.allow_commands)
+                  allow_commands=args.allow_commands, address=args.address)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -373,6 +373,28 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_ranks(args) -> int:
+    """A distributed job's ranks: host, pid, device, step, step time, own work, memory, last progress."""
+    from rich.table import Table
+    try:
+        rows = client(args).ranks(args.job)
+    except ApiError as e:
+        return report_error(e)
+    if not rows:
+        _console().print(f"job {args.job} has no ranks (one process, or not started)")
+        return 0
+    table = Table("rank", "host", "pid", "device", "step", "step time", "busy", "memory", "last progress",
+                  title=f"job {args.job}: {len(rows)} ranks")
+    s = (lambda v: "" if v is None else f"{v:.3g} s")
+    for r in rows:
+        table.add_row(str(r["rank"]), r.get("host") or "", str(r.get("pid") or ""), r.get("device") or "",
+                      str(r["step"]) if r.get("step") is not None else "", s(r.get("step_time_s")), s(r.get("busy_s")),
+                      f"{r['rss_mb']:,.0f} MiB" if r.get("rss_mb") is not None else "",
+                      f"{r['progress_age_s']:.1f} s ago" if r.get("progress_age_s") is not None else "")
+    _console().print(table)
+    return 0
+
+
 def make_action(action: str):
     def run(args) -> int:
         try:
@@ -503,6 +525,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--allow-commands", action="store_true",
                    help="take command jobs (tokenpulse run): code execution on this machine, as this user, "
                         "for anyone holding a token with the commands scope. Off unless given")
+    p.add_argument("--address", help="host name or IP the other agents of a multi-node job reach this "
+                   "machine by (its node may host the gang's rendezvous); default: this host's name")
     p.add_argument("--resume-root", action="append", metavar="DIR",
                    help="load checkpoints to resume from only under DIR (repeatable; default: the work "
                         "dir's parent). Put a shared checkpoint filesystem here to resume across machines")
@@ -552,6 +576,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = sub.add_parser("show", help="a job's full record as JSON")
     p.add_argument("job", type=int)
     p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("ranks", help="a distributed job's ranks (host, pid, step, step time, memory)")
+    p.add_argument("job", type=int)
+    p.set_defaults(fn=cmd_ranks)
 
     for action in ("cancel", "pause", "resume"):
         p = sub.add_parser(action, help=f"{action} a job")

@@ -68,6 +68,10 @@ class Client:
     def job(self, job_id: int) -> dict:
         return self.request("GET", f"/api/jobs/{job_id}")
 
+    def ranks(self, job_id: int) -> list:
+        """A distributed job's rank table (empty for a one-process job)."""
+        return self.request("GET", f"/api/jobs/{job_id}/ranks")
+
     def action(self, job_id: int, action: str) -> dict:
         return self.request("POST", f"/api/jobs/{job_id}/{action}")
 

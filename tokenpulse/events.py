@@ -27,6 +27,9 @@ FD_ENV = "TOKENPULSE_EVENT_FD"
 # multiprocessing spawn) inherits TOKENPULSE_EVENT_FD but not the descriptor, and the same number
 # may then name an unrelated file: writing there would corrupt it.
 PIPE_ID_ENV = "TOKENPULSE_EVENT_PIPE_ID"
+# A distributed job's ranks (tokenpulse's own training under torchrun) write to a FIFO by path: the
+# agent makes it per job; every line carries the writer's `rank` (RANK, when WORLD_SIZE > 1).
+FIFO_ENV = "TOKENPULSE_EVENT_PATH"
 PIPE_PATH_ENV = "TOKENPULSE_EVENT_PIPE_PATH"
 
 _models = None
@@ -89,7 +92,11 @@ class Emitter:
     def __init__(self, fd: Optional[int] = None, alive_every: float = 1.0, from_env: bool = True):
         if fd is None and from_env:
             fd = open_job_pipe()
+        if fd is None and from_env and os.environ.get(FIFO_ENV):
+            fd = os.open(os.environ[FIFO_ENV], os.O_WRONLY | os.O_CLOEXEC)
         self.fd = fd
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.rank: Optional[int] = int(os.environ.get("RANK", "0") or 0) if world > 1 else None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.phase_name: Optional[str] = None
@@ -107,7 +114,10 @@ class Emitter:
 
     def emit_data(self, kind: str, data: dict) -> None:
         """Write one event whose data is already in protocol shape."""
-        line = json.dumps({"kind": kind, "t": time.time(), "data": data}, allow_nan=False) + "\n"
+        ev = {"kind": kind, "t": time.time(), "data": data}
+        if self.rank is not None:
+            ev["rank"] = self.rank  # which rank of a distributed job said it
+        line = json.dumps(ev, allow_nan=False) + "\n"
         with self._lock:
             if self.fd is not None:
                 self._write(line.encode())
@@ -147,12 +157,16 @@ class Emitter:
         """Automatic choices and their reasons (precision, padding, batch size...)."""
         self.emit("info", **data)
 
+    def alive_extra(self) -> dict:
+        """More for each `alive` (a rank's step time and memory, for the rank table)."""
+        return {}
+
     def _alive_loop(self, every: float) -> None:
         while not self._stop.wait(every):
             if self.step_done is None:
-                self.emit_data("alive", {"phase": self.phase_name})
+                self.emit_data("alive", {"phase": self.phase_name, **self.alive_extra()})
             else:  # steps between metric points are progress too (log_every > 1, a slow first log)
-                self.emit_data("alive", {"phase": self.phase_name, "step": self.step_done})
+                self.emit_data("alive", {"phase": self.phase_name, "step": self.step_done, **self.alive_extra()})
 
     def close(self) -> None:
         self._stop.set()

@@ -202,6 +202,10 @@ class JobSpec(BaseModel):
 
     max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, lost worker, crash)")
     stall: StallSpec = Field(default_factory=StallSpec)
+    nproc_per_node: int = Field(1, ge=1, le=64, description="training processes (ranks) per machine: "
+                                "more than 1 runs DistributedDataParallel under torchrun")
+    nnodes: int = Field(1, ge=1, le=16, description="machines (agents) that run the job together, "
+                        "claimed as one gang")
 
     @field_validator("model", "dataset")
     @classmethod
@@ -287,6 +291,9 @@ class CommandSpec(BaseModel):
     priority: int = Field(0, ge=-100, le=100, description="higher runs first")
     max_retries: int = Field(2, ge=0, le=20, description="automatic retries (killed by a signal, lost worker)")
     stall: StallSpec = Field(default_factory=StallSpec)
+    nproc_per_node: int = Field(1, ge=1, le=64, description="processes (ranks) per machine: more than 1 runs "
+                                "the command under torchrun (`--no-python`: the command as given, once per rank)")
+    nnodes: int = Field(1, ge=1, le=1, description="machines: command jobs run on one agent")
 
     @field_validator("command", mode="before")
     @classmethod
@@ -471,9 +478,27 @@ class Registered(BaseModel):
     id: int
 
 
+class RankReport(BaseModel):
+    """One rank of a distributed job as its agent sees it (worker/agent/ranks.py Rank.row())."""
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    rank: int = Field(ge=0, lt=1024)
+    host: Optional[str] = Field(None, max_length=200)
+    pid: Optional[int] = Field(None, ge=0, lt=2 ** 31)
+    device: Optional[str] = Field(None, max_length=200)
+    step: Optional[int] = Field(None, ge=0, lt=2 ** 62)
+    step_time_s: Optional[float] = Field(None, ge=0)
+    busy_s: Optional[float] = Field(None, ge=0)  # its own work per step, waits for the other ranks left out
+    rss_mb: Optional[float] = Field(None, ge=0)
+    alive_at: Optional[float] = None
+    progress_at: Optional[float] = None
+    exit: Optional[str] = Field(None, max_length=200)
+
+
 class Heartbeat(BaseModel):
     # job id -> time the training process last said it was alive
     jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
+    # job id -> its ranks (distributed jobs only): the rank table
+    ranks: dict[int, list[RankReport]] = Field(default_factory=dict, max_length=1000)
 
 
 def event_batch_body(events: list[dict]) -> dict:
@@ -493,6 +518,13 @@ class AgentReply(BaseModel):
     commands: list[Command] = Field(default_factory=list)
 
 
+class ClaimRequest(BaseModel):
+    """What an agent offers with a claim: where its node would host a gang's rendezvous."""
+    model_config = ConfigDict(extra="forbid")
+    endpoint: Optional[str] = Field(None, max_length=300, pattern=r"^[A-Za-z0-9.:\[\]_-]+:[0-9]{1,5}$",
+                                    description="host:port reachable by the other agents of a gang")
+
+
 class Claim(BaseModel):
     job_id: int
     attempt: int
@@ -500,6 +532,10 @@ class Claim(BaseModel):
     kind: JobKind = TRAIN
     spec: Union[JobSpec, CommandSpec]
     resume_from: Optional[str] = None
+    # a multi-node job (nnodes > 1): this agent's node rank and node rank 0's rendezvous endpoint;
+    # only node rank 0's agent reports the job's events (the others run their ranks, heartbeat them)
+    node_rank: int = 0
+    rdzv_endpoint: Optional[str] = None
 
     @model_validator(mode="before")
     @classmethod

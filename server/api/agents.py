@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
-from server import store
+from server import gang, ranks, store
 from server.ingest import apply, heartbeats, parse
 from server.context import AppDep
 from server.security import AgentDep, UserDep
@@ -14,7 +16,7 @@ from server.models import Agent, Event as EventRow, Job
 from server.reaper import lease_origin
 from server.hub import job_frames
 from server.schemas import AgentOut
-from tokenpulse.protocol import AgentHello, AgentReply, Claim, Heartbeat, agent_frame, load_spec
+from tokenpulse.protocol import AgentHello, AgentReply, Claim, ClaimRequest, Heartbeat, agent_frame, load_spec
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 
@@ -63,6 +65,8 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
     def beat(s):
         known_agent(s, agent_id, caller)
         commands, frames = heartbeats.heartbeat(s, agent_id, hb.jobs)
+        if hb.ranks:
+            ranks.store(s, agent_id, hb.ranks)
         for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
                                      lease_origin(tp.db, tp.started_at)):
             frames += job_frames(store.job_summary(job))
@@ -72,22 +76,31 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
     return AgentReply(commands=commands)
 
 
-@router.post("/{agent_id}/claim", response_model=Claim, responses={204: {"description": "no job for this agent now"}})
-async def claim(agent_id: int, tp: AppDep, caller: AgentDep):
+@router.post("/{agent_id}/claim", responses={204: {"description": "no job for this agent now"},
+                                             202: {"description": "gathering a multi-node job's gang: claim again"}})
+async def claim(agent_id: int, tp: AppDep, caller: AgentDep, offer: Optional[ClaimRequest] = None):
     def take(s):
         agent = known_agent(s, agent_id, caller)
         agent.seen_at, agent.state = time.time(), "online"
+        got = gang.claim(s, agent, offer.endpoint if offer else None, tp.settings.gang_timeout_s)
+        if isinstance(got, gang.Waiting):
+            return got
+        if got is not None:
+            return got.job, store.job_summary(got.job), got
         job = store.claim(s, agent_id)
         if job is None:
             return None
-        return job, store.job_summary(job)
+        return job, store.job_summary(job), None
     got = await tp.db.write(take)
     if got is None:
         return Response(status_code=204)
-    job, summary = got
+    if isinstance(got, gang.Waiting):
+        return JSONResponse({"gathering": got.job_id, "members": got.members, "nnodes": got.nnodes}, status_code=202)
+    job, summary, share = got
     tp.hub.publish_all(job_frames(summary))
     return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
-                 spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint)
+                 spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint,
+                 node_rank=share.node_rank if share else 0, rdzv_endpoint=share.endpoint if share else None)
 
 
 @router.post("/{agent_id}/events", openapi_extra={"requestBody": {"required": True, "content": {

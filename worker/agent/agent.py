@@ -30,6 +30,8 @@ from worker.agent.channel import Channel
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
+from worker.agent import gangwatch
+from worker.agent.launch import Gang, command, free_port, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
@@ -180,6 +182,7 @@ class RunningJob:
     born: float = field(default_factory=time.time)  # alive_at moves past this at the child's first event
     stack_lines: Optional[list] = None  # collecting a faulthandler dump
     tasks: list = field(default_factory=list)
+    gang: Optional[gangwatch.GangState] = None  # a distributed job: its ranks (torchrun)
     mask: Masker = field(default_factory=lambda: Masker(()))  # secret values -> *** in output
     stderr_tail: deque = field(default_factory=lambda: deque(maxlen=400))  # for the traceback
     cwd: Optional[Path] = None  # a command job's working directory
@@ -195,7 +198,9 @@ class Agent:
                  capacity: int = 1, heartbeat_s: float = 2.0, flush_s: float = 0.25,
                  poll_s: float = 1.0, grace_s: float = 10.0, stall: Optional[StallConfig] = None,
                  resume_roots: Optional[list[Path]] = None, allow_commands: bool = False,
-                 snapshot_s: float = 10.0):
+                 snapshot_s: float = 10.0, address: Optional[str] = None):
+        # where the other agents of a multi-node job reach this one (its node may host the rendezvous)
+        self.address = address or socket.gethostname()
         self.server = server.rstrip("/")
         # Checkpoints this agent will load (torch.load runs pickles): under these directories only,
         # so a path reported by another (possibly compromised) agent token cannot point it anywhere.
@@ -288,11 +293,16 @@ class Agent:
                     if not self.jobs:
                         break
                 elif len(self.jobs) < self.capacity and not self.disk_blocked():
-                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim", until_stopped=True)
+                    # the offer: where this node would host a multi-node job's rendezvous
+                    offer = {"endpoint": f"{self.address}:{free_port('')}"}
+                    r = await self.call("POST", f"/api/agents/{self.agent_id}/claim", json=offer, until_stopped=True)
                     if r is None:
                         break
                     if r.status_code == 200:
                         await self.start_job(Claim.model_validate(r.json()))
+                        continue
+                    if r.status_code == 202:  # gathering a multi-node job's gang: ask again soon
+                        await asyncio.sleep(min(self.poll_s, 0.5))
                         continue
                     if r.status_code == 404:  # the server forgot us (new database): register again
                         await self.register()
@@ -361,9 +371,18 @@ class Agent:
         resume, resume_note = pick_resume(claim.resume_from, self.resume_roots)
         prune_own_checkpoints(job_dir / "out", resume)
         stall = self.stall_config.merged(claim.spec.stall.model_dump())
-        proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None)
+        argv, fifo = None, None
+        if is_distributed(claim.spec):  # torchrun around the training process, one event FIFO for all ranks
+            argv = command(claim.spec, training_args(spec_path, job_dir / "out", self.work_dir / "cache",
+                                                     str(resume) if resume else None),
+                           Gang(node_rank=claim.node_rank, endpoint=claim.rdzv_endpoint,
+                                run_id=f"tokenpulse-{claim.job_id}-{claim.attempt}"))
+            fifo = job_dir / "events.fifo"
+        proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None,
+                               command=argv, fifo=fifo)
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
-                        slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16))
+                        slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16),
+                        gang=gangwatch.GangState() if fifo else None)
         self.jobs[claim.job_id] = rj
         self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}: {resume_note}", "stream": "agent"})
         try:
@@ -385,10 +404,16 @@ class Agent:
         resume, resume_note = command_resume(claim.resume_from, self.resume_roots, cwd)
         hooks = instrumentation_dir() if spec.instrument else None
         env = command_env(os.environ, spec, claim.job_id, resume, hooks)
-        proc = CommandProcess(spec.command, cwd, env)
+        argv = spec.command
+        if is_distributed(spec):  # the command once per rank, under torchrun
+            argv = command(spec, spec.command, Gang(run_id=f"tokenpulse-{claim.job_id}-{claim.attempt}"),
+                           no_python=True)
+        launcher = is_distributed(spec) or launches_ranks(spec.command)
+        proc = CommandProcess(argv, cwd, env, launcher=launcher)
         stall = self.stall_config.merged(spec.stall.model_dump())
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16), cwd=cwd,
+                        gang=gangwatch.GangState() if launcher else None,
                         mask=Masker(os.environ[n] for n in spec.secret_env if n in os.environ))
         self.jobs[claim.job_id] = rj
         how = ("instrumented (startup hook on PYTHONPATH)" if hooks else
@@ -448,6 +473,10 @@ class Agent:
                                         "message": f"agent {self.name}: its disk is writable again"})
 
     def emit(self, rj: RunningJob, kind: str, data: dict, t: Optional[float] = None) -> None:
+        if rj.claim.node_rank:  # a multi-node job's other nodes: node rank 0's agent tells the story
+            if kind in ("state", "alert") or kind == "log" and data.get("stream") == "agent":
+                log.info("job %s (node %s): %s %s", rj.claim.job_id, rj.claim.node_rank, kind, str(data)[:500])
+            return
         self.outbox.add(rj.claim.job_id, kind, data, t)
         if kind in ("state", "alert", "phase"):
             self.flush_now.set()
@@ -461,11 +490,21 @@ class Agent:
             try:
                 ev = json.loads(line)
                 kind, data, t = ev["kind"], ev.get("data", {}), float(ev.get("t", time.time()))
+                rank = ev.get("rank")
+                rank = int(rank) if rank is not None else None
             except (ValueError, KeyError, TypeError):
                 self.emit(rj, "log", {"line": f"bad event line: {line[:200]!r}", "stream": "agent"})
                 continue
             now = time.time()
             rj.alive_at = now
+            if rank is not None and rj.gang is not None:
+                rj.gang.observe(rank, kind, data, t, now)
+                if rank != 0:  # other ranks: their identity and alerts are stored; the rest is theirs
+                    if kind == "alert":
+                        self.emit(rj, kind, {**data, "message": f"rank {rank}: {data.get('message', '')}"[:8192]}, t)
+                    elif kind == "info":
+                        self.emit(rj, kind, data, t)
+                    continue
             recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
             if recovered is not None:
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": recovered.message, "clear": True})
@@ -530,10 +569,15 @@ class Agent:
                 pass
             if proc.proc.returncode is not None:
                 break
+            if rj.gang is not None:
+                self.watch_gang(rj)
             try:
                 await self.detect(rj, time.time())
             except Exception:  # detection must never take supervision down with it
                 log.exception("job %s: detection failed", rj.claim.job_id)
+        if rj.gang is not None:  # no rank outlives its launcher; then the event FIFO can end
+            proc.kill_all()
+            proc.release_pipe()
         # Drain the pipes: last lines, last events. A command's leftover processes (a background server,
         # a stray worker) may hold them open after it exits: the job is over, so they are killed.
         readers = rj.tasks[:3]
@@ -546,6 +590,8 @@ class Agent:
                     t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
         verdict = self.judge_exit(rj, proc.proc.returncode)
+        if rj.gang is not None and rj.requested is None:
+            verdict = gangwatch.judge(rj.gang, verdict, list(proc.tail))
         if verdict.get("state") == "failed" and verdict.get("failure") in (Failure.CRASH, Failure.SIGNAL):
             d = rj.detector
             ago = time.time() - d.last_progress if d.last_progress else 0
@@ -555,11 +601,33 @@ class Agent:
         self.emit(rj, "state", verdict)
         self.finish(rj.claim.job_id)
 
+    def watch_gang(self, rj: RunningJob) -> None:
+        """A rank that ended without finishing takes the whole gang down within seconds."""
+        g, now = rj.gang, time.time()
+        pids = rj.process.ranks()
+        gangwatch.identify(g, pids, now)  # ranks that have not said who they are (a command's)
+        line = gangwatch.watch_deaths(g, pids, now)
+        if line is not None:
+            self.emit(rj, "log", {"line": f"agent: {line}", "stream": "agent"})
+        if g.down_at is not None and not g.killed and now - g.down_at >= gangwatch.DEATH_GRACE_S:
+            g.killed = True
+            rj.process.kill_all()
+        v = g.board.check_straggler()
+        if v is not None:
+            kind, message = v
+            self.emit(rj, "alert", {"kind": "slow", "severity": "warning", "message": message,
+                                    "clear": kind == "slow_clear"})
+
     async def detect(self, rj: RunningJob, now: float) -> None:
         if rj.command is not None and rj.detector.events == 0:
             return  # a command that reports nothing (not instrumented): no progress to judge it by
         v = rj.detector.check(now)
-        if v is not None and v.kind == AlertKind.STALLED:
+        if v is not None and v.kind == AlertKind.STALLED and rj.gang is not None:
+            where, stack = await gangwatch.stalled_message(rj.gang, rj.process.ranks())
+            if rj.process.proc.returncode is None:
+                self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical",
+                                        "message": f"{v.message}; {where}"[:8192], "stack": stack[-199_000:]})
+        elif v is not None and v.kind == AlertKind.STALLED:
             stack = await self.capture_stack(rj)
             if rj.process.proc.returncode is not None:
                 return  # it ended while we looked: the exit tells the story
@@ -704,7 +772,8 @@ class Agent:
                 continue
             action = c.action
             if action == Action.STACK:
-                stack = await self.capture_stack(rj)
+                stack = (await gangwatch.stalled_message(rj.gang, rj.process.ranks()))[1] if rj.gang \
+                    else await self.capture_stack(rj)
                 self.emit(rj, "log", {"line": stack[:8000], "stream": "agent"})
             elif action == Action.PAUSE and rj.command is not None and not rj.pausable and rj.requested is None:
                 # The server refuses such a pause (409); a job whose process has not said pausable in this
@@ -733,7 +802,7 @@ class Agent:
 
     def alive_jobs(self) -> dict[str, float]:
         """What a heartbeat says: each job and when its process last said it was alive."""
-        return {str(jid): rj.alive_at for jid, rj in self.jobs.items()}
+        return {str(jid): rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank}
 
     async def heartbeat_loop(self) -> None:
         tried_at = 0.0
@@ -744,10 +813,17 @@ class Agent:
                 # A heartbeat folded into an event batch (send) counts: then none is due here.
                 if nudged or time.monotonic() - self.beat_at >= self.heartbeat_s * 0.9:
                     tried_at = time.monotonic()
-                    beat = Heartbeat(jobs={jid: rj.alive_at for jid, rj in self.jobs.items()})
-                    reply = await self.channel.request({"heartbeat": self.alive_jobs()})
+                    # a multi-node job's share on node rank > 0 is node rank 0's agent's job on the server:
+                    # only its ranks are reported (a cancel reaches them through rank 0: they agree on it)
+                    beat = Heartbeat(jobs={jid: rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank},
+                                     ranks={jid: rj.gang.board.rows() for jid, rj in self.jobs.items()
+                                            if rj.gang is not None and rj.gang.board.ranks})  # the rank table
+                    reply = None
+                    if not beat.ranks:  # rank tables go over HTTP (the socket carries job liveness only)
+                        reply = await self.channel.request({"heartbeat": self.alive_jobs()})
                     if reply is None or "status" in reply:
-                        r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat", json=beat.model_dump())
+                        r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat",
+                                            json=beat.model_dump(exclude_none=True))
                         reply = r.json() if r.status_code == 200 else None
                     if reply is not None:
                         self.beat_at = time.monotonic()
@@ -766,7 +842,8 @@ class Agent:
         with a log line: one bad event must never hold back every event after it."""
         if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
             msg: dict = event_batch_body(batch)
-            if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5:  # one message, not two
+            if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5 and not any(  # one message, not two
+                    rj.gang is not None for rj in self.jobs.values()):  # (rank tables: heartbeat_loop, HTTP)
                 msg["heartbeat"] = self.alive_jobs()
             got = await self.channel.request(msg)
             if got is not None and "status" not in got:

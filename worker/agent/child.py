@@ -37,15 +37,53 @@ def _die_with_agent() -> None:
         pass
 
 
-class Supervised:
-    """What the agent holds of a process it runs: the process, its event pipe, its last output."""
+def children(pid: int) -> list[int]:
+    """A process's direct children (Linux /proc); [] where it cannot say."""
+    try:
+        found = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(x) for x in (task / "children").read_text().split()]
+        return found
+    except (OSError, ValueError):
+        return []
 
-    def __init__(self):
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+class Supervised:
+    """What the agent holds of a process it runs: the process, its event pipe, its last output.
+
+    A gang (torchrun and its ranks) gets its event pipe as a FIFO by path (`fifo`): torchrun closes
+    inherited descriptors, and puts each rank in a session of its own."""
+
+    def __init__(self, fifo: Optional[Path] = None, launcher: bool = False):
         self.proc: Optional[asyncio.subprocess.Process] = None
         self.events: Optional[asyncio.StreamReader] = None
         self.tail: deque[str] = deque(maxlen=40)  # last output lines, for the failure reason
+        self.fifo = fifo
+        self.launcher = launcher or fifo is not None  # torchrun: its children are the ranks
+        self._hold_fd: Optional[int] = None
+
+    @property
+    def gang(self) -> bool:
+        return self.launcher
+
+    def ranks(self) -> list[int]:
+        """The ranks: torchrun's children for a gang, else the one process."""
+        if self.proc is None:
+            return []
+        return children(self.proc.pid) if self.gang else [self.proc.pid]
 
     async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None) -> None:
+        if self.fifo is not None:
+            return await self._spawn_gang(args, env, cwd)
         read_fd, write_fd = os.pipe()
         env = {**env, "TOKENPULSE_EVENT_FD": str(write_fd)}
         # Own session: a signal for the process never reaches the agent, and SIGKILL of the group
@@ -64,16 +102,56 @@ class Supervised:
         self.events = asyncio.StreamReader(limit=1 << 24)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), os.fdopen(read_fd, "rb"))
 
+    async def _spawn_gang(self, args: list[str], env: dict, cwd: Optional[Path]) -> None:
+        """Every rank opens the FIFO by path and writes its lines (each below PIPE_BUF: atomic). The
+        agent holds a write end itself, so the read end sees no EOF before the first rank opens it;
+        release_pipe() drops it once the launcher has exited."""
+        if self.fifo.exists():
+            self.fifo.unlink()
+        os.mkfifo(self.fifo, 0o600)
+        read_fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self._hold_fd = os.open(self.fifo, os.O_WRONLY)
+        env = {k: v for k, v in env.items() if k != "TOKENPULSE_EVENT_FD"}
+        env["TOKENPULSE_EVENT_PATH"] = str(self.fifo)
+        self.proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd,
+            start_new_session=True, limit=1 << 20,
+            preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
+        loop = asyncio.get_running_loop()
+        self.events = asyncio.StreamReader(limit=1 << 24)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), os.fdopen(read_fd, "rb"))
+
+    def release_pipe(self) -> None:
+        """After the launcher exited: let the event reader reach EOF."""
+        if self._hold_fd is not None:
+            os.close(self._hold_fd)
+            self._hold_fd = None
+
+    def kill_all(self) -> None:
+        """SIGKILL the launcher's group and every process under it: torchrun puts each rank in a
+        session of its own, so the group alone would miss them."""
+        if self.proc is None:
+            return
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def signal(self, sig: int) -> None:
+        """To the process; for a gang to every rank directly (torchrun forwards only SIGTERM, as a
+        failure; the ranks agree among themselves on a cancel or pause, at one step)."""
         if self.proc is not None and self.proc.returncode is None:
-            try:
-                os.kill(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
+            for pid in self.ranks():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
 
     def signal_group(self, sig: int) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -91,6 +169,9 @@ class Supervised:
         try:
             await asyncio.wait_for(self.proc.wait(), grace_s)
         except asyncio.TimeoutError:
+            if self.gang:
+                self.kill_all()
+                return
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -100,24 +181,27 @@ class Supervised:
 class TrainingProcess(Supervised):
     """tokenpulse's own training process (`python -m worker.training.train`)."""
 
-    def __init__(self, spec_path: Path, out_dir: Path, cache_dir: Path, resume_from: Optional[str]):
-        super().__init__()
+    def __init__(self, spec_path: Path, out_dir: Path, cache_dir: Path, resume_from: Optional[str],
+                 command: Optional[list[str]] = None, fifo: Optional[Path] = None):
+        super().__init__(fifo)
         self.spec_path, self.out_dir, self.cache_dir = spec_path, out_dir, cache_dir
         self.resume_from = resume_from
+        self.command = command  # torchrun's command line for a distributed job (launch.command)
 
     async def start(self) -> None:
         args = [sys.executable, "-u", "-m", "worker.training.train", "--spec", str(self.spec_path),
                 "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
         if self.resume_from:
             args += ["--resume", self.resume_from]
-        await self.spawn(args, {**os.environ, "PYTHONFAULTHANDLER": "1"})
+        await self.spawn(self.command or args, {**os.environ, "PYTHONFAULTHANDLER": "1"})
 
 
 class CommandProcess(Supervised):
     """A command job's command, run as given (no shell) in its working directory and environment."""
 
-    def __init__(self, argv: list[str], cwd: Path, env: dict):
-        super().__init__()
+    def __init__(self, argv: list[str], cwd: Path, env: dict, launcher: bool = False):
+        # a torchrun command keeps the inherited pipe: its ranks' reporting hook reopens it by /proc
+        super().__init__(launcher=launcher)
         self.argv, self.cwd, self.env = argv, cwd, env
 
     async def start(self) -> None:

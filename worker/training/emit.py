@@ -7,6 +7,10 @@ With narrate=True (the training process) the emitter also writes a human-readabl
 stdout: each phase as it starts and ends, every automatic choice with its reason, a step line
 (loss, lr, tokens/s, ETA) about twenty times per run and at least every 30 s, checkpoints, alerts
 and the final state. The agent relays stdout and stderr as `log` events: this is the job's Log.
+
+Under torchrun (WORLD_SIZE > 1) every rank writes its lines with `rank` (tokenpulse.events); ranks
+other than 0 send only what is theirs: alive (with their step, step time and memory), their
+identity (`info` with `rank`), alerts and how they ended; rank 0 tells the job's story.
 """
 from __future__ import annotations
 
@@ -24,9 +28,23 @@ class Emitter(PipeEmitter):
         self._said_phase: Optional[tuple] = None
         self._train_total: Optional[float] = None
         self._next_step_line, self._last_step_line_t = 0, 0.0
+        self.rank_step: Optional[dict] = None  # this rank's step and busy time, set by the loop
+        self._proc = None
         super().__init__(fd=fd, alive_every=alive_every)
+        self._narrate = narrate and not self.rank  # one readable account per job: rank 0's
+
+    def alive_extra(self) -> dict:
+        if self.rank is None:
+            return {}
+        if self._proc is None:
+            import psutil
+            self._proc = psutil.Process()
+        # per-rank telemetry for the rank table and the straggler check
+        return {**(self.rank_step or {}), "rss_mb": round(self._proc.memory_info().rss / 2 ** 20, 1)}
 
     def emit_data(self, kind: str, data: dict) -> None:
+        if self.rank and not (kind in ("alive", "state", "alert") or kind == "info" and "rank" in data):
+            return  # a rank other than 0: the job's story is rank 0's
         super().emit_data(kind, data)
         if self._narrate and kind not in ("alive", "log"):
             try:

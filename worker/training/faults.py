@@ -38,6 +38,7 @@ class Fault(BaseModel):
     crash_at_step: Optional[int] = Field(None, ge=0, description=f"exit({EXIT_FAULT_CRASH}) at this step")
     nan_at_step: Optional[int] = Field(None, ge=0, description="loss becomes NaN at this step")
     step_sleep_s: float = Field(0.0, ge=0, description="sleep this long every step (a slow but alive job)")
+    rank: Optional[int] = Field(None, ge=0, description="only this rank of a distributed job gets the fault")
 
 
 def plan_for(job_name: Optional[str], environ=os.environ) -> Optional[Fault]:
@@ -47,7 +48,12 @@ def plan_for(job_name: Optional[str], environ=os.environ) -> Optional[Fault]:
         return None
     plan = json.loads(Path(path).read_text())
     entry = plan.get(job_name or "", plan.get("*"))
-    return Fault.model_validate(entry) if entry is not None else None
+    if entry is None:
+        return None
+    fault = Fault.model_validate(entry)
+    if fault.rank is not None and fault.rank != int(environ.get("RANK", "0") or 0):
+        return None  # a per-rank fault, for another rank
+    return fault
 
 
 def _fault_hang() -> None:

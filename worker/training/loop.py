@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tokenpulse.protocol import Failure, Phase
 
 from .controls import Controls
+from .distributed import Dist, agree, no_sync, shard, sum_over_ranks
 from .faults import Faults
 from .packing import IGNORE
 from .precision import autocast
@@ -87,9 +88,11 @@ class Telemetry:
 def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], state: LoopState,
         total_steps: int, precision: str, device: torch.device, tel: Telemetry,
         controls: Controls, faults: Faults = Faults(), on_step: Optional[Callable[[LoopState], Optional[bool]]] = None,
-        scaler=None, max_grad_norm: float = 1.0) -> LoopResult:
+        scaler=None, max_grad_norm: float = 1.0, ranks: Dist = Dist()) -> LoopResult:
     """Train from state.step to total_steps. `steps` yields (epoch, the step's collated micro-batches).
-    on_step(state) runs after each step; a true return means it evaluated (left out of tokens/s)."""
+    on_step(state) runs after each step; a true return means it evaluated (left out of tokens/s).
+    With several ranks (`ranks`, model wrapped in DDP) each runs its share of every step's
+    micro-batches (distributed.shard); only rank 0 reports metrics."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     proc = psutil.Process()
@@ -106,7 +109,9 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         nonlocal pending, win_t, win
         if not pending:
             return None
-        losses = torch.stack([l for _, l, _ in pending]).tolist()  # the one host sync per log interval
+        # the one host sync per log interval (and, with ranks, one all_reduce: the step's loss is
+        # the sum of every rank's share)
+        losses = sum_over_ranks(ranks, torch.stack([l for _, l, _ in pending])).tolist()
         norms = torch.stack([g for _, _, g in pending]).float().tolist()
         steps = [s for s, _, _ in pending]
         pending = []
@@ -114,7 +119,7 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
             if not math.isfinite(l):
                 return LoopResult(Failure.NAN, s, all_losses, f"loss is {l} at step {s}")
         all_losses.extend(losses)
-        if not tel.enabled:
+        if not tel.enabled or not ranks.main:
             return None
         now = time.perf_counter()
         vals = dict(loss=sum(losses) / len(losses), lr=scheduler.get_last_lr()[0], grad_norm=norms[-1],
@@ -136,13 +141,18 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         return None
 
     while state.step < total_steps:
-        if controls.cancel or controls.pause:
+        step = state.step  # 0-based index of the step about to run
+        t_iter = time.perf_counter()
+        faults.at("step", step)
+        t_wait = time.perf_counter()
+        cancel, pause = agree(ranks, controls.cancel, controls.pause)
+        waited = time.perf_counter() - t_wait  # waiting for the other ranks is not this rank's work
+        if cancel or pause:
+            controls.cancel, controls.pause = cancel, pause
             r = flush(state.step)
             if r:
                 return r
             return LoopResult("cancelled" if controls.cancel else "paused", state.step, all_losses)
-        step = state.step  # 0-based index of the step about to run
-        faults.at("step", step)
         t0 = time.perf_counter()
         try:
             state.epoch, micro = next(steps)
@@ -151,14 +161,22 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         if not micro:
             r = flush(step)
             return r or LoopResult("exhausted", step, all_losses)
-        n_targets = max(1, sum(b["n_targets"] for b in micro))
+        n_targets = max(1, sum(b["n_targets"] for b in micro))  # the whole step's, on every rank
+        local, fillers = shard(ranks, micro)
         loss_acc = None
-        for b in micro:
+        for i, b in enumerate(local):
             b = to_device(b, device)
-            loss = forward_loss(model, b, precision, device) / n_targets
-            if faults.at("loss", step):
-                loss = loss * float("nan")
-            (scaler.scale(loss) if scaler is not None else loss).backward()
+            with no_sync(model, last=i == len(local) - 1):
+                loss = forward_loss(model, b, precision, device) / n_targets
+                if i >= len(local) - fillers:
+                    loss = loss * 0.0  # a filler: keeps DDP's backward count equal across ranks
+                if faults.at("loss", step):
+                    loss = loss * float("nan")
+                # x world size: DDP averages gradients over ranks; the step's gradient is their sum
+                t_back = time.perf_counter()
+                (scaler.scale(loss * ranks.world) if scaler is not None else loss * ranks.world).backward()
+                if ranks.on and i == len(local) - 1:  # the backward that waits for every rank's gradients
+                    waited += time.perf_counter() - t_back
             loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()
         if scaler is not None:
             scaler.unscale_(optimizer)
@@ -172,6 +190,9 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         tel.em.step_done = state.step  # the alive thread reports it: progress without a host sync
+        if ranks.on:  # a straggler is the rank whose own work (waits left out) is far above the others'
+            tel.em.rank_step = {"step_time_s": time.perf_counter() - t_iter,
+                                "busy_s": time.perf_counter() - t_iter - waited}
         state.data_pos += 1
         pending.append((step, loss_acc, grad_norm.detach()))
         if state.step - start_step == WARMUP_STEPS:

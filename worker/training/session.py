@@ -19,6 +19,7 @@ from .analysis import recommend_max_len
 from .autotune import autotune
 from .controls import Controls
 from .diskspace import looks_like_disk_full
+from .distributed import broadcast, env_ranks, rank_info, setup, wrap
 from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
 from .evaluation import Evaluator, cap, hold_out
 from .faults import Faults
@@ -46,6 +47,7 @@ class Session:
         # Test-only faults come from TOKENPULSE_FAULT_PLAN, never from the spec.
         self.faults = faults if faults is not None else Faults.for_job(spec.name)
         self.result = None  # LoopResult, for callers in-process (tests, benchmark)
+        self.ranks = env_ranks()  # rank 0 of 1 unless started by torchrun
         self.eval_data: Optional[Tokenized] = None  # held-out or separate eval examples
         self.evaluator: Optional[Evaluator] = None
         self.sample: Optional[int] = None  # tokenize only a sample of this many examples (the test run)
@@ -54,8 +56,11 @@ class Session:
     def _model(self):
         spec, em = self.spec, self.em
         self.device, why = pick_device(spec)
+        self.device = setup(self.ranks, self.device)  # joins the process group when there are ranks
         em.info(device=str(self.device), reason=why, torch_threads=torch.get_num_threads(),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"))
+        if self.ranks.on:
+            em.info(**rank_info(self.ranks, self.device))  # each rank's identity, for the rank table
         fetch_model(spec, em)  # a Hub model downloads first, as its own phase with bytes done/total
         em.phase(Phase.LOADING_MODEL, detail=spec.model)
         self.tokenizer = load_tokenizer(spec)
@@ -232,15 +237,19 @@ class Session:
         if data.n == 0:
             raise SpecError("dataset has no examples", "dataset")
         data = self._eval_split(data)
-        precision = self._precision()
+        precision = broadcast(self.ranks, self._precision() if self.ranks.main else None)
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
             em.info(padding=lay.mode, max_seq_length=lay.max_len, batch_size=lay.rows, row_len=lay.row_len,
                     grad_accum=lay.grad_accum, reason="same as the run being resumed")
-        else:
+        elif self.ranks.main:
             max_len = self._choose_max_len(data.lengths)
             mode = self._choose_mode()
             lay, _ = self._layout(data, mode, max_len, precision)
+        else:
+            lay = None
+        # measured choices differ between processes: every rank takes rank 0's, so all build one plan
+        lay = broadcast(self.ranks, lay)
         em.phase(Phase.PACKING, done=0, total=1, unit="epochs")
         per_epoch = len(epoch_steps(data, lay, spec.seed, 0))
         em.phase(Phase.PACKING, done=1, total=1, unit="epochs", detail=f"{per_epoch} optimizer steps per epoch")
@@ -269,7 +278,7 @@ class Session:
         if spec.epochs is not None and spec.max_steps is None:
             raise SpecError("streaming needs max_steps (the stream's length is unknown)", "max_steps")
         self._eval_split(None)
-        precision = self._precision()
+        precision = broadcast(self.ranks, self._precision() if self.ranks.main else None)
         chunk_tokens = 200_000
 
         def chunks():
@@ -291,9 +300,12 @@ class Session:
             raise SpecError("dataset has no examples", "dataset")
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
-        else:
+        elif self.ranks.main:
             max_len = self._choose_max_len(first.lengths)  # from the first chunk: all a stream offers
             lay, _ = self._layout(first, self._choose_mode(), max_len, precision)
+        else:
+            lay = None
+        lay = broadcast(self.ranks, lay)
         pad = self.tokenizer.pad_token_id
 
         def stream():
@@ -341,7 +353,7 @@ class Session:
         # plus attention scores over the example's own context.
         fpt = (6 * total_p if trainable == total_p else 4 * total_p + 2 * trainable) + 6 * n_layers * hidden * mean_len
         peak = 0.0
-        if self.telemetry:
+        if self.telemetry and self.ranks.main:
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
             peak = measure_peak_flops(dtype, self.device)
             em.info(peak_flops=peak, flops_per_token=fpt, reason="MFU is measured against a large "
@@ -351,7 +363,9 @@ class Session:
         ev = self.evaluator = Evaluator(spec, self.eval_data, lay, self.tokenizer, self.device, precision, em,
                                         self.controls.should_stop) if self.eval_data is not None else None
 
-        def save(st: LoopState) -> Path:
+        def save(st: LoopState) -> Optional[Path]:
+            if not self.ranks.main:
+                return None  # only rank 0 saves: the ranks' weights and optimizer states are equal
             em.phase(Phase.SAVING, detail=f"checkpoint at step {st.step}")
             try:
                 p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
@@ -379,8 +393,8 @@ class Session:
             return evaluated
 
         em.phase(Phase.TRAINING, done=state.step, total=total, unit="steps")
-        res = run(model, opt, sched, batches, state, total, precision, self.device, tel,
-                  self.controls, self.faults, on_step=on_step, scaler=scaler)
+        res = run(wrap(self.ranks, model, self.device), opt, sched, batches, state, total, precision,
+                  self.device, tel, self.controls, self.faults, on_step=on_step, scaler=scaler, ranks=self.ranks)
         self.result = res
         if res.outcome == Failure.NAN:
             em.alert(AlertKind.NAN, f"non-finite loss at step {res.step}: {res.detail}", severity="critical")
@@ -395,6 +409,9 @@ class Session:
             return EXIT_OK
         if ev is not None and (ev.last is None or ev.last["step"] != state.step):
             ev.run(model, state.step)  # the data ran out before the last planned step: the final eval
+        if not self.ranks.main:  # rank 0 saves the final model
+            em.emit("state", state="completed", reason=f"rank {self.ranks.rank}: trained {state.step} steps")
+            return EXIT_OK
         em.phase(Phase.SAVING, detail="final model")
         final = self.out / "final"
         tmp = self.out / ".tmp-final"

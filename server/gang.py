@@ -1,0 +1,116 @@
+"""Gang claims: a job with nnodes = K runs on K agents at once, each starting torchrun with its node
+rank and the rendezvous endpoint of node rank 0's agent.
+
+All or nothing: an agent that claims while a multi-node job is queued joins its forming gang (a
+gang_members row for the next attempt) and is told to wait (202); when the K-th agent joins, the job
+starts (`starting`, one attempts row, jobs.agent_id = node rank 0's agent, which reports the job's
+events) and every member's next claim gets its share. A gang that does not fill within
+gang_timeout_s is dissolved: no agent sits on a partial gang. A full gang takes no further agent.
+Runs on the writer thread, inside the claim's transaction.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from server.models import Agent, Attempt, GangMember, Job
+from tokenpulse.protocol import ACTIVE_STATES, JobState
+
+
+@dataclass
+class Share:
+    job: Job
+    node_rank: int
+    endpoint: Optional[str]
+
+
+@dataclass
+class Waiting:
+    job_id: int
+    members: int
+    nnodes: int
+
+
+def members(s: Session, job: Job) -> list[int]:
+    """Agents holding a share of the job's current attempt."""
+    return list(s.scalars(select(GangMember.agent_id).where(GangMember.job_id == job.id,
+                                                            GangMember.attempt == job.attempt)))
+
+
+def _forming(s: Session, job: Job) -> list[GangMember]:
+    return list(s.scalars(select(GangMember).where(GangMember.job_id == job.id, GangMember.attempt == job.attempt + 1)
+                          .order_by(GangMember.node_rank)))
+
+
+def claim(s: Session, agent: Agent, endpoint: Optional[str], timeout_s: float):
+    """Share (start your part now), Waiting (your gang is gathering: ask again), or None (no gang
+    job for you: claim as usual)."""
+    now = time.time()
+    # 1. a share of a gang that started: handed out once to each member
+    mine = s.execute(select(GangMember, Job).join(Job, Job.id == GangMember.job_id).where(
+        GangMember.agent_id == agent.id, GangMember.attempt == Job.attempt, GangMember.handed_at.is_(None),
+        Job.state.in_([x.value for x in ACTIVE_STATES]))).first()
+    if mine is not None:
+        m, job = mine
+        m.handed_at = now
+        return Share(job, m.node_rank, _endpoint(s, job.id, job.attempt))
+    # 2. a gang this agent is gathering with
+    mine = s.execute(select(GangMember, Job).join(Job, Job.id == GangMember.job_id).where(
+        GangMember.agent_id == agent.id, GangMember.attempt == Job.attempt + 1,
+        Job.state == JobState.queued.value)).first()
+    if mine is not None:
+        return _settle(s, mine[1], agent, now, timeout_s)
+    # 3. join the best queued multi-node job that still has room
+    for job in s.scalars(select(Job).where(Job.state == JobState.queued.value, Job.nnodes > 1, Job.kind == "train")
+                         .order_by(Job.priority.desc(), Job.id)):
+        gathered = _forming(s, job)
+        if len(gathered) >= job.nnodes:
+            continue  # full: the gang is starting, a third agent takes no half of it
+        s.add(GangMember(job_id=job.id, attempt=job.attempt + 1, node_rank=len(gathered), agent_id=agent.id,
+                         endpoint=endpoint if not gathered else None, joined_at=now))
+        s.flush()
+        return _settle(s, job, agent, now, timeout_s)
+    return None
+
+
+def _settle(s: Session, job: Job, agent: Agent, now: float, timeout_s: float):
+    gathered = _forming(s, job)
+    if len(gathered) >= job.nnodes:
+        lead = gathered[0]
+        s.execute(update(Job).where(Job.id == job.id).values(
+            state=JobState.starting.value, agent_id=lead.agent_id, attempt=Job.attempt + 1, alive_at=now, reason=None))
+        s.refresh(job)
+        s.add(Attempt(job_id=job.id, attempt=job.attempt, agent_id=lead.agent_id, started_at=now,
+                      resumed_from=job.checkpoint))
+        me = next(m for m in gathered if m.agent_id == agent.id)
+        me.handed_at = now
+        return Share(job, me.node_rank, lead.endpoint)
+    if now - min(m.joined_at for m in gathered) > timeout_s:
+        # all or nothing: a gang that did not gather in time lets its agents go
+        s.execute(delete(GangMember).where(GangMember.job_id == job.id, GangMember.attempt == job.attempt + 1))
+        job.reason = (f"a gang of {job.nnodes} agents did not gather within {timeout_s:.0f} s "
+                      f"({len(gathered)} joined); waiting for agents")
+        return None
+    return Waiting(job.id, len(gathered), job.nnodes)
+
+
+def _endpoint(s: Session, job_id: int, attempt: int) -> Optional[str]:
+    return s.scalar(select(GangMember.endpoint).where(GangMember.job_id == job_id, GangMember.attempt == attempt,
+                                                      GangMember.node_rank == 0))
+
+
+def lost_gangs(s: Session, agent_id: int) -> list[Job]:
+    """Active multi-node jobs in which this (lost) agent holds a share other than node rank 0's:
+    the whole gang fails with it."""
+    return list(s.scalars(select(Job).join(GangMember, GangMember.job_id == Job.id).where(
+        GangMember.agent_id == agent_id, GangMember.attempt == Job.attempt, Job.agent_id != agent_id,
+        Job.state.in_([x.value for x in ACTIVE_STATES]))))
+
+
+def count_members(s: Session, job_id: int, attempt: int) -> int:
+    return s.scalar(select(func.count()).select_from(GangMember).where(
+        GangMember.job_id == job_id, GangMember.attempt == attempt)) or 0

@@ -1,0 +1,57 @@
+"""Per-rank telemetry of distributed jobs: what heartbeats report about each rank, stored one row
+per (job, rank) and read back as the job's rank table. Runs on the writer thread (heartbeats)."""
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from server.models import Job, JobRank
+from tokenpulse.protocol import ACTIVE_STATES, JobState, RankReport
+
+COLUMNS = ("host", "pid", "device", "step", "step_time_s", "busy_s", "rss_mb", "alive_at", "progress_at", "exit")
+
+
+def store(s: Session, agent_id: int, reports: dict[int, list[RankReport]]) -> None:
+    """Upsert the reported ranks of jobs this agent runs now; a new attempt starts a fresh table."""
+    now = time.time()
+    for job_id, rows in reports.items():
+        job = s.get(Job, job_id)
+        if job is None or JobState(job.state) not in ACTIVE_STATES:
+            continue
+        mine = job.agent_id == agent_id or agent_id in gang_agents(s, job)
+        if not mine:
+            continue
+        s.execute(delete(JobRank).where(JobRank.job_id == job_id, JobRank.attempt != job.attempt))
+        for r in rows:
+            row = s.get(JobRank, (job_id, r.rank))
+            if row is None:
+                row = JobRank(job_id=job_id, rank=r.rank, attempt=job.attempt, updated_at=now)
+                s.add(row)
+            row.agent_id, row.updated_at = agent_id, now
+            for k in COLUMNS:
+                v = getattr(r, k)
+                if v is not None:
+                    setattr(row, k, v)
+
+
+def gang_agents(s: Session, job: Job) -> set[int]:
+    """The agents holding a share of a multi-node job (server/gang.py), none for a one-node job."""
+    try:
+        from server.gang import members
+    except ImportError:
+        return set()
+    return set(members(s, job))
+
+
+def table(s: Session, job_id: int) -> list[dict]:
+    """The job's rank table (its newest attempt), rank order, with the age of each rank's last progress."""
+    now = time.time()
+    out = []
+    for row in s.scalars(select(JobRank).where(JobRank.job_id == job_id).order_by(JobRank.rank)):
+        d = {"rank": row.rank, "attempt": row.attempt, "agent_id": row.agent_id, "updated_at": row.updated_at,
+             **{k: getattr(row, k) for k in COLUMNS}}
+        d["progress_age_s"] = round(now - row.progress_at, 1) if row.progress_at else None
+        out.append(d)
+    return out

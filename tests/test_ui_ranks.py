@@ -1,0 +1,32 @@
+"""The job page's rank table in headless Chromium, for a real 2-rank job (torchrun, gloo)."""
+from __future__ import annotations
+
+from selenium.webdriver.common.by import By
+
+from conftest import wait_for
+from test_ui import browser, console_errors, login, until  # noqa: F401 (browser: a fixture)
+
+
+def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    d = browser
+    server.start_agent("a1")
+    with server.client() as c:
+        name = server.plan_fault("ranked", step_sleep_s=0.2)  # long enough to watch it run
+        jid = c.post("/api/jobs", json={"name": name, "max_steps": 400, "batch_size": 2, "max_seq_length": 64,
+                                        "precision": "fp32", "nproc_per_node": 2}).json()["id"]
+        rest = wait_for(lambda: (lambda rows: rows if len(rows) == 2 and all(r["step"] for r in rows) else None)(
+            c.get(f"/api/jobs/{jid}/ranks").json()), 240, "two ranks stepping")
+        login(d, server)
+        d.get(f"{server.url}/jobs/{jid}")
+        until(d, 30, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#ranks:not([hidden]) #ranks-body tr")) == 2,
+              "two rank rows on the job page")
+        rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                for tr in d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")]
+        assert [r[0] for r in rows] == ["0", "1"]
+        assert [r[2] for r in rows] == [str(x["pid"]) for x in rest]
+        assert all(r[1] == rest[0]["host"] and r[3] == "cpu" and r[4] != "–" and r[8].endswith("MiB") for r in rows), rows
+        assert all("ago" in r[7] for r in rows), rows
+        assert not console_errors(d)
+        c.post(f"/api/jobs/{jid}/cancel")
+        assert server.wait_job(jid, timeout=60)["state"] == "cancelled"

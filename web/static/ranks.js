@@ -1,0 +1,28 @@
+"use strict";
+// The rank table of a distributed job (GET /api/jobs/{id}/ranks): one row per rank with its host,
+// pid, device, step, step time, own work per step (waits for the other ranks left out), memory and
+// the age of its last progress. Hidden for a one-process job. Polled while the job runs.
+(() => {
+  const jobId = Number(document.getElementById("job").dataset.jobId);
+  const box = document.getElementById("ranks");
+  if (!box) return;
+  const body = document.getElementById("ranks-body");
+  const secs = (v) => (v === null || v === undefined ? "–" : `${TP.sig(v, 3)} s`);
+  async function refresh() {
+    let rows, job;
+    try { [rows, job] = await Promise.all([TP.api(`/api/jobs/${jobId}/ranks`), TP.api(`/api/jobs/${jobId}`)]); } catch (e) { return setTimeout(refresh, 5000); }
+    box.hidden = !rows.length;
+    const steps = rows.map((r) => r.step).filter((s) => s !== null);
+    const lead = steps.length ? Math.max(...steps) : null;
+    body.replaceChildren(...rows.map((r) => TP.el("tr", { "data-rank": r.rank, class: r.step !== null && lead !== null && r.step < lead - 1 ? "behind" : "" },
+      TP.el("td", { text: String(r.rank) }), TP.el("td", { text: r.host || "–" }), TP.el("td", { text: r.pid ? String(r.pid) : "–" }),
+      TP.el("td", { text: r.device || "–" }), TP.el("td", { text: r.step === null ? "–" : TP.num(r.step) }),
+      TP.el("td", { text: secs(r.step_time_s) }), TP.el("td", { text: secs(r.busy_s) }),
+      TP.el("td", { text: r.progress_age_s === null ? "–" : `${TP.num(r.progress_age_s, 1)} s ago` }),
+      TP.el("td", { text: TP.bytesMB(r.rss_mb) }))));
+    const spec = (job && job.spec) || {};
+    const ranked = (spec.nproc_per_node || 1) * (spec.nnodes || 1) > 1;
+    if (ranked && job && !TP.FINAL.includes(job.state)) setTimeout(refresh, 2000); // a one-process job has no ranks
+  }
+  refresh();
+})();
