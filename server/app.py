@@ -102,8 +102,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
     for r in (external.router, jobs.router, ranks_api.router, agents.router, agent_ws.router, alerts.router,
-              datasets.router,
-              tokens.router, ws.router):
+              datasets.router, tokens.router, ws.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse,
