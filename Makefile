@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up demo setup test browser bench clean
+.PHONY: up demo setup test browser postgres bench clean
 
 up: setup ## set up (first time) and start the server with an embedded worker
 	$(BIN)/tokenpulse up
@@ -26,8 +26,23 @@ browser: ## Debian's Chromium and ChromeDriver for the UI tests (never a downloa
 	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
 	  apt-get update -q && apt-get install -y -q chromium chromium-driver; fi
 
-test: setup browser ## the whole test suite
+postgres: ## Debian's PostgreSQL server binaries for the tests on PostgreSQL (each run starts its own cluster)
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; fi
+
+# The files that talk to the store run again on PostgreSQL (tests/pg.py starts a throwaway cluster):
+# the server, ingest, storage, reaper, multi-process and agent-socket tests. The training, UI and CLI
+# files exercise the same server paths through the same routes, so they run on SQLite only (time).
+# The whole suite on PostgreSQL: TOKENPULSE_TEST_DB=postgresql .venv/bin/python -m pytest -q
+PG_TESTS := tests/test_api.py tests/test_ingest.py tests/test_security.py tests/test_fuzz.py \
+	tests/test_boundaries.py tests/test_series.py tests/test_series_reader.py tests/test_store.py \
+	tests/test_reaper.py tests/test_hub.py tests/test_durability.py tests/test_queue_resilience.py \
+	tests/test_migrations.py tests/test_multiserver.py tests/test_agent_channel.py tests/test_operations.py \
+	tests/test_sessions.py tests/test_spine.py tests/test_errors.py
+
+test: setup browser postgres ## the whole suite on SQLite, then the store-facing files on PostgreSQL
 	$(BIN)/python -m pytest -q
+	TOKENPULSE_TEST_DB=postgresql $(BIN)/python -m pytest -q $(PG_TESTS)
 
 bench: setup
 	$(BIN)/python bench/train_throughput.py --quick

@@ -197,6 +197,7 @@ def role_hb(a) -> None:
     async def one(i: int, c: httpx.AsyncClient, start_evt: asyncio.Event, counts: list):
         aid = (await c.post("/api/agents", json={"name": f"hb{i}", "host": "bench"})).json()["id"]
         job = (await c.post(f"/api/agents/{aid}/claim")).json()["job_id"]
+        counts[2] += 1
         await start_evt.wait()
         await asyncio.sleep(i * 1.0 / a.agents)  # spread, like independent machines
         seq, next_hb = 0, 0.0
@@ -214,12 +215,49 @@ def role_hb(a) -> None:
             counts[1] += 1
             await asyncio.sleep(max(0.0, now + 1.0 - time.time()))
 
+    async def one_ws(i: int, c: httpx.AsyncClient, start_evt: asyncio.Event, counts: list):
+        """The same agent on its websocket (server/api/agent_ws.py): one connection for everything."""
+        from websockets.asyncio.client import connect
+        aid = (await c.post("/api/agents", json={"name": f"hb{i}", "host": "bench"})).json()["id"]
+        job = (await c.post(f"/api/agents/{aid}/claim")).json()["job_id"]
+        await c.aclose()  # from here on, the websocket only
+        ws_url = a.url.replace("http://", "ws://") + f"/api/agents/{aid}/ws"
+        async with connect(ws_url, additional_headers={"Authorization": f"Bearer {a.token}"},
+                           ping_interval=None, open_timeout=120) as ws:
+            counts[2] += 1
+            await start_evt.wait()
+            await asyncio.sleep(i * 1.0 / a.agents)
+            seq, next_hb, mid = 0, 0.0, 0
+            while time.time() < a.end_at:
+                now = time.time()
+                mid += 1
+                msg = {"id": mid, "events": [
+                    {"kind": "phase", "job_id": job, "seq": seq, "t": now,
+                     "data": {"name": "training", "done": seq, "total": 100000, "unit": "steps"}}]}
+                if now >= next_hb:  # the heartbeat folded into the batch, as the agent does
+                    msg["heartbeat"] = {str(job): now}
+                    next_hb = now + 2.0
+                    counts[0] += 1
+                await ws.send(json.dumps(msg))
+                reply = json.loads(await ws.recv())
+                assert reply.get("acked") == {str(job): seq}, reply
+                seq += 1
+                counts[1] += 1
+                await asyncio.sleep(max(0.0, now + 1.0 - time.time()))
+
     async def main():
-        start_evt, counts = asyncio.Event(), [0, 0]
-        clients = [httpx.AsyncClient(base_url=a.url, timeout=30, headers={"Authorization": f"Bearer {a.token}"})
-                   for _ in range(a.agents)]
-        tasks = [asyncio.create_task(one(i, c, start_evt, counts)) for i, c in enumerate(clients)]
-        await asyncio.sleep(max(0.0, a.start_at - time.time()))
+        start_evt, counts = asyncio.Event(), [0, 0, 0]  # heartbeats, phase batches, agents ready
+        limits = httpx.Limits(max_connections=4)
+        clients = [httpx.AsyncClient(base_url=a.url, timeout=60, headers={"Authorization": f"Bearer {a.token}"},
+                                     limits=limits) for _ in range(a.agents)]
+        body = one_ws if a.channel == "ws" else one
+        tasks = [asyncio.create_task(body(i, c, start_evt, counts)) for i, c in enumerate(clients)]
+        # All registered, claimed (and connected) first: the orchestrator's window sees only the
+        # steady beat, never the registrations of a loaded machine.
+        while counts[2] < a.agents:
+            await asyncio.sleep(0.1)
+        a.end_at = time.time() + a.run_s
+        print("ready", flush=True)
         start_evt.set()
         await asyncio.gather(*tasks)
         print(json.dumps({"heartbeats": counts[0], "phase_batches": counts[1]}), flush=True)
@@ -239,6 +277,10 @@ class Bench:
     def start_server(self):
         data = self.dir / "data"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.store = "sqlite"
+        if self.a.database_url:
+            env["TOKENPULSE_DATABASE_URL"] = self.a.database_url
+            self.store = "postgresql"
         self.server_log = (self.dir / "server.log").open("w")
         self.server = subprocess.Popen([PY, "-m", "tokenpulse.cli", "server", "--data-dir", str(data), "--port",
                                         str(self.port)], cwd=ROOT, env=env, stdout=self.server_log,
@@ -329,19 +371,25 @@ class Bench:
         log("ingest", json.dumps(self.res["ingest"]))
 
     def heartbeats(self):
-        jobs = [self.submit(f"hb{i}") for i in range(100)]
-        start_at = time.time() + 6
-        end_at = start_at + 2 + self.a.hb_duration
-        p = self.child("_hb", "--url", self.url, "--token", self.agent_token, "--agents", "100",
-                       "--start-at", str(start_at), "--end-at", str(end_at))
-        time.sleep(max(0.0, start_at + 2 - time.time()))  # all 100 spread out and running
+        n, channel = self.a.hb_agents, self.a.hb_channel
+        jobs = [self.submit(f"hb{i}") for i in range(n)]
+        p = self.child("_hb", "--url", self.url, "--token", self.agent_token, "--agents", str(n),
+                       "--channel", channel, "--run-s", str(2 + self.a.hb_duration))
+        while p.stdout.readline().strip() != "ready":  # every agent registered, claimed, connected
+            pass
+        end_at = time.time() + 2 + self.a.hb_duration
+        log(f"hb: {n} agents ({channel}) registered and running")
+        time.sleep(2)  # all spread out and running
         c0, t0 = cpu_of(self.server.pid), time.time()
         time.sleep(max(0.0, end_at - time.time()))
         c1, t1 = cpu_of(self.server.pid), time.time()
         out = json.loads(p.communicate()[0].strip().splitlines()[-1])
         in_window = (out["heartbeats"] + out["phase_batches"]) * self.a.hb_duration / (self.a.hb_duration + 2)
         self.res["hb"] = {**out, "core_pct": (c1 - c0) / (t1 - t0) * 100, "jobs": len(jobs),
-                          "cpu_ms_per_request": (c1 - c0) / in_window * 1e3}
+                          "cpu_ms_per_request": (c1 - c0) / in_window * 1e3, "agents": n, "channel": channel,
+                          # at the nominal rate (1.5 messages per agent a second), whatever the
+                          # loaded bench client managed to send
+                          "nominal_core_pct": (c1 - c0) / in_window * 1.5 * n * 100, "store": self.store}
         log("heartbeats", self.res["hb"])
 
     def reads(self):
@@ -566,6 +614,9 @@ class Bench:
 
 
 def main():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # 1,000 agents: a socket each, both sides
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="role")
     b = sub.add_parser("run")
@@ -574,6 +625,10 @@ def main():
         p.add_argument("--duration", type=float, default=10.0, help="seconds of offered ingest load")
         p.add_argument("--clients", type=int, default=100)
         p.add_argument("--hb-duration", type=float, default=8.0)
+        p.add_argument("--hb-agents", type=int, default=100)
+        p.add_argument("--hb-channel", choices=("http", "ws"), default="ws",
+                       help="agents on HTTP requests or on their websocket (server/api/agent_ws.py)")
+        p.add_argument("--database-url", help="a PostgreSQL URL (an empty database) instead of SQLite")
         p.add_argument("--skip-anchor", action="store_true")
         p.add_argument("--phases", default="probe,ingest,hb,reads")
         p.add_argument("--no-table", action="store_true")
@@ -601,8 +656,8 @@ def main():
     for k in ("--url", "--token"):
         c.add_argument(k)
     c.add_argument("--agents", type=int)
-    for k in ("--start-at", "--end-at"):
-        c.add_argument(k, type=float)
+    c.add_argument("--channel", default="http")
+    c.add_argument("--run-s", type=float)
     a = ap.parse_args()
     roles = {"_agent": role_agent, "_probe": role_probe, "_ws": role_ws, "_hb": role_hb}
     if a.role in roles:

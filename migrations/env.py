@@ -2,6 +2,7 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+from server.dialect import compare_type  # its compile rule makes integers 64-bit on PostgreSQL, as SQLite's are
 from server.models import Base
 
 config = context.config
@@ -10,7 +11,7 @@ target_metadata = Base.metadata
 
 def run_migrations_offline() -> None:
     context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-                      literal_binds=True, render_as_batch=True)
+                      literal_binds=True, render_as_batch=True, compare_type=compare_type)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -20,7 +21,8 @@ def run_migrations_online() -> None:
                                      prefix="sqlalchemy.", poolclass=pool.NullPool)
     with connectable.connect() as connection:
         # batch mode: SQLite cannot ALTER most things; alembic rebuilds tables instead.
-        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
+                          compare_type=compare_type)
         with context.begin_transaction():
             context.run_migrations()
 

@@ -7,20 +7,23 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 from server import auth, errors, prometheus, storage_errors
-from server.api import agents, alerts, datasets, external, jobs, tokens, ws
+from server.agent_channel import AgentWrites
+from server.api import agent_ws, agents, alerts, datasets, external, jobs, tokens, ws
 from server.api import ranks as ranks_api
 from server.db import Database, upgrade_to_head
 from server.context import App, AppDep
 from server.hub import Hub
+from server.leader import ReaperLock
 from server.reaper import reaper_loop
-from server.security import UserDep
+from server.relay import Relay
 from server.schemas import Health
+from server.security import UserDep
 from server.settings import Settings
 from server.webhooks import Webhooks
 
@@ -69,12 +72,23 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         tp = App(settings=settings, db=db, hub=Hub(settings.ws_queue_frames),
                  webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries))
         app.state.tp = tp
+        tp.agent_writes = AgentWrites(tp)
         tp.webhooks.start()
-        reaper = asyncio.create_task(reaper_loop(tp))
+        lock = None
+        if db.dialect == "postgresql":  # maybe one of several server processes on this database
+            tp.hub.relay = Relay(db.url, tp.hub)
+            await tp.hub.relay.start()
+            lock = ReaperLock(db.url)
+        app.state.reaper_lock = lock
+        reaper = asyncio.create_task(reaper_loop(tp, lock))
         try:
             yield
         finally:
             reaper.cancel()
+            if lock is not None:
+                await lock.close()
+            if tp.hub.relay is not None:
+                await tp.hub.relay.stop()
             await tp.webhooks.stop()
             db.close()
 
@@ -87,8 +101,8 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    for r in (external.router, jobs.router, ranks_api.router, agents.router, alerts.router, datasets.router,
-              tokens.router, ws.router):
+    for r in (external.router, jobs.router, ranks_api.router, agents.router, agent_ws.router, alerts.router,
+              datasets.router, tokens.router, ws.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse,
@@ -99,8 +113,10 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         return PlainTextResponse(prometheus.exposition(tp), media_type=prometheus.CONTENT_TYPE)
 
     @app.get("/api/health", tags=["meta"])
-    def health() -> Health:
-        return {"ok": True}
+    def health(request: Request) -> Health:
+        """reaper: whether this server process runs the reaper (one of several on PostgreSQL does)."""
+        lock = getattr(request.app.state, "reaper_lock", None)
+        return {"ok": True, "reaper": lock is None or lock.held}
 
     @app.get("/docs", include_in_schema=False)
     def swagger_ui() -> HTMLResponse:

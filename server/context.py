@@ -27,6 +27,7 @@ class App:
     started_at: float = field(default_factory=time.time)  # leases count from here after a restart
     login_throttle: auth.LoginThrottle = field(default_factory=auth.LoginThrottle)
     stats: ServerStats = field(default_factory=ServerStats)  # counters /metrics exposes
+    agent_writes: object = None  # agent websockets' writes, batched (server/agent_channel.py)
 
     def caller(self, token: str) -> Optional[Caller]:
         h = auth.hash_token(token)

@@ -1,5 +1,8 @@
 """Engine, sessions, schema upgrade at start, and the single writer.
 
+SQLite (the default) or PostgreSQL (psycopg 3): pragmas and the WAL checkpointer are SQLite's only;
+PostgreSQL gets a connection pool sized for the writer, the request threads and the listener.
+
 SQLite allows one writer at a time. Instead of letting request threads fight over the lock (and
 retry on SQLITE_BUSY), every write runs on one dedicated thread (`write`); reads run concurrently on
 the pool, which WAL mode allows alongside that writer.
@@ -27,12 +30,15 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.dialect import is_postgres, normalize_url
+
 T = TypeVar("T")
 STALL_S = 5.0  # a write queued this long means the writer was stalled (heartbeats ~1 ms normally)
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
+    url = normalize_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": busy_timeout_s},
                                pool_size=8, max_overflow=8)
@@ -50,6 +56,12 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
         return engine
+    if is_postgres(url):
+        # Reads run on the threadpool (up to ~40 threads); 10 + 10 connections cover a busy server
+        # without taking a large share of PostgreSQL's max_connections (100 by default) per process.
+        # pre_ping: a connection dropped by a database restart is replaced, not handed out.
+        return create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True, pool_recycle=1800,
+                             connect_args={"connect_timeout": int(busy_timeout_s)})
     return create_engine(url, pool_pre_ping=True)
 
 
@@ -57,7 +69,7 @@ def alembic_config(url: str):
     from alembic.config import Config
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("sqlalchemy.url", url)
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))  # configparser escapes
     return cfg
 
 
@@ -69,8 +81,9 @@ def upgrade_to_head(url: str) -> None:
 
 class Database:
     def __init__(self, url: str, busy_timeout_s: float = 30.0):
-        self.url = url
+        self.url = url = normalize_url(url)
         self.engine = make_engine(url, busy_timeout_s)
+        self.dialect = self.engine.dialect.name  # "sqlite" or "postgresql"
         self.Session = sessionmaker(self.engine, expire_on_commit=False)
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self.stalled_at = 0.0  # when a write last ended stalled or failed (see _note_stall)

@@ -10,6 +10,7 @@ from typing import Iterable, Optional
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 
 from server.store import TransitionError
 from server.validate import SpecError
@@ -80,8 +81,17 @@ async def transition_refused(_: Request, exc: TransitionError) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=409)
 
 
+async def unstorable(_: Request, exc: DataError) -> JSONResponse:
+    """PostgreSQL refuses what SQLite stores or refuses earlier (OverflowError): an integer past 64
+    bits, a NUL character in text. Either is the request's, never a 500."""
+    message = ("a value in the request cannot be stored (integers are at most 2**63 - 1; text cannot "
+               f"contain NUL characters): {str(exc.orig).splitlines()[0][:200]}")
+    return answer_422(error_detail([{"field": "body", "message": message}], message, field=None))
+
+
 def install(app) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(OverflowError, out_of_range)
+    app.add_exception_handler(DataError, unstorable)
     app.add_exception_handler(SpecError, spec_refused)
     app.add_exception_handler(TransitionError, transition_refused)

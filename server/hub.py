@@ -149,11 +149,16 @@ class Hub:
     def __init__(self, max_frames: int = 256):
         self.max_frames = max_frames
         self.by_topic: dict[str, set[Subscriber]] = {}
+        # Several server processes on one PostgreSQL: frames for topics other processes' browsers
+        # watch go to them too (server/relay.py); None with SQLite (one process).
+        self.relay = None
 
     def subscribe(self, topics: Iterable[str]) -> Subscriber:
         sub = Subscriber(topics, self.max_frames)
         for t in sub.topics:
             self.by_topic.setdefault(t, set()).add(sub)
+        if self.relay is not None:
+            self.relay.topics_changed()
         return sub
 
     def unsubscribe(self, sub: Subscriber) -> None:
@@ -163,6 +168,8 @@ class Hub:
                 subs.discard(sub)
                 if not subs:
                     del self.by_topic[t]
+        if self.relay is not None:
+            self.relay.topics_changed()
 
     def client_count(self) -> int:
         return len({sub for subs in self.by_topic.values() for sub in subs})
@@ -170,14 +177,27 @@ class Hub:
     def watched(self, topic: str) -> bool:
         """Anyone listening? (Read from the writer thread too: a dict lookup, safe under the GIL.
         A client subscribing at that very moment refills from REST anyway.)"""
-        return topic in self.by_topic
+        return topic in self.by_topic or (self.relay is not None and self.relay.wanted(topic))
 
     def publish(self, topic: str, payload: Union[dict, Frame], droppable: bool = True) -> None:
         """Call on the event loop thread only. payload may be a Frame built (serialized) elsewhere."""
         subs = self.by_topic.get(topic)
-        if not subs:
+        remote = self.relay is not None and self.relay.wanted(topic)
+        if not subs and not remote:
             return
         frame = payload if isinstance(payload, Frame) else Frame(payload, droppable)
+        for sub in subs or ():
+            sub.push(frame)
+        if remote:
+            self.relay.send(topic, frame)
+
+    def deliver(self, topic: str, text: str, droppable: bool) -> None:
+        """A frame another server process published (server/relay.py): to this process's browsers."""
+        subs = self.by_topic.get(topic)
+        if not subs:
+            return
+        from server.relay import frame_from_text
+        frame = frame_from_text(text, droppable)
         for sub in subs:
             sub.push(frame)
 

@@ -3,8 +3,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, false
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+# 64-bit integers on both stores: SQLite's INTEGER is 64-bit already (and must stay INTEGER for rowid
+# primary keys); on PostgreSQL the values bound in queries are BIGINT, so a step or id up to 2**63 - 1
+# works as on SQLite (server/dialect.py makes the columns BIGINT too).
+Int = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -13,31 +19,31 @@ class Base(DeclarativeBase):
 
 class Job(Base):
     __tablename__ = "jobs"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(16), index=True)
     kind: Mapped[str] = mapped_column(String(16), default="train", server_default="train")  # train, command
     spec: Mapped[str] = mapped_column(Text)  # JobSpec (kind train) or CommandSpec (kind command) as JSON
-    priority: Mapped[int] = mapped_column(Integer, default=0)
+    priority: Mapped[int] = mapped_column(Int, default=0)
     parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("jobs.id"), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     finished_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     # indexed: heartbeats and event batches look up "this agent's jobs" (pending commands)
     agent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("agents.id"), nullable=True, index=True)
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Int, default=0)
     requested_action: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)  # cancel or pause
     stack_requested_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # one-shot, apart
     # Live summary, updated by ingest so the jobs list needs no join over metrics.
     phase: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # PhaseData JSON
-    step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
-    total_steps: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    step: Mapped[Optional[int]] = mapped_column(Int, nullable=True)
+    total_steps: Mapped[Optional[int]] = mapped_column(Int, nullable=True)
     last: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # latest metric values JSON
     alive_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
-    next_seq: Mapped[int] = mapped_column(Integer, default=0)
+    next_seq: Mapped[int] = mapped_column(Int, default=0)
     reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     failure: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
-    exit_code: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    exit_code: Mapped[Optional[int]] = mapped_column(Int, nullable=True)
     signal: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
     checkpoint: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     output_dir: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
@@ -49,16 +55,16 @@ class Job(Base):
 
 class Agent(Base):
     __tablename__ = "agents"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     host: Mapped[str] = mapped_column(String(200))
     device: Mapped[str] = mapped_column(String(500))
-    capacity: Mapped[int] = mapped_column(Integer, default=1)
+    capacity: Mapped[int] = mapped_column(Int, default=1)
     state: Mapped[str] = mapped_column(String(16))  # online, lost, stopped
     created_at: Mapped[float] = mapped_column(Float)
     seen_at: Mapped[float] = mapped_column(Float)
     # The token that registered it: only that token may act as this agent (revoking it stops it).
-    token_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    token_id: Mapped[Optional[int]] = mapped_column(Int, nullable=True)
     # Started with --allow-commands: only such agents are handed command jobs (code execution).
     accepts_commands: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
@@ -67,14 +73,14 @@ class Attempt(Base):
     """One run of a job on one agent, and why it ended."""
     __tablename__ = "attempts"
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
-    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Int, primary_key=True)
     agent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("agents.id"), nullable=True)
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     outcome: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)
     reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     failure: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)  # oom, nan, crash, lost, spec...
-    exit_code: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    exit_code: Mapped[Optional[int]] = mapped_column(Int, nullable=True)
     signal: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
     resumed_from: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # checkpoint it started from
 
@@ -83,7 +89,7 @@ class Event(Base):
     """Every event but metrics (which go to the lean metrics table) and heartbeats."""
     __tablename__ = "events"
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(Int, primary_key=True)
     t: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(16))
     data: Mapped[str] = mapped_column(Text)
@@ -91,7 +97,7 @@ class Event(Base):
 
 class MetricKey(Base):
     __tablename__ = "metric_keys"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
 
 
@@ -99,9 +105,9 @@ class Metric(Base):
     """One number: the table is lean on purpose (WITHOUT ROWID, integer key ids): ~40 bytes a point.
     The primary key (job, key, step) makes a replayed point overwrite itself: stored exactly once."""
     __tablename__ = "metrics"
-    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(Int, primary_key=True)
+    key_id: Mapped[int] = mapped_column(Int, primary_key=True)
+    step: Mapped[int] = mapped_column(Int, primary_key=True)
     t: Mapped[float] = mapped_column(Float)
     value: Mapped[float] = mapped_column(Float)
     __table_args__ = ({"sqlite_with_rowid": False},)
@@ -111,20 +117,20 @@ class MetricRollup(Base):
     """Per 256 steps of one (job, key): count, first, last, min and max point (step, t, value).
     Kept by ingest, so a chart of a million points reads ~4,000 of these instead of the points."""
     __tablename__ = "metric_rollups"
-    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # step >> 8
-    n: Mapped[int] = mapped_column(Integer)
-    first_step: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[int] = mapped_column(Int, primary_key=True)
+    key_id: Mapped[int] = mapped_column(Int, primary_key=True)
+    bucket: Mapped[int] = mapped_column(Int, primary_key=True)  # step >> 8
+    n: Mapped[int] = mapped_column(Int)
+    first_step: Mapped[int] = mapped_column(Int)
     first_t: Mapped[float] = mapped_column(Float)
     first_value: Mapped[float] = mapped_column(Float)
-    last_step: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int] = mapped_column(Int)
     last_t: Mapped[float] = mapped_column(Float)
     last_value: Mapped[float] = mapped_column(Float)
-    min_step: Mapped[int] = mapped_column(Integer)
+    min_step: Mapped[int] = mapped_column(Int)
     min_t: Mapped[float] = mapped_column(Float)
     min_value: Mapped[float] = mapped_column(Float)
-    max_step: Mapped[int] = mapped_column(Integer)
+    max_step: Mapped[int] = mapped_column(Int)
     max_t: Mapped[float] = mapped_column(Float)
     max_value: Mapped[float] = mapped_column(Float)
     __table_args__ = ({"sqlite_with_rowid": False},)
@@ -132,7 +138,7 @@ class MetricRollup(Base):
 
 class Alert(Base):
     __tablename__ = "alerts"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int, primary_key=True)
     job_id: Mapped[Optional[int]] = mapped_column(ForeignKey("jobs.id"), nullable=True, index=True)
     agent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("agents.id"), nullable=True)
     kind: Mapped[str] = mapped_column(String(64))
@@ -147,7 +153,7 @@ class Alert(Base):
 
 class Token(Base):
     __tablename__ = "tokens"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(16))  # user, agent
     # Space-separated extra rights of a user token: "commands" (may submit command jobs).
@@ -160,9 +166,9 @@ class Token(Base):
 class BrowserSession(Base):
     """A login: the cookie holds a secret whose hash is here. Logout revokes it; it expires."""
     __tablename__ = "sessions"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int, primary_key=True)
     hash: Mapped[str] = mapped_column(String(64), unique=True)
-    token_id: Mapped[int] = mapped_column(Integer, ForeignKey("tokens.id"))
+    token_id: Mapped[int] = mapped_column(Int, ForeignKey("tokens.id"))
     created_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)

@@ -23,6 +23,7 @@ class ServerStats:
     """Counters bumped where the work happens (the agent routes)."""
     ingested_points: int = 0  # metric points stored
     ingested_events: int = 0  # every stored event, metric points included
+    agent_socket_messages: int = 0  # heartbeats and event batches that came over agent websockets
 
 
 class Collector:
@@ -52,6 +53,9 @@ class Collector:
                                   value=tp.stats.ingested_points)
         yield CounterMetricFamily("tokenpulse_ingested_events", "Events stored (metric points included)",
                                   value=tp.stats.ingested_events)
+        yield CounterMetricFamily("tokenpulse_agent_socket_messages",
+                                  "Heartbeats and event batches received over agent websockets",
+                                  value=tp.stats.agent_socket_messages)
         yield GaugeMetricFamily("tokenpulse_write_queue_depth", "Writes waiting for the database writer thread",
                                 value=tp.db.queue_depth())
         yield GaugeMetricFamily("tokenpulse_websocket_clients", "Connected websocket clients",

@@ -60,10 +60,14 @@ def lease_origin(db, started_at: float) -> float:
     return max(started_at, db.stall_ended_at())
 
 
-async def reaper_loop(tp) -> None:
+async def reaper_loop(tp, lock=None) -> None:
+    """lock: a leader.ReaperLock where several server processes share one PostgreSQL: only the
+    process holding it reaps."""
     started_at = time.time()
     while True:
         await asyncio.sleep(tp.settings.reaper_every_s)
+        if lock is not None and not await lock.acquire():
+            continue
         try:
             frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s,
                                                       lease_origin(tp.db, started_at)))

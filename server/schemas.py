@@ -23,6 +23,7 @@ class Answer(BaseModel):
 
 class Health(Answer):
     ok: bool
+    reaper: bool = Field(True, description="this server process runs the reaper (one of several on PostgreSQL does)")
 
 
 class JobSummary(Answer):

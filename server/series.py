@@ -19,8 +19,8 @@ ROLLUP_COLS = ("first_step, first_t, first_value, last_step, last_t, last_value,
 
 def read_series(cur, job_id: int, key_id: int, max_points: int, mode: str = "minmax",
                 after_step: Optional[int] = None, before_step: Optional[int] = None) -> Optional[dict]:
-    """One metric of one job, downsampled above max_points. cur: a raw sqlite3 cursor (the
-    metrics primary key (job_id, key_id, step) serves every query here: see EXPLAIN in the bench)."""
+    """One metric of one job, downsampled above max_points. cur: a raw DBAPI cursor (dialect.raw_cursor;
+    the metrics primary key (job_id, key_id, step) serves every query here: see EXPLAIN in the bench)."""
     where, params = "job_id = ? AND key_id = ?", [job_id, key_id]
     if after_step is not None:
         where += " AND step > ?"

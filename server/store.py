@@ -143,7 +143,8 @@ REQUESTS = {"cancel": request_cancel, "pause": request_pause, "resume": request_
 
 def claim(s: Session, agent_id: int) -> Optional[Job]:
     """Give the agent the best queued job, atomically: the UPDATE only matches a row still queued,
-    so two agents can never both win it (the writer thread serializes claims besides). A job whose
+    so two agents can never both win it (one server's writer thread serializes its claims besides;
+    several server processes on PostgreSQL skip each other's locked rows). A job whose
     stored spec no longer validates (written by an older version, say) fails with the reason and
     the next one is handed out: one bad row must never stall the queue."""
     agent = s.get(Agent, agent_id)
@@ -157,8 +158,11 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
     kinds = ["train", "command"] if agent.accepts_commands else ["train"]
     while True:
         # (multi-node jobs are claimed by a gang of agents together: server/gang.py)
+        # FOR UPDATE SKIP LOCKED (PostgreSQL; SQLite has no row locks and ignores it): another server
+        # process claiming at this moment takes the next job instead of waiting for this one.
         candidate = (select(Job.id).where(Job.state == JobState.queued.value, Job.kind.in_(kinds), Job.nnodes == 1)
-                     .order_by(Job.priority.desc(), Job.id).limit(1).scalar_subquery())
+                     .order_by(Job.priority.desc(), Job.id).limit(1)
+                     .with_for_update(skip_locked=True).scalar_subquery())
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
                            .values(state=JobState.starting.value, agent_id=agent_id,
                                    attempt=Job.attempt + 1, alive_at=time.time(), reason=None)
@@ -188,17 +192,21 @@ def unusable_spec(job: Job) -> Optional[str]:
     return None
 
 
-def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, since: float) -> list[Job]:
+def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, since: float,
+              held: Optional[list[Job]] = None) -> list[Job]:
     """A heartbeat lists the jobs the agent runs. A job the server holds as the agent's but that the
     agent has not reported for a whole lease (a claim whose answer was lost in flight, an agent
     restarted under the same id) is as lost as a silent agent's: the retry policy takes it. Never
-    within a lease of the server's own start (agents are still replaying what they journaled)."""
+    within a lease of the server's own start (agents are still replaying what they journaled).
+    held: the agent's active jobs when the caller loaded them already (many agents in one query)."""
     now = time.time()
     if now - since < lease_s:
         return []
     out = []
-    for job in s.scalars(select(Job).where(Job.agent_id == agent_id,
-                                           Job.state.in_([x.value for x in ACTIVE_STATES]))):
+    if held is None:
+        held = s.scalars(select(Job).where(Job.agent_id == agent_id,
+                                           Job.state.in_([x.value for x in ACTIVE_STATES])))
+    for job in held:
         if job.id in reported or now - (job.alive_at or 0) < lease_s:
             continue
         end_attempt(s, job, JobState.failed, f"agent {agent_id} is alive but does not run this job "

@@ -1,4 +1,5 @@
-"""Real parts for tests: a uvicorn server process on a free 127.0.0.1 port with its own SQLite file,
+"""Real parts for tests: a uvicorn server process on a free 127.0.0.1 port with its own SQLite file
+(or, with TOKENPULSE_TEST_DB=postgresql, its own database on a PostgreSQL the run starts: tests/pg.py),
 real agent processes, a websocket client. Nothing is mocked."""
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Optional
 
 import httpx
 import pytest
+
+from tests import pg
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -46,6 +49,25 @@ class Server:
     proc: Optional[subprocess.Popen] = None
     agents: list = field(default_factory=list)
     log_path: Optional[Path] = None
+
+    @property
+    def db_url(self) -> str:
+        return self.env.get("TOKENPULSE_DATABASE_URL") or f"sqlite:///{self.data_dir / 'tokenpulse.db'}"
+
+    @property
+    def on_postgres(self) -> bool:
+        return pg.is_postgres(self.db_url)
+
+    def query(self, sql: str, params: tuple = (), write: bool = False) -> list[tuple]:
+        """Run SQL (`?` placeholders) on this server's database, beside the server, as another
+        program would; write=True commits."""
+        with pg.connect(self.db_url) as con:
+            cur = con.cursor()
+            cur.execute(sql if not self.on_postgres else sql.replace("?", "%s"), params)
+            rows = cur.fetchall() if cur.description else []
+            if write:
+                con.commit()
+            return rows
 
     @property
     def token(self) -> str:
@@ -135,6 +157,8 @@ def make_server(tmp_path: Path, **settings) -> Server:
            # A submit's data analysis (a child loading transformers, ~3 CPU-s) only where a test asks
            # for it (server_factory(preflight_wait_s=...)): the suite shares two cores.
            "TOKENPULSE_PREFLIGHT_WAIT_S": "0"}
+    if pg.enabled() and "database_url" not in settings:
+        env["TOKENPULSE_DATABASE_URL"] = pg.cluster().create_database("s")  # one database per server
     env.update({f"TOKENPULSE_{k.upper()}": (json.dumps(v) if isinstance(v, (list, dict)) else str(v))
                 for k, v in settings.items()})
     return Server(url=f"http://127.0.0.1:{port}", data_dir=data_dir, env=env, port=port)

@@ -1,5 +1,6 @@
-"""A real SQLite database for unit tests of server code: the schema comes from the migrations (as a
-server start makes it), and the session is the one the functions under test write through."""
+"""A real database for unit tests of server code (SQLite, or PostgreSQL with TOKENPULSE_TEST_DB=postgresql):
+the schema comes from the migrations (as a server start makes it), and the session is the one the
+functions under test write through."""
 from __future__ import annotations
 
 import contextlib
@@ -10,11 +11,12 @@ from sqlalchemy.orm import Session
 from server.db import make_engine, upgrade_to_head
 from server.ingest.metrics import METRIC_KEYS
 from server.models import Agent
+from tests import pg
 
 
 @contextlib.contextmanager
 def migrated_session(tmp_path: Path):
-    url = f"sqlite:///{tmp_path / 'unit.sqlite'}"
+    url = pg.database_url(tmp_path, "unit")
     METRIC_KEYS.ids.clear()  # the process-wide name -> id cache belongs to the previous database
     upgrade_to_head(url)
     engine = make_engine(url)

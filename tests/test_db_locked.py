@@ -7,7 +7,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import wait_for
+from tests import pg
+
+pytestmark = pytest.mark.skipif(pg.enabled(), reason="SQLite only: a SQLite file locked by another process")
 
 HOLD = """
 import sqlite3, sys, time

@@ -6,9 +6,13 @@ import json
 import time
 
 import httpx
+import pytest
 
 from conftest import make_server, wait_for
 from smallfs import fill, small_fs
+from tests import pg
+
+pytestmark = pytest.mark.skipif(pg.enabled(), reason="SQLite only: the SQLite file on a full disk")
 
 LONG = {"max_steps": 5000, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
         "max_retries": 0}

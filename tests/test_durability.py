@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sqlite3
 import time
 from pathlib import Path
 
@@ -38,23 +37,17 @@ def job(c: httpx.Client, jid: int) -> dict:
     return r.json()
 
 
-def db(srv) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{srv.data_dir / 'tokenpulse.db'}?mode=ro", uri=True, timeout=30)
-
-
 def stored_losses(srv, jid: int) -> dict[int, float]:
     """Every stored loss point of a job, straight from the table (no downsampling)."""
-    with db(srv) as conn:
-        rows = conn.execute("SELECT m.step, m.value FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-                            "WHERE m.job_id = ? AND k.name = 'loss' ORDER BY m.step", (jid,)).fetchall()
+    rows = srv.query("SELECT m.step, m.value FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
+                     "WHERE m.job_id = ? AND k.name = 'loss' ORDER BY m.step", (jid,))
     steps = [s for s, _ in rows]
     assert len(steps) == len(set(steps)), f"a step stored twice: {steps}"
     return dict(rows)
 
 
 def point_count(srv, jid: int) -> int:
-    with db(srv) as conn:
-        return conn.execute("SELECT count(*) FROM metrics WHERE job_id = ?", (jid,)).fetchone()[0]
+    return srv.query("SELECT count(*) FROM metrics WHERE job_id = ?", (jid,))[0][0]
 
 
 def training_pids(agent) -> list[int]:
@@ -219,9 +212,8 @@ def test_kill9_server_mid_run_every_point_stored_exactly_once(server_factory):
     assert j["attempt"] == 1, j["attempts"]  # the run went on: never restarted
     losses = stored_losses(srv, jid)
     assert list(losses) == list(range(1, 17))
-    with db(srv) as conn:
-        events = conn.execute("SELECT count(*) FROM events WHERE job_id = ?", (jid,)).fetchone()[0]
-        next_seq = conn.execute("SELECT next_seq FROM jobs WHERE id = ?", (jid,)).fetchone()[0]
+    events = srv.query("SELECT count(*) FROM events WHERE job_id = ?", (jid,))[0][0]
+    next_seq = srv.query("SELECT next_seq FROM jobs WHERE id = ?", (jid,))[0][0]
     # Every event the agent numbered (0..next_seq-1) is stored exactly once: one metrics event per
     # step in the metrics table, everything else in the events table.
     assert events + len(losses) == next_seq, (events, len(losses), next_seq)

@@ -1,14 +1,17 @@
 """Operations: Prometheus /metrics, and `tokenpulse db backup` taken while the server runs."""
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
+from tests import pg
 
 
 def scrape(server) -> dict:
@@ -56,6 +59,8 @@ def test_metrics_endpoint(server):
 
 
 def test_db_backup_while_the_server_runs(server, tmp_path):
+    if server.on_postgres:
+        pytest.skip("the SQLite backup; PostgreSQL's is the pg_dump test below")
     with server.client() as c:
         ids = [c.post("/api/jobs", json={"max_steps": 3, "name": f"j{i}"}).json()["id"] for i in range(5)]
     out = tmp_path / "backups" / "tp.db"
@@ -72,3 +77,25 @@ def test_db_backup_while_the_server_runs(server, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "db", "backup", str(tmp_path / "x.db"),
                           "--data-dir", str(tmp_path / "nowhere")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 1 and "no database" in bad.stdout, bad.stdout
+
+
+@pytest.mark.skipif(pg.bin_dir() is None, reason="PostgreSQL is not installed (make setup installs it)")
+def test_db_backup_of_postgresql_is_a_pg_dump_that_restores(server_factory, tmp_path):
+    url = pg.cluster().create_database("bk")
+    srv = server_factory(database_url=url)
+    with srv.client() as c:
+        for i in range(3):
+            c.post("/api/jobs", json={"max_steps": 3, "name": f"pg{i}"}).raise_for_status()
+    out = tmp_path / "backups" / "tokenpulse.dump"
+    r = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "db", "backup", str(out), "--data-dir",
+                        str(srv.data_dir)], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "TOKENPULSE_DATABASE_URL": url})
+    assert r.returncode == 0 and "pg_restore" in r.stdout, r.stdout + r.stderr
+    restored = pg.cluster().create_database("restored")
+    target = restored.replace("postgresql+psycopg://", "postgresql://")
+    done = subprocess.run([str(pg.bin_dir() / "pg_restore"), "--no-owner", "-d", target, str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with pg.connect(restored) as con:
+        names = [row[0] for row in con.execute("SELECT name FROM jobs ORDER BY id").fetchall()]
+    assert names == ["pg0", "pg1", "pg2"]

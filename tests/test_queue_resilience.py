@@ -3,7 +3,6 @@ the field), and a stored spec that no longer validates fails its own job at clai
 job is handed out."""
 from __future__ import annotations
 
-import sqlite3
 
 import pytest
 
@@ -44,10 +43,9 @@ def test_a_stored_spec_that_does_not_validate_fails_alone(server):
         bad = c.post("/api/jobs", json={**QUICK, "name": "bad", "priority": 5}).json()["id"]
         good = c.post("/api/jobs", json={**QUICK, "name": "good"}).json()["id"]
     # What the old bug stored for weight_decay=1e999 (JSON has no infinity): null.
-    db = sqlite3.connect(server.data_dir / "tokenpulse.db", timeout=30)
-    with db:
-        db.execute("UPDATE jobs SET spec = json_set(spec, '$.weight_decay', json('null')) WHERE id = ?", (bad,))
-    db.close()
+    set_null = ("jsonb_set(spec::jsonb, '{weight_decay}', 'null'::jsonb)::text" if server.on_postgres
+                else "json_set(spec, '$.weight_decay', json('null'))")
+    server.query(f"UPDATE jobs SET spec = {set_null} WHERE id = ?", (bad,), write=True)
     server.start_agent("a1")
     failed = server.wait_job(bad, timeout=60)
     assert failed["state"] == "failed" and failed["failure"] == "spec", failed

@@ -10,10 +10,12 @@ import pytest
 
 from server import series, store
 from server.db import Database, upgrade_to_head
+from server.dialect import raw_cursor
 from server.ingest.apply import ingest
 from server.ingest.metrics import METRIC_KEYS
 from server.ingest.parse import Ev
 from server.models import Agent
+from tests import pg
 from tokenpulse.protocol import JobSpec
 
 
@@ -59,7 +61,8 @@ def test_lttb_keeps_ends_and_size():
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     """A job with 150,000 steps of one metric (spikes included), stored by ingest in batches."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('series') / 'db.sqlite'}"
+    url = pg.database_url(tmp_path_factory.mktemp("series"))  # SQLite, or PostgreSQL (TOKENPULSE_TEST_DB)
+    METRIC_KEYS.ids.clear()  # the process-wide name -> id cache belongs to another database
     upgrade_to_head(url)
     db = Database(url)
 
@@ -83,7 +86,7 @@ def loaded(tmp_path_factory):
 
 def read(db, jid, kid, max_points, mode="minmax", after=None, before=None):
     with db.read() as s:
-        return series.read_series(s.connection().connection.cursor(), jid, kid, max_points, mode, after, before)
+        return series.read_series(raw_cursor(s), jid, kid, max_points, mode, after, before)
 
 
 def rollup_edges(lo: int, hi: int, buckets: int) -> list[int]:

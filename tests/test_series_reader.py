@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from server import store
+from server.dialect import raw_cursor
 from server.ingest.apply import ingest
 from server.ingest.metrics import METRIC_KEYS, ROLLUP_SHIFT
 from server.ingest.parse import Ev
@@ -33,7 +34,7 @@ def stored(tmp_path_factory):
                                  for st in range(lo, min(N, lo + 1000))])
         ingest(s, agent.id, [Ev("metrics", job.id, N + i, 2e9, {"step": i, "values": {"lr": 0.1 * i}})
                              for i in range(10)])
-        cur = s.connection().connection.cursor()
+        cur = raw_cursor(s)
         assert cur.execute("SELECT COUNT(*) FROM metric_rollups WHERE job_id = ? AND key_id = ?",
                            (job.id, METRIC_KEYS.ids["loss"])).fetchone()[0] == -(-N >> ROLLUP_SHIFT)
         yield cur, job.id

@@ -50,9 +50,11 @@ def upgrade() -> None:
             cur_key, pts = key, []
         pts.append((step, t, value))
     flush()
-    if rows:
-        conn.exec_driver_sql(f"INSERT INTO metric_rollups (job_id, key_id, bucket, {', '.join(COLS)}) "
-                             f"VALUES ({', '.join('?' * 16)})", rows)
+    if rows:  # named parameters: the same statement on SQLite and PostgreSQL
+        names = ("job_id", "key_id", "bucket", *COLS)
+        conn.execute(sa.text(f"INSERT INTO metric_rollups ({', '.join(names)}) "
+                             f"VALUES ({', '.join(':' + n for n in names)})"),
+                     [dict(zip(names, r)) for r in rows])
 
 
 def downgrade() -> None:

@@ -15,6 +15,8 @@ from server.hub import job_frames
 from server.context import AppDep
 from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
+from server.api.agent_ws import agent_topic
+from server.dialect import raw_cursor
 from server.preflight import preflight
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
 from server.series import read_series
@@ -126,6 +128,8 @@ async def request_action(tp, job_id: int, action: str) -> dict:
         return store.job_summary(job)
     summary = await tp.db.write(apply)
     tp.hub.publish_all(job_frames(summary))
+    if summary["agent_id"] is not None:  # an agent on a websocket asks for its commands at once
+        tp.hub.publish(agent_topic(summary["agent_id"]), {"type": "nudge"}, droppable=False)
     return summary
 
 
@@ -186,7 +190,7 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
         names = dict(s.execute(select(MetricKey.name, MetricKey.id)).all())
         wanted = keys or list(names)
         out: dict = {}
-        cur = s.connection().connection.cursor()  # raw sqlite3: no per-row SQLAlchemy work
+        cur = raw_cursor(s)  # the DBAPI cursor: no per-row SQLAlchemy work
         for name in wanted:
             kid = names.get(name)
             if kid is None:

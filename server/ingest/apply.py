@@ -15,6 +15,7 @@ from typing import Any, Optional
 from sqlalchemy.orm import Session
 
 from server import store
+from server.dialect import dialect_name, raw_cursor
 from server.hub import Frame, job_topic
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.ingest.metrics import PointBatch
@@ -24,6 +25,7 @@ from tokenpulse.protocol import (ACTIVE_STATES, Action, Command, JobState, Phase
                                  job_frame)
 
 INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
+PG_INSERT_EVENT = INSERT_EVENT.replace(" OR IGNORE", "") + " ON CONFLICT (job_id, seq) DO NOTHING"
 CHUNK_POINTS = 1000  # a big batch is stored in chunks of about this many points
 
 
@@ -67,6 +69,7 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
     for i, chunk in enumerate(chunks):
         if i:
             yield_()
+            s.info.pop("locked", None)  # the commit released the rows the caller had locked
         part = ingest_chunk(s, agent_id, chunk)
         for job_id, seq in part.acked.items():
             out.acked[job_id] = max(seq, out.acked.get(job_id, seq))
@@ -103,8 +106,13 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         by_job[ev.job_id].append(ev)
     points = PointBatch()
     event_rows: list[tuple] = []
+    pg = dialect_name(s) == "postgresql"
     for job_id, evs in by_job.items():
-        job = s.get(Job, job_id)
+        # PostgreSQL: the row stays locked to this transaction, so two server processes storing
+        # batches of one job (an agent that switched servers) never both pass its watermark.
+        # (the agent channel loads and locks a whole gathering's jobs in one query: s.info["locked"])
+        locked = pg and job_id not in s.info.get("locked", ())
+        job = s.get(Job, job_id, with_for_update=True if locked else None)
         evs.sort(key=lambda e: e.seq)
         if job is None:
             out.acked[job_id] = evs[-1].seq  # nothing to store them in; let the agent forget them
@@ -145,7 +153,7 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                             critical, job]
     points.store(s)
     if event_rows:
-        s.connection().connection.cursor().executemany(INSERT_EVENT, event_rows)
+        raw_cursor(s).executemany(PG_INSERT_EVENT if pg else INSERT_EVENT, event_rows)
     return out
 
 

@@ -5,9 +5,11 @@ Raw SQL on the indexed jobs.agent_id throughout: this runs on every heartbeat an
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from sqlalchemy.orm import Session
 
+from server.dialect import raw_cursor
 from server.hub import job_topic
 from tokenpulse.protocol import Action, Command, heartbeat_frame
 
@@ -15,7 +17,7 @@ from tokenpulse.protocol import Action, Command, heartbeat_frame
 def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Command]:
     """Commands for an agent: requested actions on its jobs, and 'cancel' for jobs it runs that are
     no longer its own (reassigned after a lost lease, or deleted)."""
-    cur = s.connection().connection.cursor()
+    cur = raw_cursor(s)  # sqlite3's, or psycopg's taking `?` too
     cmds, stacks = [], []
     for jid, action, stack_at in cur.execute(
             "SELECT id, requested_action, stack_requested_at FROM jobs WHERE agent_id = ? "
@@ -40,7 +42,7 @@ def heartbeat(s: Session, agent_id: int, jobs: dict[int, float]) -> tuple[list[C
     """The agent is alive; so are the jobs whose training process said so at the given times."""
     now = time.time()
     frames = []
-    cur = s.connection().connection.cursor()
+    cur = raw_cursor(s)  # sqlite3's, or psycopg's taking `?` too
     cur.execute("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", (now, agent_id))
     for jid, alive_t in jobs.items():
         cur.execute("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", (alive_t, jid, agent_id))
@@ -49,3 +51,39 @@ def heartbeat(s: Session, agent_id: int, jobs: dict[int, float]) -> tuple[list[C
             frames.append((job_topic(jid), frame, True))
             frames.append(("jobs", frame, True))
     return pending_commands(s, agent_id, list(jobs)), frames
+
+
+def heartbeat_many(s: Session, beats: dict[int, dict[int, float]], owner: dict[int, Optional[int]]
+                   ) -> tuple[dict[int, list[Command]], list[tuple]]:
+    """Many agents' heartbeats in a few statements (agent websockets' gatherings, agent_channel.py):
+    what heartbeat() and pending_commands() do for one, with each statement run once for all.
+    owner: job id -> its agent, as the session holds the jobs now (every job the beats name)."""
+    now = time.time()
+    frames: list[tuple] = []
+    cur = raw_cursor(s)
+    cur.executemany("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", [(now, a) for a in beats])
+    rows = [(alive_t, jid, aid) for aid, jobs in beats.items() for jid, alive_t in jobs.items()
+            if owner.get(jid) == aid]
+    if rows:
+        cur.executemany("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", rows)
+    for alive_t, jid, _ in rows:
+        frame = heartbeat_frame(jid, now, alive_t)
+        frames += [(job_topic(jid), frame, True), ("jobs", frame, True)]
+    cmds: dict[int, list[Command]] = {aid: [] for aid in beats}
+    stacks = []
+    for jid, aid, action, stack_at in cur.execute(
+            "SELECT id, agent_id, requested_action, stack_requested_at FROM jobs WHERE agent_id IN "
+            f"({', '.join('?' * len(beats))}) AND (requested_action IS NOT NULL OR stack_requested_at IS NOT NULL)",
+            list(beats)).fetchall():
+        if action is not None:
+            cmds[aid].append(Command(job_id=jid, action=action))
+        if stack_at is not None:
+            cmds[aid].append(Command(job_id=jid, action=Action.STACK))
+            stacks.append((jid,))
+    if stacks:  # one-shot: handed out once
+        cur.executemany("UPDATE jobs SET stack_requested_at = NULL WHERE id = ?", stacks)
+    for aid, jobs in beats.items():  # jobs it runs that are no longer its own: cancel
+        mine = {c.job_id for c in cmds[aid]}
+        cmds[aid] += [Command(job_id=jid, action=Action.CANCEL) for jid in jobs
+                      if jid not in mine and owner.get(jid) != aid]
+    return cmds, frames

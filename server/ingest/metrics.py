@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 
 from sqlalchemy import insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from server.dialect import dialect_name, raw_cursor
 from server.models import MetricKey
 
 ROLLUP_SHIFT = 8  # a rollup row covers 2**8 = 256 steps of one (job, key)
@@ -23,7 +25,11 @@ class MetricKeys:
         kid = self.ids.get(name)
         if kid is None:
             kid = s.scalar(select(MetricKey.id).where(MetricKey.name == name))
-            if kid is None:
+            if kid is None and dialect_name(s) == "postgresql":
+                # another server process may add the same name at this moment: keep whichever won
+                s.execute(pg_insert(MetricKey).values(name=name).on_conflict_do_nothing(index_elements=["name"]))
+                kid = s.scalar(select(MetricKey.id).where(MetricKey.name == name))
+            elif kid is None:
                 kid = s.execute(insert(MetricKey).values(name=name).returning(MetricKey.id)).scalar_one()
             self.ids[name] = kid
         return kid
@@ -41,6 +47,12 @@ ROLLUP_COLS = ("n, first_step, first_t, first_value, last_step, last_t, last_val
                "min_step, min_t, min_value, max_step, max_t, max_value")
 INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, bucket, {ROLLUP_COLS}) "
                  f"VALUES ({', '.join('?' * 16)})")
+# PostgreSQL spells upserts ON CONFLICT (placeholders are rewritten by dialect.raw_cursor).
+PG_METRIC_CONFLICT = " ON CONFLICT (job_id, key_id, step) DO UPDATE SET t = EXCLUDED.t, value = EXCLUDED.value"
+PG_INSERT_ROWS = INSERT_ROWS.replace(" OR REPLACE", "") + PG_METRIC_CONFLICT
+PG_INSERT_METRIC = INSERT_METRIC.replace(" OR REPLACE", "") + "(?, ?, ?, ?, ?)" + PG_METRIC_CONFLICT
+PG_INSERT_ROLLUP = (INSERT_ROLLUP.replace(" OR REPLACE", "") + " ON CONFLICT (job_id, key_id, bucket) DO UPDATE SET "
+                    + ", ".join(f"{c} = EXCLUDED.{c}" for c in ROLLUP_COLS.split(", ")))
 
 
 class PointBatch:
@@ -78,21 +90,26 @@ class PointBatch:
     def store(self, s: Session) -> None:
         if not self.rows:
             return
-        # Raw sqlite3 cursor (same connection, so the same transaction): no ORM object or SQLAlchemy
+        # Raw DBAPI cursor (same connection, so the same transaction): no ORM object or SQLAlchemy
         # statement handling per row. 500 rows per INSERT statement: measured 1.5x executemany's
         # rate, as SQLite runs one statement per 500 rows and Python drops and retakes the GIL once
         # per statement rather than once per row (which also lets the event loop cut in less often).
-        cur = s.connection().connection.cursor()
+        cur = raw_cursor(s)
         rows = self.rows
+        pg = dialect_name(s) == "postgresql"
+        if pg:
+            # One statement may not upsert a row twice on PostgreSQL: the last value of a repeated
+            # (job, key, step) wins, as SQLite's REPLACE in order would.
+            rows = list({r[:3]: r for r in rows}.values())
         full = len(rows) - len(rows) % ROWS_PER_INSERT
         for i in range(0, full, ROWS_PER_INSERT):
-            cur.execute(INSERT_ROWS, [x for row in rows[i:i + ROWS_PER_INSERT] for x in row])
+            cur.execute(PG_INSERT_ROWS if pg else INSERT_ROWS, [x for row in rows[i:i + ROWS_PER_INSERT] for x in row])
         if full < len(rows):
-            cur.executemany(INSERT_METRIC + "(?, ?, ?, ?, ?)", rows[full:])
-        store_rollups(cur, self.rollups, self.dirty)
+            cur.executemany(PG_INSERT_METRIC if pg else INSERT_METRIC + "(?, ?, ?, ?, ?)", rows[full:])
+        store_rollups(cur, self.rollups, self.dirty, PG_INSERT_ROLLUP if pg else INSERT_ROLLUP)
 
 
-def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple]) -> None:
+def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple], upsert: str = INSERT_ROLLUP) -> None:
     """Merge this batch's per-bucket aggregates into metric_rollups (a few rows a key per batch).
     A bucket that got a step at or before one it already had (a resumed job re-logging steps, a
     repeat) is recomputed from its rows, so an overwritten value never lingers as a min or max."""
@@ -111,7 +128,7 @@ def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple]) -> None:
             g = [old[0] + g[0], *old[1:4], *g[4:7],
                  *(old[7:10] if old[9] <= g[9] else g[7:10]), *(old[10:13] if old[12] >= g[12] else g[10:13])]
         rows.append((job_id, kid, bucket, *g))
-    cur.executemany(INSERT_ROLLUP, rows)
+    cur.executemany(upsert, rows)
 
 
 def aggregate(pts: list[tuple]) -> list:

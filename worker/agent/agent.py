@@ -26,6 +26,7 @@ import httpx
 
 from tokenpulse.protocol import (Action, AgentHello, AgentReply, AlertKind, Claim, Command, CommandSpec, Failure,
                                  Heartbeat, Registered, event_batch_body)
+from worker.agent.channel import Channel
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
@@ -220,6 +221,10 @@ class Agent:
         self.jobs: dict[int, RunningJob] = {}
         self.agent_id: Optional[int] = None
         self.flush_now = asyncio.Event()
+        self.beat_now = asyncio.Event()  # a nudge: heartbeat at once (its answer carries the command)
+        self.beat_at = 0.0  # monotonic time of the last heartbeat the server answered (alone or folded)
+        # One websocket for heartbeats and event batches (HTTP whenever it is down): channel.py
+        self.channel = Channel(self.server, token, lambda: self.agent_id, self.beat_now.set)
         self.stopping = False
         self.stopped = asyncio.Event()  # set with stopping, to wake waits that should end
         self.unreachable_since: Optional[float] = None  # the server has not answered since then
@@ -280,7 +285,8 @@ class Agent:
         if self.agent_id is None:
             await self.http.aclose()
             return
-        loops = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.flush_loop())]
+        loops = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.flush_loop()),
+                 asyncio.create_task(self.channel.run())]
         try:
             while not self.stopping:
                 if max_jobs is not None and self.done_jobs + len(self.jobs) >= max_jobs:
@@ -794,26 +800,59 @@ class Agent:
         if rj.process.proc is not None and rj.requested == Action.PAUSE:
             await rj.process.stop(signal.SIGUSR2, max(self.grace_s, 120))
 
+    def alive_jobs(self) -> dict[str, float]:
+        """What a heartbeat says: each job and when its process last said it was alive."""
+        return {str(jid): rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank}
+
     async def heartbeat_loop(self) -> None:
+        tried_at = 0.0
         while True:
+            nudged = self.beat_now.is_set()
+            self.beat_now.clear()
             try:
-                # a multi-node job's share on node rank > 0 is node rank 0's agent's job on the server:
-                # only its ranks are reported (a cancel reaches them through rank 0: they agree on it)
-                beat = Heartbeat(jobs={jid: rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank},
-                                 ranks={jid: rj.gang.board.rows() for jid, rj in self.jobs.items()
-                                        if rj.gang is not None and rj.gang.board.ranks})  # the rank table
-                r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat",
-                                    json=beat.model_dump(exclude_none=True))
-                if r.status_code == 200:
-                    await self.handle(AgentReply.model_validate(r.json()).commands)
+                # A heartbeat folded into an event batch (send) counts: then none is due here.
+                if nudged or time.monotonic() - self.beat_at >= self.heartbeat_s * 0.9:
+                    tried_at = time.monotonic()
+                    # a multi-node job's share on node rank > 0 is node rank 0's agent's job on the server:
+                    # only its ranks are reported (a cancel reaches them through rank 0: they agree on it)
+                    beat = Heartbeat(jobs={jid: rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank},
+                                     ranks={jid: rj.gang.board.rows() for jid, rj in self.jobs.items()
+                                            if rj.gang is not None and rj.gang.board.ranks})  # the rank table
+                    reply = None
+                    if not beat.ranks:  # rank tables go over HTTP (the socket carries job liveness only)
+                        reply = await self.channel.request({"heartbeat": self.alive_jobs()})
+                    if reply is None or "status" in reply:
+                        r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat",
+                                            json=beat.model_dump(exclude_none=True))
+                        reply = r.json() if r.status_code == 200 else None
+                    if reply is not None:
+                        self.beat_at = time.monotonic()
+                        await self.handle(AgentReply.model_validate(reply).commands)
             except Exception:
                 log.exception("heartbeat failed")
-            await asyncio.sleep(self.heartbeat_s)
+            try:
+                due_in = max(self.beat_at, tried_at) + self.heartbeat_s - time.monotonic()  # refused: not sooner
+                await asyncio.wait_for(self.beat_now.wait(), max(0.05, due_in))
+            except asyncio.TimeoutError:
+                pass
 
     async def send(self, batch: list[dict]) -> bool:
         """POST one batch; True once the server answered it. A batch the server refuses as malformed
         (422) or too large (413) is split in halves until the culprit is one event, which is dropped
         with a log line: one bad event must never hold back every event after it."""
+        if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
+            msg: dict = event_batch_body(batch)
+            if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5 and not any(  # one message, not two
+                    rj.gang is not None for rj in self.jobs.values()):  # (rank tables: heartbeat_loop, HTTP)
+                msg["heartbeat"] = self.alive_jobs()
+            got = await self.channel.request(msg)
+            if got is not None and "status" not in got:
+                if "heartbeat" in msg:
+                    self.beat_at = time.monotonic()
+                reply = AgentReply.model_validate(got)
+                self.outbox.ack(reply.acked)
+                await self.handle(reply.commands)
+                return True
         r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json=event_batch_body(batch))
         if r.status_code == 200:
             reply = AgentReply.model_validate(r.json())

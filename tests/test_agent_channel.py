@@ -1,0 +1,91 @@
+"""The agent's websocket (`/api/agents/{id}/ws`): heartbeats and event batches as messages with the
+HTTP routes' answers, a person's request pushed as a nudge, refusals as on HTTP; a real agent
+process uses it for a whole job."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import wait_for
+
+QUICK = {"max_steps": 4, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32"}
+
+
+def agent_socket(srv, aid: int, token: str | None = None):
+    from websockets.sync.client import connect
+    return connect(f"ws://127.0.0.1:{srv.port}/api/agents/{aid}/ws",
+                   additional_headers={"Authorization": f"Bearer {token or srv.agent_token}"})
+
+
+def ask(ws, mid: int, **msg) -> dict:
+    """Send one request; skip pushed nudges until its answer."""
+    ws.send(json.dumps({"id": mid, **msg}))
+    while True:
+        reply = json.loads(ws.recv(timeout=30))
+        if reply.get("id") == mid:
+            return reply
+
+
+def socket_messages(srv) -> float:
+    with srv.client() as c:
+        text = c.get("/metrics").text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("tokenpulse_agent_socket_messages_total")))
+
+
+def test_heartbeats_events_and_pushed_commands_over_the_socket(server):
+    agent = httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {server.agent_token}"})
+    aid = agent.post("/api/agents", json={"name": "sock", "host": "h"}).json()["id"]
+    with server.client() as c:
+        jid = c.post("/api/jobs", json={"name": "over-ws"}).json()["id"]
+    assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
+    with agent_socket(server, aid) as ws:
+        now = time.time()
+        assert ask(ws, 1, heartbeat={str(jid): now}) == {"id": 1, "commands": []}
+        evs = [{"kind": "phase", "job_id": jid, "seq": 0, "t": now,
+                "data": {"name": "training", "done": 0, "total": 8, "unit": "steps"}},
+               {"kind": "metrics", "job_id": jid, "seq": 1, "t": now, "data": {"step": 1, "values": {"loss": 2.5}}}]
+        assert ask(ws, 2, events=evs)["acked"] == {str(jid): 1}
+        assert ask(ws, 3, events=evs)["acked"] == {str(jid): 1}  # a replay: acknowledged, stored once
+        bad = ask(ws, 4, events=[{"kind": "metrics", "job_id": jid, "seq": 2, "t": now, "data": {"step": -1}}])
+        assert bad["status"] == 422, bad  # what HTTP answers; the agent then splits it over HTTP
+        with server.client() as c:
+            job = c.get(f"/api/jobs/{jid}").json()
+            assert job["state"] == "running" and job["alive_at"] == pytest.approx(now)
+            assert c.get(f"/api/jobs/{jid}/metrics").json()["series"]["loss"]["value"] == [2.5]
+            # A person's cancel reaches the connected agent at once: a nudge, then the command.
+            c.post(f"/api/jobs/{jid}/cancel").raise_for_status()
+        assert json.loads(ws.recv(timeout=30)) == {"nudge": True}
+        cmds = ask(ws, 5, heartbeat={str(jid): time.time()})["commands"]
+        assert {"job_id": jid, "action": "cancel"} in cmds, cmds
+    assert socket_messages(server) == 5
+
+
+def test_socket_refuses_what_http_refuses(server):
+    agent = httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {server.agent_token}"})
+    aid = agent.post("/api/agents", json={"name": "mine", "host": "h"}).json()["id"]
+    from websockets.exceptions import InvalidStatus
+    with pytest.raises(InvalidStatus):  # a user token is not an agent's
+        agent_socket(server, aid, token=server.token).recv(timeout=10)
+    with pytest.raises(InvalidStatus):  # an agent that does not exist
+        agent_socket(server, aid + 100).recv(timeout=10)
+    with server.client() as c:
+        other = c.post("/api/tokens", json={"name": "other", "role": "agent"}).json()
+    with pytest.raises(InvalidStatus):  # another token's agent
+        agent_socket(server, aid, token=other["token"]).recv(timeout=10)
+    with agent_socket(server, aid) as ws:
+        assert ask(ws, 1, heartbeat={}) == {"id": 1, "commands": []}
+        assert ask(ws, 2, nothing=1)["status"] == 422
+
+
+def test_real_agent_runs_a_job_over_its_socket(agent_server):
+    with agent_server.client() as c:
+        jid = c.post("/api/jobs", json={"name": "real", **QUICK}).json()["id"]
+    job = agent_server.wait_job(jid, timeout=300)
+    assert job["state"] == "completed", job
+    assert socket_messages(agent_server) > 3  # its heartbeats and batches came over the socket
+    with agent_server.client() as c:
+        assert c.get(f"/api/jobs/{jid}/metrics").json()["series"]["loss"]["step"][-1] == 4
