@@ -7,7 +7,7 @@ Kept in one flat module so any of them can move to protocol.py when a client sta
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -34,7 +34,7 @@ def spec_warnings(spec: JobSpec) -> list[dict]:
 def analysis_warnings(spec: JobSpec, a: dict) -> list[dict]:
     """Advice from the data's token lengths (padding waste, truncation)."""
     out = []
-    n, cut, frac = a.get("examples", 0), a.get("truncated", 0), a.get("truncated_frac", 0.0)
+    frac = a.get("truncated_frac", 0.0)
     L, rec = a.get("max_seq_length"), a.get("recommended_max_seq_length")
     if frac > TRUNCATION_WARN:
         sample = " (in a sample)" if a.get("sampled") else ""

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from tokenpulse.events import Emitter, open_job_pipe
 

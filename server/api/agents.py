@@ -12,7 +12,7 @@ from server import gang, ranks, store
 from server.ingest import apply, heartbeats, parse
 from server.context import AppDep
 from server.security import AgentDep, UserDep
-from server.models import Agent, Event as EventRow, Job
+from server.models import Agent, Job
 from server.reaper import lease_origin
 from server.hub import job_frames
 from server.schemas import AgentOut

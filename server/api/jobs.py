@@ -14,7 +14,7 @@ from server.errors import error_list, unprocessable
 from server.hub import job_frames
 from server.context import AppDep
 from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
-from server.models import Attempt, Event as EventRow, Job, Metric, MetricKey
+from server.models import Attempt, Event as EventRow, Job, MetricKey
 from server.api.agent_ws import agent_topic
 from server.dialect import raw_cursor
 from server.preflight import preflight

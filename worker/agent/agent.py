@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field

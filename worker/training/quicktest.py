@@ -10,7 +10,6 @@ check (never retried: the same config would fail again); a pass continues into t
 """
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from pathlib import Path
