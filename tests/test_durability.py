@@ -124,6 +124,9 @@ def test_kill9_training_process_resumes_from_newest_complete_checkpoint(server_f
         pids = training_pids(agent)
         assert len(pids) == 1
         os.kill(pids[0], signal.SIGKILL)
+        # what the first attempt stored: read once the server has its end (the agent sends the
+        # events the process wrote before it died first, in order), not while they are in flight
+        wait_for(lambda: (lambda a: a and a[0]["ended_at"])(job(c, jid)["attempts"]), 60, "the first attempt's end")
         before, points_before = stored_losses(srv, jid), point_count(srv, jid)
         j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
         assert j["state"] == "completed", why(j)
