@@ -163,6 +163,8 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("log_every", "Log every (steps)", "int", "Steps between metric points on the charts."),
         ("priority", "Priority", "int", "−100 to 100; higher runs first."),
         ("max_retries", "Max retries", "int", "Automatic retries after OOM (with a halved micro-batch), a lost worker or a crash."),
+        ("nproc_per_node", "Processes per machine", "int", "Ranks per machine (torchrun, DistributedDataParallel); same effective batch."),
+        ("nnodes", "Machines", "int", "Agents that run the job together (claimed all or nothing)."),
     ]),
     ("stall", "Stall and slow-job detection (empty = server default)", [
         ("stall.factor", "Factor", "float", "Stalled after this many times the typical step interval."),
