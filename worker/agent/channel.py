@@ -61,7 +61,7 @@ class Channel:
                 self.waiting.clear()
             await asyncio.sleep(wait)
 
-    async def request(self, msg: dict, timeout: float = 30.0) -> Optional[dict]:
+    async def request(self, msg: dict, timeout: float = 10.0) -> Optional[dict]:
         """The server's answer, or None (not connected, or lost on the way): then use HTTP."""
         ws = self.ws
         if ws is None:
@@ -72,6 +72,13 @@ class Channel:
         try:
             await ws.send(json.dumps({"id": mid, **msg}))
             return await asyncio.wait_for(fut, timeout)
-        except Exception:  # noqa: BLE001 - closed or timed out: the caller falls back to HTTP
+        except asyncio.TimeoutError:
+            # an answer that never comes (a socket half-dead across a server restart): drop the
+            # socket, so this and every later message go over HTTP until run() reconnects
+            self.waiting.pop(mid, None)
+            log.info("agent websocket: no answer in %.0f s; closing it, using HTTP meanwhile", timeout)
+            asyncio.get_running_loop().create_task(ws.close())
+            return None
+        except Exception:  # noqa: BLE001 - closed: the caller falls back to HTTP
             self.waiting.pop(mid, None)
             return None
