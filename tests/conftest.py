@@ -91,6 +91,14 @@ class Server:
         tmp.replace(self.fault_plan)  # a training process starting now reads the old or the new plan, whole
         return job_name
 
+    def journaled(self, agent: str, job_id: int) -> int:
+        """Events an agent holds in its on-disk journal for a job, not yet acknowledged by the server."""
+        path = self.data_dir.parent / f"work-{agent}" / "journal" / f"{job_id}.jsonl"
+        try:
+            return sum(1 for line in path.read_text().splitlines() if line.strip())
+        except OSError:
+            return 0
+
     def client(self, token: Optional[str] = None) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60,
                             headers={"Authorization": f"Bearer {token or self.token}"})

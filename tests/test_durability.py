@@ -208,7 +208,9 @@ def test_kill9_server_mid_run_every_point_stored_exactly_once(server_factory):
         wait_for(lambda: (job(c, jid)["step"] or 0) >= 4, 90, "4 steps")
     points_before = point_count(srv, jid)
     srv.kill(signal.SIGKILL)
-    time.sleep(3)  # training goes on; the agent keeps what it cannot send in its journal
+    # training goes on while the server is down: the agent keeps what it cannot send in its journal
+    held = srv.journaled("a1", jid)
+    wait_for(lambda: srv.journaled("a1", jid) >= held + 5, 60, "events journaled while the server is down")
     srv.start()
     j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
     assert j["state"] == "completed", why(j)

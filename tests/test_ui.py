@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ARTIFACTS
+from conftest import ARTIFACTS, wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
@@ -235,7 +235,9 @@ def test_reconnect_fills_gap(server_factory, browser):
           "no chart points before the restart")
     server.kill(signal.SIGTERM)
     wait(d, 30).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#conn.on"))
-    time.sleep(2)  # training goes on; the agent journals the events it cannot send
+    # training goes on while the server is down: the agent journals what it cannot send (the gap)
+    held = server.journaled("a1", job["id"])
+    wait_for(lambda: server.journaled("a1", job["id"]) >= held + 5, 60, "events journaled while the server is down")
     server.start()
     wait(d, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"))
     until(d, 180, lambda d: text(d, "#job-state") == "completed", "not completed after the restart")
