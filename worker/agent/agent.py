@@ -814,7 +814,7 @@ class Agent:
                     tried_at = time.monotonic()
                     # a multi-node job's share on node rank > 0 is node rank 0's agent's job on the server:
                     # only its ranks are reported (a cancel reaches them through rank 0: they agree on it)
-                    beat = Heartbeat(jobs={jid: rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank},
+                    beat = Heartbeat(jobs=self.alive_jobs(),
                                      ranks={jid: rj.gang.board.rows() for jid, rj in self.jobs.items()
                                             if rj.gang is not None and rj.gang.board.ranks})  # the rank table
                     reply = None
@@ -835,12 +835,19 @@ class Agent:
             except asyncio.TimeoutError:
                 pass
 
+    async def take_reply(self, data: dict) -> None:
+        """The server's answer to an event batch (socket or HTTP): drop what it stored, act on commands."""
+        reply = AgentReply.model_validate(data)
+        self.outbox.ack(reply.acked)
+        await self.handle(reply.commands)
+
     async def send(self, batch: list[dict]) -> bool:
         """POST one batch; True once the server answered it. A batch the server refuses as malformed
         (422) or too large (413) is split in halves until the culprit is one event, which is dropped
         with a log line: one bad event must never hold back every event after it."""
+        body = event_batch_body(batch)
         if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
-            msg: dict = event_batch_body(batch)
+            msg: dict = dict(body)
             if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5 and not any(  # one message, not two
                     rj.gang is not None for rj in self.jobs.values()):  # (rank tables: heartbeat_loop, HTTP)
                 msg["heartbeat"] = self.alive_jobs()
@@ -848,15 +855,11 @@ class Agent:
             if got is not None and "status" not in got:
                 if "heartbeat" in msg:
                     self.beat_at = time.monotonic()
-                reply = AgentReply.model_validate(got)
-                self.outbox.ack(reply.acked)
-                await self.handle(reply.commands)
+                await self.take_reply(got)
                 return True
-        r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json=event_batch_body(batch))
+        r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json=body)
         if r.status_code == 200:
-            reply = AgentReply.model_validate(r.json())
-            self.outbox.ack(reply.acked)
-            await self.handle(reply.commands)
+            await self.take_reply(r.json())
             return True
         if r.status_code in (413, 422):
             if len(batch) == 1:
