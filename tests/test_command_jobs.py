@@ -469,3 +469,25 @@ def test_migration_gives_the_initial_user_token_the_commands_scope(tmp_path):
         assert dict(db.execute("SELECT name, scopes FROM tokens")) == {
             "initial user": "commands", "initial agent": "", "alice": ""}
         assert db.execute("SELECT kind FROM jobs").fetchone() == ("train",)
+
+
+def test_python_in_a_command_is_the_one_beside_the_agent(server_factory, tmp_path):
+    """`tokenpulse run -- python train.py`: python resolves to the agent's own environment (where
+    torch, transformers and the instrumentation live), even when the agent's PATH lacks its venv."""
+    srv = server_factory()
+    bare_path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                if Path(p).resolve() != Path(sys.executable).parent.resolve())
+    srv.start_agent("cmd", "--allow-commands", env={"PATH": bare_path})
+    with srv.client() as c:
+        jid = submit(c, command=["python", "-c", "import sys; print('interpreter', sys.executable)"],
+                     cwd=str(tmp_path))["id"]
+        job = srv.wait_job(jid, timeout=120)
+        assert job["state"] == "completed", job
+        line = next(x["line"] for x in logs(c, jid) if x["line"].startswith("interpreter "))
+        assert Path(line.split(" ", 1)[1]).parent == Path(sys.executable).parent, line
+        # a job that sets PATH itself decides
+        jid = submit(c, command=["sh", "-c", "echo path $PATH"],
+                     env={"PATH": bare_path}, cwd=str(tmp_path))["id"]
+        job = srv.wait_job(jid, timeout=120)
+        assert job["state"] == "completed", (job, logs(c, jid))
+        assert f"path {bare_path}" in [x["line"] for x in logs(c, jid)], logs(c, jid)

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -142,6 +143,11 @@ def command_env(base: Mapping[str, str], spec: CommandSpec, job_id: int, resume:
     env = {k: v for k, v in base.items() if not k.startswith("TOKENPULSE_") and not CREDENTIAL_NAME.search(k)}
     env.setdefault("PYTHONUNBUFFERED", "1")  # output as it happens, not in 8 KiB bursts
     env.setdefault("PYTHONFAULTHANDLER", "1")
+    # `python`, `torchrun`, `accelerate`, `trl` as installed beside the agent (the environment its
+    # instrumentation imports from): a venv's bin is often not on the PATH of whoever started it.
+    # A job that sets PATH in its env decides for itself.
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bindir, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir)])
     env.update(spec.env)
     env.update({name: base[name] for name in spec.secret_env if name in base})
     env["TOKENPULSE_JOB_ID"] = str(job_id)
