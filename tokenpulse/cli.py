@@ -284,12 +284,10 @@ def _watch(c: Client, job_id: int) -> int:
                 extra.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA measuring…")
             if job.get("alive_at") and job["state"] in ("running", "starting"):
                 extra.append(f"heartbeat {time.time() - job['alive_at']:.0f} s ago")
-            desc = phase.get("name") or ("waiting for a worker" if job["state"] == "queued" else
-                                         "running" if job["state"] in ("starting", "running") else "")
-            if phase.get("total"):
-                desc += f" {phase.get('done', 0):,.0f}/{phase['total']:,.0f} {phase.get('unit') or ''}"
-            progress.update(task, description=desc, total=phase.get("total"), completed=phase.get("done") or 0,
-                            state=job["state"], extra="  ".join(extra))
+            over = job["state"] == "completed"
+            progress.update(task, description=phase_label(job), total=1 if over else phase.get("total"),
+                            completed=1 if over else phase.get("done") or 0, state=job["state"],
+                            extra="  ".join(extra))
             if job["state"] in FINAL:
                 break
             time.sleep(1)
@@ -350,13 +348,31 @@ def cmd_watch(args) -> int:
     return watch(client(args), args.job)
 
 
+def phase_label(job: dict) -> str:
+    """What a job is doing, or, once it stopped, where: a finished job's last phase ("saving") is
+    not what it does now."""
+    phase, state = job.get("phase") or {}, job["state"]
+    name = phase.get("name")
+    if state == "queued":
+        return "waiting for a worker"
+    if state == "completed":
+        return "done"
+    if state in ("failed", "cancelled", "paused"):
+        return f"stopped in {name}" if name else ""
+    if not name:
+        return "running"
+    if phase.get("total"):
+        return f"{name} {phase.get('done', 0):,.0f}/{phase['total']:,.0f} {phase.get('unit') or ''}".rstrip()
+    return name
+
+
 def cmd_jobs(args) -> int:
     from rich.table import Table
     data = client(args).jobs(state=args.state, q=args.q, limit=args.limit)
     table = Table("id", "name", "state", "phase", "step", "loss", "eval loss", "tok/s", title=f"{data['total']} jobs")
     for j in data["jobs"]:
-        p, last = j.get("phase") or {}, j.get("last") or {}
-        table.add_row(str(j["id"]), j["name"], j["state"], p.get("name", ""),
+        last = j.get("last") or {}
+        table.add_row(str(j["id"]), j["name"], j["state"], phase_label(j),
                       f"{j.get('step') or 0}/{j.get('total_steps') or '?'}",
                       f"{last['loss']:.4f}" if "loss" in last else "",
                       f"{last['eval/loss']:.4f}" if "eval/loss" in last else "",
