@@ -315,6 +315,10 @@
       const box = $(id);
       // A new series (or a new axis mode) rebuilds the chart: uPlot's series and scales are fixed at creation.
       if (charts[id] && (charts[id].keys !== spec.keys.join(",") || charts[id].mode !== `${xMode()}|${logY()}`)) { charts[id].destroy(); delete charts[id]; }
+      // A chart with nothing to show: "No points yet" while they may still come; hidden for a command
+      // job (it logs what it logs) and once a job is over.
+      const idle = job && (job.kind === "command" || TP.FINAL.includes(job.state));
+      box.closest(".chart-box").hidden = !spec.keys.length && !!idle;
       if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
       const data = chartData(spec);
       box.dataset.points = data[0].length;
@@ -328,6 +332,8 @@
       } finally { syncing = false; }
       summarize(id, spec, charts[id]);
     }
+    const anyChart = [...document.querySelectorAll(".chart-box")].some((b) => !b.hidden);
+    for (const el of document.querySelectorAll(".chart-tools, .chart-hint")) el.hidden = !anyChart;
     if (!firstChartMarked && charts["chart-loss"] && series.loss && series.loss.step.length) {
       firstChartMarked = true;
       performance.mark("tp:first-chart");
@@ -361,7 +367,9 @@
 
   // ---- summary ----------------------------------------------------------------------------------
   function showSummary(j) {
+    const wasOver = job && TP.FINAL.includes(job.state);
     job = { ...(job || {}), ...j };
+    if (!wasOver && TP.FINAL.includes(job.state)) scheduleDraw(); // empty charts fold away once it is over
     $("job-name").textContent = job.name || `Job ${jobId}`;
     document.title = `${job.name || "Job " + jobId} (${job.state}) · tokenpulse`;
     const st = $("job-state"); st.textContent = job.state; st.className = `badge ${job.state}`;
