@@ -255,7 +255,8 @@ def run_worker(meta: dict, cache: Path) -> dict:
     assert code == 0, code
     r = s.result.timed
     chosen = {k: v for d in infos for k, v in d.items() if k in ("padding", "precision", "bf16_speedup", "batch_size",
-                                                              "row_len", "grad_accum", "max_seq_length")}
+                                                              "row_len", "grad_accum", "max_seq_length", "loss_head",
+                                                              "compiled_loss_speedup")}
     return {"real_tok_s": r["real"] / r["seconds"], "steps": s.result.step, "padding_frac": 1 - r["real"] / r["padded"],
             "train_wall_s": r["seconds"], "process_wall_s": wall, "chosen": chosen,
             "final_loss": heldout_loss(s.model, tok, meta["heldout"])}

@@ -114,3 +114,39 @@ def lost_gangs(s: Session, agent_id: int) -> list[Job]:
 def count_members(s: Session, job_id: int, attempt: int) -> int:
     return s.scalar(select(func.count()).select_from(GangMember).where(
         GangMember.job_id == job_id, GangMember.attempt == attempt)) or 0
+
+
+def stale_shares(s: Session, agent_id: int, job_ids: list[int]) -> list[int]:
+    """Of the multi-node shares an agent still runs (the jobs whose ranks it reports without holding
+    them), those whose attempt is over: the gang failed without it (node rank 0's agent lost, the
+    job requeued or ended). Its ranks must stop, or they hold the agent and wait on peers forever."""
+    stale = []
+    for jid in job_ids:
+        job = s.get(Job, jid)
+        if job is None or JobState(job.state) not in ACTIVE_STATES or agent_id not in members(s, job):
+            stale.append(jid)
+    return stale
+
+
+def request_stacks(s: Session, job: Job) -> int:
+    """Node rank 0's agent asks the other members for their ranks' stacks (a stall, or a person's
+    stack request): their next heartbeat reply says `stack`. The stacks of an earlier ask are
+    dropped, so what is read back is of now. Returns how many members were asked."""
+    from server.models import JobRank
+    now = time.time()
+    asked = s.execute(update(GangMember).where(GangMember.job_id == job.id, GangMember.attempt == job.attempt,
+                                               GangMember.node_rank > 0).values(stack_requested_at=now)).rowcount
+    s.execute(update(JobRank).where(JobRank.job_id == job.id).values(stack=None))
+    return asked
+
+
+def stack_requests(s: Session, agent_id: int, job_ids: list[int]) -> list[int]:
+    """Of the shares an agent runs, those whose stacks node rank 0's agent asked for; handed out once."""
+    if not job_ids:
+        return []
+    rows = list(s.scalars(select(GangMember).join(Job, Job.id == GangMember.job_id).where(
+        GangMember.agent_id == agent_id, GangMember.job_id.in_(job_ids), GangMember.attempt == Job.attempt,
+        GangMember.stack_requested_at.is_not(None))))
+    for m in rows:
+        m.stack_requested_at = None
+    return [m.job_id for m in rows]

@@ -193,6 +193,8 @@ class JobRank(Base):
     alive_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     progress_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     exit: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    # a rank's stacks (py-spy), sent by another node's agent when asked, for node rank 0's verdict
+    stack: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     updated_at: Mapped[float] = mapped_column(Float)
 
 
@@ -206,5 +208,7 @@ class GangMember(Base):
     node_rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     agent_id: Mapped[int] = mapped_column(Integer, index=True)
     endpoint: Mapped[Optional[str]] = mapped_column(String(300), nullable=True)  # host:port (node rank 0)
+    # node rank 0's agent asked this member for its ranks' stacks (a stall): handed out once
+    stack_requested_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     joined_at: Mapped[float] = mapped_column(Float)
     handed_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # its claim answer was given

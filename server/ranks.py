@@ -3,6 +3,7 @@ per (job, rank) and read back as the job's rank table. Runs on the writer thread
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -34,6 +35,26 @@ def store(s: Session, agent_id: int, reports: dict[int, list[RankReport]]) -> No
                 v = getattr(r, k)
                 if v is not None:
                     setattr(row, k, v)
+            if r.stack is not None:
+                row.stack = r.stack
+
+
+def settle(s: Session, job: Job, state: str, exits: Optional[dict[int, str]] = None,
+           lost_agent: Optional[int] = None) -> None:
+    """The attempt is over: each rank's exit column is filled. `exits` are what node rank 0's agent
+    saw (exit code or signal from torchrun's summary, or the state each rank said); a rank it could
+    not see (another node's) ended with the gang: 'stopped by gang', or its state when the job ended
+    well. A lost agent's ranks say so."""
+    exits = exits or {}
+    for row in s.scalars(select(JobRank).where(JobRank.job_id == job.id, JobRank.attempt == job.attempt)):
+        row.stack = None  # a stall's stacks were for the attempt's verdict, given by now
+        if row.rank in exits:
+            row.exit = str(exits[row.rank])[:200]
+        elif row.exit is None:
+            if lost_agent is not None and row.agent_id == lost_agent:
+                row.exit = "lost with its agent"
+            else:
+                row.exit = state if state in ("completed", "paused") else "stopped by gang"
 
 
 def gang_agents(s: Session, job: Job) -> set[int]:
@@ -55,3 +76,11 @@ def table(s: Session, job_id: int) -> list[dict]:
         d["progress_age_s"] = round(now - row.progress_at, 1) if row.progress_at else None
         out.append(d)
     return out
+
+
+def stacks(s: Session, job_id: int) -> list[dict]:
+    """The stacks other nodes' agents sent for the job's current attempt (a multi-node stall)."""
+    job = s.get(Job, job_id)
+    return [{"rank": row.rank, "host": row.host, "pid": row.pid, "agent_id": row.agent_id, "stack": row.stack}
+            for row in s.scalars(select(JobRank).where(JobRank.job_id == job_id, JobRank.attempt == job.attempt,
+                                                       JobRank.stack.is_not(None)).order_by(JobRank.rank))]

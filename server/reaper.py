@@ -42,7 +42,7 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
             reason = (f"worker lost: agent {agent.name} sent no heartbeat for {silent:.0f} s "
                       f"(lost after {lost_after_s:g} s)")
             attempt = job.attempt
-            new_state = store.end_attempt(s, job, JobState.failed, reason, Failure.LOST)
+            new_state = store.end_attempt(s, job, JobState.failed, reason, Failure.LOST, lost_agent=agent.id)
             policy = (f"requeued after attempt {attempt} (resumes from its newest checkpoint)"
                       if new_state == JobState.queued else f"job {new_state.value}")
             alert = upsert_alert(s, job.id, agent.id, {"kind": AlertKind.WORKER_LOST, "severity": "critical",

@@ -12,6 +12,7 @@ from typing import Optional, Union
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from server import ranks
 from server.models import Agent, Alert, Attempt, Job
 from tokenpulse.protocol import (ACTIVE_STATES, FINAL_STATES, CommandSpec, Failure, JobSpec, JobState, load_spec,
                                  spec_kind)
@@ -223,7 +224,7 @@ def retries_used(s: Session, job: Job) -> int:
 
 def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], failure: Optional[str],
                 exit_code: Optional[int] = None, signal: Optional[str] = None,
-                retry: bool = False) -> JobState:
+                retry: bool = False, rank_exits: Optional[dict] = None, lost_agent: Optional[int] = None) -> JobState:
     """Apply how an attempt ended, with the failure policy:
 
     - oom: requeued with half the micro-batch and twice the accumulation (same effective batch),
@@ -234,6 +235,7 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
     The attempt row keeps why it ended (outcome, failure kind, exit code, signal, reason)."""
     if JobState(job.state) not in ACTIVE_STATES:
         return JobState(job.state)  # already settled (a late report after a lease expired)
+    ranks.settle(s, job, state.value, rank_exits, lost_agent)  # the rank table's exit column
     job.failure, job.exit_code, job.signal = failure, exit_code, signal
     now = time.time()
     attempt = s.get(Attempt, (job.id, job.attempt))

@@ -27,6 +27,12 @@ def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
         assert [r[2] for r in rows] == [str(x["pid"]) for x in rest]
         assert all(r[1] == rest[0]["host"] and r[3] == "cpu" and r[4] != "–" and r[8].endswith("MiB") for r in rows), rows
         assert all("ago" in r[7] for r in rows), rows
+        assert all(r[9] == "–" for r in rows), rows  # no exit while it runs
         assert not console_errors(d)
         c.post(f"/api/jobs/{jid}/cancel")
         assert server.wait_job(jid, timeout=60)["state"] == "cancelled"
+        exits = [x["exit"] for x in c.get(f"/api/jobs/{jid}/ranks").json()]
+        assert exits == ["cancelled", "cancelled"], exits
+        until(d, 30, lambda d: [tr.find_elements(By.TAG_NAME, "td")[9].text for tr in
+                                d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")] == exits,
+              "each rank's exit on the job page once the job ended")

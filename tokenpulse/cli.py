@@ -390,7 +390,8 @@ def cmd_show(args) -> int:
 
 
 def cmd_ranks(args) -> int:
-    """A distributed job's ranks: host, pid, device, step, step time, own work, memory, last progress."""
+    """A distributed job's ranks: host, pid, device, step, step time, own work, memory, last progress,
+    and once the attempt is over how each rank ended."""
     from rich.table import Table
     try:
         rows = client(args).ranks(args.job)
@@ -400,13 +401,14 @@ def cmd_ranks(args) -> int:
         _console().print(f"job {args.job} has no ranks (one process, or not started)")
         return 0
     table = Table("rank", "host", "pid", "device", "step", "step time", "busy", "memory", "last progress",
-                  title=f"job {args.job}: {len(rows)} ranks")
+                  "exit", title=f"job {args.job}: {len(rows)} ranks")
     s = (lambda v: "" if v is None else f"{v:.3g} s")
     for r in rows:
         table.add_row(str(r["rank"]), r.get("host") or "", str(r.get("pid") or ""), r.get("device") or "",
                       str(r["step"]) if r.get("step") is not None else "", s(r.get("step_time_s")), s(r.get("busy_s")),
                       f"{r['rss_mb']:,.0f} MiB" if r.get("rss_mb") is not None else "",
-                      f"{r['progress_age_s']:.1f} s ago" if r.get("progress_age_s") is not None else "")
+                      f"{r['progress_age_s']:.1f} s ago" if r.get("progress_age_s") is not None else "",
+                      r.get("exit") or "")
     _console().print(table)
     return 0
 

@@ -175,6 +175,10 @@ class JobSpec(BaseModel):
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="auto: bf16 where measured faster or on GPUs that have it")
     gradient_checkpointing: bool = False
+    torch_compile: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: the output head and loss compiled with torch.compile where checked equal, "
+                            "measured faster and the run is long enough to repay compiling; on: wherever "
+                            "checked equal")
     lora: Optional[LoraSpec] = None
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: the accelerator when there is one")
     checkpoint_every: Optional[int] = Field(None, ge=1, description="save a checkpoint every N steps")
@@ -416,6 +420,8 @@ class StateData(BaseModel):
     retry: bool = False  # the agent asks for a requeue (policy decides)
     # Ours are FailureKind; a str because a command job's own process may send its state event.
     failure: Optional[str] = None
+    # a distributed job: how each rank ended (rank -> "exited with code 1", "killed by SIGKILL", ...)
+    ranks: Optional[dict[int, str]] = Field(None, max_length=1024)
 
 
 class AlertData(BaseModel):
@@ -492,6 +498,8 @@ class RankReport(BaseModel):
     alive_at: Optional[float] = None
     progress_at: Optional[float] = None
     exit: Optional[str] = Field(None, max_length=200)
+    # a multi-node job's other node, asked: this rank's stacks, for node rank 0's merged verdict
+    stack: Optional[str] = Field(None, max_length=100_000)
 
 
 class Heartbeat(BaseModel):

@@ -13,20 +13,19 @@ Server commands: cancel (SIGTERM to the script), stack (a dump as a log line).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Optional
 
 import httpx
 
+from worker.agent.stacks import can_run_handlers, describe_state, find_py_spy, process_state, py_spy_dump
 from worker.agent.stall import StallConfig, StallDetector, stuck_at
 
 SEND_EVERY_S = 0.5
@@ -34,11 +33,6 @@ ALIVE_EVERY_S = 2.0
 URGENT = {"phase", "state", "alert", "checkpoint"}
 MAX_BATCH = 2000
 MAX_PENDING = 200_000  # the server unreachable for long: keep memory bounded, drop the oldest
-
-
-def find_py_spy() -> Optional[str]:
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
 class Watchdog:
@@ -188,16 +182,33 @@ class Watchdog:
                            "stack": stack[-199_000:] if stack else None})
 
     def capture_stack(self) -> str:
+        """The agent's order (worker/agent/stacks.py): py-spy's suspending dump while the script can be
+        suspended, its faulthandler file while it can run a handler, py-spy --nonblocking for a
+        stopped or I/O-stuck script."""
+        state = process_state(self.pid)
         spy = find_py_spy()
-        if spy and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
-            try:
-                p = subprocess.run([spy, "dump", "--pid", str(self.pid)], capture_output=True, timeout=20)
-                if p.returncode == 0 and p.stdout.strip():
-                    return "py-spy dump:\n" + p.stdout.decode(errors="replace")
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if not self.stack_file:
-            return "no stack: py-spy could not attach and the script has no faulthandler file"
+        notes = [f"process {self.pid} state: {describe_state(state)}"]
+        if spy and can_run_handlers(state) and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
+            out, why = asyncio.run(py_spy_dump(spy, self.pid, nonblocking=False))
+            if out:
+                return "py-spy dump:\n" + out
+            notes.append(f"py-spy: {why}")
+        if self.stack_file and can_run_handlers(state):
+            dump = self.faulthandler_dump()
+            if dump:
+                return "faulthandler dump:\n" + dump
+            notes.append("faulthandler: the script wrote no stack")
+        if spy:
+            out, why = asyncio.run(py_spy_dump(spy, self.pid, nonblocking=True))
+            if out:
+                return f"py-spy dump (--nonblocking; {'; '.join(notes)}):\n" + out
+            notes.append(f"py-spy --nonblocking: {why}")
+        else:
+            notes.append("py-spy is not installed")
+        return "no stack: " + "; ".join(notes)
+
+    def faulthandler_dump(self) -> str:
+        """SIGUSR1 makes the script's faulthandler append every thread's stack to its stack file."""
         try:
             before = os.path.getsize(self.stack_file)
             os.kill(self.pid, signal.SIGUSR1)
@@ -210,9 +221,10 @@ class Watchdog:
                 size = now_size
             with open(self.stack_file, "rb") as f:
                 f.seek(before)
-                return "faulthandler dump:\n" + f.read().decode(errors="replace")
-        except OSError as e:
-            return f"no stack: {e}"
+                text = f.read().decode(errors="replace")
+            return text if "File " in text else ""
+        except OSError:
+            return ""
 
     def command(self, action: Optional[str]) -> None:
         if action == "cancel" and not self.ended:

@@ -135,6 +135,7 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("grad_accum", "Gradient accumulation", "auto-int", "Micro-batches per optimizer step; auto reaches tokens per step."),
         ("precision", "Precision", "select:auto,bf16,fp16,fp32", "auto: bf16 where measured faster or on GPUs that have it."),
         ("gradient_checkpointing", "Gradient checkpointing", "bool", "Recompute activations in the backward pass: less memory, ~30 % slower."),
+        ("torch_compile", "torch.compile", "select:auto,on,off", "auto: the output head and loss compiled where checked equal, measured faster, and the run is long enough to repay a few seconds of compiling; on: wherever checked equal."),
         ("device", "Device", "select:auto,cpu,cuda", "auto: the accelerator when there is one."),
     ]),
     ("eval", "Evaluation and a quick test run", [

@@ -16,7 +16,8 @@ from server.models import Agent, Job
 from server.reaper import lease_origin
 from server.hub import job_frames
 from server.schemas import AgentOut
-from tokenpulse.protocol import AgentHello, AgentReply, Claim, ClaimRequest, Heartbeat, agent_frame, load_spec
+from tokenpulse.protocol import (Action, AgentHello, AgentReply, Claim, ClaimRequest, Command, Heartbeat, agent_frame,
+                                 load_spec)
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 
@@ -67,6 +68,11 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
         commands, frames = heartbeats.heartbeat(s, agent_id, hb.jobs)
         if hb.ranks:
             ranks.store(s, agent_id, hb.ranks)
+            # a share on node rank > 0 whose gang is over (its node rank 0's agent lost): stop its ranks;
+            # one whose stacks node rank 0's agent asked for (a stall): read them
+            shares = [j for j in hb.ranks if j not in hb.jobs]
+            commands += [Command(job_id=j, action=Action.CANCEL) for j in gang.stale_shares(s, agent_id, shares)]
+            commands += [Command(job_id=j, action=Action.STACK) for j in gang.stack_requests(s, agent_id, shares)]
         for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
                                      lease_origin(tp.db, tp.started_at)):
             frames += job_frames(store.job_summary(job))
@@ -101,6 +107,31 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep, offer: Optional[Cla
     return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
                  spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint,
                  node_rank=share.node_rank if share else 0, rdzv_endpoint=share.endpoint if share else None)
+
+
+def lead_job(s, agent_id: int, job_id: int, caller) -> Job:
+    known_agent(s, agent_id, caller)
+    job = s.get(Job, job_id)
+    if job is None or job.agent_id != agent_id:
+        raise HTTPException(404, f"job {job_id} is not run by agent {agent_id}")
+    return job
+
+
+@router.post("/{agent_id}/jobs/{job_id}/stacks", status_code=202)
+async def ask_gang_stacks(agent_id: int, job_id: int, tp: AppDep, caller: AgentDep) -> dict:
+    """Node rank 0's agent on a multi-node stall: the other nodes' agents are asked (their next
+    heartbeat reply) for their ranks' stacks."""
+    asked = await tp.db.write(lambda s: gang.request_stacks(s, lead_job(s, agent_id, job_id, caller)))
+    return {"asked": asked}
+
+
+@router.get("/{agent_id}/jobs/{job_id}/stacks")
+def gang_stacks(agent_id: int, job_id: int, tp: AppDep, caller: AgentDep) -> list[dict]:
+    """The stacks the other nodes' agents sent for their ranks since the ask (heartbeats), for node
+    rank 0's agent to name the stuck rank across the gang in one verdict."""
+    with tp.db.read() as s:
+        lead_job(s, agent_id, job_id, caller)
+        return ranks.stacks(s, job_id)
 
 
 @router.post("/{agent_id}/events", openapi_extra={"requestBody": {"required": True, "content": {

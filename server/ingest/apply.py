@@ -157,6 +157,12 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
     return out
 
 
+def _rank_exits(d) -> Optional[dict[int, str]]:
+    if not isinstance(d, dict):
+        return None
+    return {int(k): str(v)[:200] for k, v in d.items() if str(k).isdigit() and int(k) < 1024}
+
+
 def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
     """What a non-metric event changes on its job (the event row itself is stored by the caller)."""
     d = e.data
@@ -170,7 +176,7 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
     elif e.kind == "state":
         state = JobState(d["state"])
         store.end_attempt(s, job, state, d.get("reason"), d.get("failure"), d.get("exit_code"),
-                          d.get("signal"), d.get("retry", False))
+                          d.get("signal"), d.get("retry", False), _rank_exits(d.get("ranks")))
     elif e.kind == "checkpoint":
         if d.get("final"):
             job.output_dir = d["path"]

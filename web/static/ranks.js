@@ -1,7 +1,7 @@
 "use strict";
 // The rank table of a distributed job (GET /api/jobs/{id}/ranks): one row per rank with its host,
 // pid, device, step, step time, own work per step (waits for the other ranks left out), memory and
-// the age of its last progress. Hidden for a one-process job. Polled while the job runs.
+// the age of its last progress, and how it ended once the attempt is over. Hidden for a one-process job. Polled while the job runs.
 (() => {
   const jobId = Number(document.getElementById("job").dataset.jobId);
   const box = document.getElementById("ranks");
@@ -19,7 +19,7 @@
       TP.el("td", { text: r.device || "–" }), TP.el("td", { text: r.step === null ? "–" : TP.num(r.step) }),
       TP.el("td", { text: secs(r.step_time_s) }), TP.el("td", { text: secs(r.busy_s) }),
       TP.el("td", { text: r.progress_age_s === null ? "–" : `${TP.num(r.progress_age_s, 1)} s ago` }),
-      TP.el("td", { text: TP.bytesMB(r.rss_mb) }))));
+      TP.el("td", { text: TP.bytesMB(r.rss_mb) }), TP.el("td", { text: r.exit || "–" }))));
     const spec = (job && job.spec) || {};
     const ranked = (spec.nproc_per_node || 1) * (spec.nnodes || 1) > 1;
     if (ranked && job && !TP.FINAL.includes(job.state)) setTimeout(refresh, 2000); // a one-process job has no ranks

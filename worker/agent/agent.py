@@ -30,7 +30,8 @@ from worker.agent.channel import Channel
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
 from worker.agent.disk import disk_words, probe_writable
-from worker.agent import gangwatch
+from worker.agent import gangstacks, gangwatch
+from worker.agent.ranks import diagnose
 from worker.agent.launch import Gang, command, free_port, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
@@ -509,6 +510,8 @@ class Agent:
                         self.emit(rj, kind, {**data, "message": f"rank {rank}: {data.get('message', '')}"[:8192]}, t)
                     elif kind == "info":
                         self.emit(rj, kind, data, t)
+                    elif kind == "state" and rj.claim.node_rank and rj.child_state is None:
+                        rj.child_state = data  # another node's end is judged by its own ranks' word
                     continue
             recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
             if recovered is not None:
@@ -597,6 +600,8 @@ class Agent:
         verdict = self.judge_exit(rj, proc.proc.returncode)
         if rj.gang is not None and rj.requested is None:
             verdict = gangwatch.judge(rj.gang, verdict, list(proc.tail))
+        if rj.gang is not None:
+            verdict["ranks"] = gangwatch.exits(rj.gang, list(proc.tail))
         if verdict.get("state") == "failed" and verdict.get("failure") in (Failure.CRASH, Failure.SIGNAL):
             d = rj.detector
             ago = time.time() - d.last_progress if d.last_progress else 0
@@ -627,8 +632,10 @@ class Agent:
         if rj.command is not None and rj.detector.events == 0:
             return  # a command that reports nothing (not instrumented): no progress to judge it by
         v = rj.detector.check(now)
-        if v is not None and v.kind == AlertKind.STALLED and rj.gang is not None:
-            where, stack = await gangwatch.stalled_message(rj.gang, rj.process.ranks())
+        if v is not None and v.kind == AlertKind.STALLED and rj.gang is not None and rj.claim.node_rank:
+            pass  # another node's share: node rank 0's agent judges the gang, asking for these stacks
+        elif v is not None and v.kind == AlertKind.STALLED and rj.gang is not None:
+            where, stack = await self.gang_verdict(rj)
             if rj.process.proc.returncode is None:
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical",
                                         "message": f"{v.message}; {where}"[:8192], "stack": stack[-199_000:]})
@@ -657,6 +664,29 @@ class Agent:
             kind, clear = v.kind.removesuffix("_clear"), v.kind.endswith("_clear")
             severity = "info" if kind == AlertKind.CONTENTION else "warning"
             self.emit(rj, "alert", {"kind": kind, "severity": severity, "message": v.message, "clear": clear})
+
+    async def gang_verdict(self, rj: RunningJob) -> tuple[str, str]:
+        """The stuck rank named across the gang: this node's stacks, and on a multi-node job every
+        other node's, as their agents sent them (worker/agent/gangstacks.py)."""
+        stacks, text = await gangwatch.rank_stacks(rj.gang, rj.process.ranks())
+        spec = rj.claim.spec
+        if getattr(spec, "nnodes", 1) <= 1:
+            return diagnose(stacks, rj.gang.board), text
+
+        path = f"/api/agents/{self.agent_id}/jobs/{rj.claim.job_id}/stacks"
+        await self.call("POST", path)  # the other nodes' agents read theirs on their next heartbeat
+
+        async def fetch():
+            r = await self.call("GET", path)
+            return r.json() if r is not None and r.status_code == 200 else None
+        remote = await gangstacks.gather(fetch, stacks, spec.nnodes * spec.nproc_per_node)
+        stacks, text, board = gangstacks.merged(rj.gang, stacks, text, remote)
+        return diagnose(stacks, board), text
+
+    async def log_gang_stacks(self, rj: RunningJob) -> None:
+        """A person's stack request on a multi-node job: the merged verdict and every node's stacks."""
+        where, stack = await self.gang_verdict(rj)
+        self.emit(rj, "log", {"line": f"{where}\n{stack}"[:8000], "stream": "agent"})
 
     def close_alerts(self, rj: RunningJob, verdict: dict) -> None:
         """The process is gone: open stalled/slow alerts close (saying how it ended); a crash alerts."""
@@ -776,7 +806,11 @@ class Agent:
             if rj is None:
                 continue
             action = c.action
-            if action == Action.STACK:
+            if action == Action.STACK and rj.claim.node_rank:  # node rank 0's agent asked: sent next heartbeat
+                gangstacks.share(rj.gang, (await gangwatch.rank_stacks(rj.gang, rj.process.ranks()))[0])
+            elif action == Action.STACK and rj.gang is not None and getattr(rj.claim.spec, "nnodes", 1) > 1:
+                asyncio.create_task(self.log_gang_stacks(rj))  # waits on the other nodes: not in the heartbeat
+            elif action == Action.STACK:
                 stack = (await gangwatch.stalled_message(rj.gang, rj.process.ranks()))[1] if rj.gang \
                     else await self.capture_stack(rj)
                 self.emit(rj, "log", {"line": stack[:8000], "stream": "agent"})
@@ -823,6 +857,9 @@ class Agent:
                     beat = Heartbeat(jobs=self.alive_jobs(),
                                      ranks={jid: rj.gang.board.rows() for jid, rj in self.jobs.items()
                                             if rj.gang is not None and rj.gang.board.ranks})  # the rank table
+                    for rj in self.jobs.values():
+                        if rj.gang is not None:
+                            gangstacks.sent(rj.gang)  # asked-for stacks go once
                     reply = None
                     if not beat.ranks:  # rank tables go over HTTP (the socket carries job liveness only)
                         reply = await self.channel.request({"heartbeat": self.alive_jobs()})

@@ -159,3 +159,23 @@ async def rank_stacks(g: GangState, pids: list[int]) -> tuple[dict[int, str], st
 async def stalled_message(g: GangState, pids: list[int]) -> tuple[str, str]:
     stacks, text = await rank_stacks(g, pids)
     return diagnose(stacks, g.board), text
+
+
+def exits(g: GangState, tail: list[str]) -> dict[int, str]:
+    """How each rank of this node ended, for the rank table's exit column: its code or signal from
+    torchrun's failure summary, else the state it said, else 'stopped by gang' (taken down with it)."""
+    failures = torchrun_failures(tail)
+    out = {}
+    for r in sorted(set(g.board.ranks) | set(failures)):
+        rk = g.board.ranks.get(r)
+        said = g.states.get(r, (0, {}))[1].get("state")
+        if rk is not None and rk.exit:
+            out[r] = rk.exit  # judge() named it (the rank that died)
+        elif r in failures:
+            code = failures[r][0]
+            out[r] = f"killed by {signal_mod.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        elif said:
+            out[r] = said
+        else:
+            out[r] = "stopped by gang"
+    return out

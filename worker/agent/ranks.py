@@ -28,6 +28,7 @@ class Rank:
     alive_at: Optional[float] = None
     progress_at: Optional[float] = None
     exit: Optional[str] = None  # how it ended, when it did
+    stack: Optional[str] = None  # its stacks, asked for by node rank 0's agent; sent once
 
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}

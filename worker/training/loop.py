@@ -13,14 +13,13 @@ from typing import Callable, Iterator, Optional
 
 import psutil
 import torch
-import torch.nn.functional as F
 
 from tokenpulse.protocol import Failure, Phase
 
 from .controls import Controls
 from .distributed import Dist, agree, no_sync, shard, sum_over_ranks
 from .faults import Faults
-from .packing import IGNORE
+from .losshead import loss_model
 from .precision import autocast
 
 WARMUP_STEPS = 2  # steps after (re)start left out of speed figures: allocator, kernels, caches
@@ -32,12 +31,11 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 def forward_loss(model, batch: dict, precision: str, device: torch.device) -> torch.Tensor:
-    """Summed next-token cross entropy of one micro-batch (targets already shifted, -100 ignored)."""
+    """Summed next-token cross entropy of one micro-batch (targets already shifted, -100 ignored).
+    model: the plain model, its LossModel, or DDP around the LossModel (losshead.py)."""
     with autocast(device, precision):
         kw = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
-        logits = model(input_ids=batch["input_ids"], use_cache=False, **kw).logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["targets"].reshape(-1),
-                           ignore_index=IGNORE, reduction="sum")
+        return loss_model(model)(input_ids=batch["input_ids"], targets=batch["targets"], **kw)
 
 
 def linear_schedule(optimizer, warmup: int, total: int):

@@ -24,6 +24,7 @@ from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
 from .evaluation import Evaluator, cap, hold_out
 from .faults import Faults
 from .hub import fetch_model
+from . import losshead
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
@@ -144,7 +145,8 @@ class Session:
         step_tokens = spec.tokens_per_batch or int(round(DEFAULT_ROWS_PER_STEP * mean))
         token_steps = mode == "pack" and spec.grad_accum == "auto"
         base = Layout(mode=mode, max_len=max_len, row_len=max_len, rows=1, group_by_length=spec.group_by_length,
-                      step_tokens=step_tokens if token_steps else 0)
+                      step_tokens=step_tokens if token_steps else 0,
+                      pad_multiple=8 if self.device.type == "cuda" else 1)
         why_tokens = "asked for" if spec.tokens_per_batch else f"{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}"
         if spec.batch_size == "auto":
             def progress(k, n):
@@ -210,6 +212,15 @@ class Session:
                 reason=why + (f"; evaluating on {self.eval_data.n:,} of them (eval_max_examples)"
                               if self.eval_data.n < ev.n else ""))
         return data
+
+    def _loss_head(self, precision: str, planned_tokens: int) -> None:
+        """Rank 0 checks and measures the compiled output head and loss; every rank takes its choice."""
+        fused = None
+        if self.ranks.main:
+            fused, why, meas = losshead.choose(self.model, precision, self.device, self.spec.torch_compile,
+                                               planned_tokens)
+            self.em.info(loss_head="compiled" if fused else "eager", reason=why, **meas)
+        losshead.use(self.model, broadcast(self.ranks, fused))
 
     def _precision(self) -> str:
         if self.state_in is not None:
@@ -330,6 +341,8 @@ class Session:
     def _train(self, batches, lay: Layout, precision: str, total: int, data: Tokenized) -> int:
         spec, em = self.spec, self.em
         model = self.model
+        # the run's tokens (an upper bound without token-budget steps): does compiling pay for itself?
+        self._loss_head(precision, total * (lay.step_tokens or lay.rows * lay.row_len * max(1, lay.grad_accum)))
         opt = make_optimizer(model, spec.learning_rate, spec.weight_decay, self.device)
         sched = linear_schedule(opt, spec.warmup_steps, total)
         scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -393,7 +406,7 @@ class Session:
             return evaluated
 
         em.phase(Phase.TRAINING, done=state.step, total=total, unit="steps")
-        res = run(wrap(self.ranks, model, self.device), opt, sched, batches, state, total, precision,
+        res = run(wrap(self.ranks, losshead.loss_model(model), self.device), opt, sched, batches, state, total, precision,
                   self.device, tel, self.controls, self.faults, on_step=on_step, scaler=scaler, ranks=self.ranks)
         self.result = res
         if res.outcome == Failure.NAN:

@@ -1,0 +1,115 @@
+"""The compiled output head and loss (worker/training/losshead.py) and the near-padding-free layout.
+
+Real tiny models from a config, real torch.compile (inductor on the CPU): the compiled path must give
+the eager path's loss and gradients, refuse models whose logits are not the plain output projection,
+and stay off for runs too short to repay compiling.
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import torch
+
+from worker.training import losshead
+from worker.training.controls import Controls
+from worker.training.errors import EXIT_OK
+from worker.training.packing import Layout, collate, epoch_steps
+from worker.training.session import Session
+
+from test_training import Recorder, quick_spec, tiny_llama
+
+CPU = torch.device("cpu")
+
+
+def _batch(vocab: int, rows: int = 3, length: int = 40) -> dict:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (rows, length), generator=g)
+    targets = torch.roll(ids, -1, 1)
+    targets[:, -1] = -100
+    targets[0, :5] = -100  # a masked prompt
+    return {"input_ids": ids, "targets": targets}
+
+
+def test_compiled_head_gives_the_eager_loss_and_gradients():
+    model = tiny_llama(300).train()
+    fused, why, _ = losshead.choose(model, "fp32", CPU, wanted="on")
+    assert fused, why
+    assert "compiled" in why
+    b = _batch(300)
+    grads = []
+    for lm in (losshead.LossModel(model), losshead.loss_model(model)):
+        assert lm.fused == (len(grads) == 1)
+        model.zero_grad(set_to_none=True)
+        loss = lm(**b)
+        loss.backward()
+        grads.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    (l0, g0), (l1, g1) = grads
+    assert abs(l0 - l1) <= 1e-4 * abs(l0)
+    for a, c in zip(g0, g1):
+        torch.testing.assert_close(a, c, rtol=1e-3, atol=1e-5)
+
+
+def test_a_model_that_scales_its_logits_keeps_the_eager_path():
+    from transformers import GraniteConfig, GraniteForCausalLM
+    torch.manual_seed(0)
+    cfg = GraniteConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=4, logits_scaling=8.0, use_cache=False)
+    model = GraniteForCausalLM(cfg)
+    fused, why, _ = losshead.choose(model, "fp32", CPU, wanted="on")
+    assert not fused
+    assert "transforms its logits" in why
+    assert losshead.loss_model(model).fused is False
+
+
+def test_auto_leaves_short_runs_eager_and_off_means_off():
+    model = tiny_llama(300).train()
+    fused, why, _ = losshead.choose(model, "fp32", CPU, wanted="auto", planned_tokens=5_000)
+    assert not fused and "too short" in why
+    fused, why, _ = losshead.choose(model, "fp32", CPU, wanted="off")
+    assert not fused and "off" in why
+
+
+def test_a_session_trains_with_the_compiled_head(tmp_path):
+    em = Recorder()
+    s = Session(quick_spec(torch_compile="on", padding="pack"), tmp_path, em, Controls())
+    assert s.run() == EXIT_OK
+    [choice] = em.infos("loss_head")
+    assert choice["loss_head"] == "compiled", choice
+    losses = [d["values"]["loss"] for k, d in em.events if k == "metrics" and "loss" in d["values"]]
+    assert len(losses) == 6 and all(np.isfinite(losses))
+
+
+def test_packed_steps_waste_under_one_percent_on_cpu():
+    """Lengths like short chat turns with a long tail: balanced rows, a widening example moved to the
+    long rows, no multiple-of-8 width on a CPU."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(3.6, 0.7, 3000).astype(np.int64), 2, 900)
+    data = types.SimpleNamespace(lengths=lengths, n=len(lengths))
+    step_tokens = int(32 * lengths.mean())
+    for pad_multiple, most in ((1, 0.01), (8, 0.04)):
+        lay = Layout(mode="pack", max_len=1024, row_len=256, rows=9, step_tokens=step_tokens,
+                     pad_multiple=pad_multiple)
+        real = padded = 0
+        seen = []
+        for step in epoch_steps(data, lay, seed=0, epoch=0):
+            for mb in step:
+                used = [int(lengths[row].sum()) for row in mb]
+                width = -(-max(used) // pad_multiple) * pad_multiple
+                real, padded = real + sum(used), padded + width * len(used)
+                seen += [i for row in mb for i in row]
+        assert sorted(seen) == sorted(np.flatnonzero(lengths >= 2).tolist())  # every example once
+        assert 1 - real / padded < most, (pad_multiple, 1 - real / padded)
+
+
+def test_collate_width_follows_pad_multiple():
+    data = types.SimpleNamespace()
+    tokens = np.arange(1, 31, dtype=np.int64)
+    offsets = np.array([0, 13, 30])
+    data.ids = lambda i, L: tokens[offsets[i]:offsets[i + 1]][:L]
+    data.prompt_lens = np.zeros(2, np.int64)
+    data.loss_mask = None
+    for multiple, width in ((1, 17), (8, 24)):
+        lay = Layout(mode="pack", max_len=64, row_len=32, rows=2, pad_multiple=multiple)
+        b = collate(data, [[0], [1]], lay, pad_id=0)
+        assert b["input_ids"].shape == (2, width)
