@@ -6,6 +6,8 @@ in its own venv: never a tokenpulse dependency).
     .venv/bin/python bench/server_load.py                       # everything (~6 min on 2 cores)
     .venv/bin/python bench/server_load.py --skip-anchor         # tokenpulse only (~1.5 min)
     .venv/bin/python bench/server_load.py --anchor-json F.json  # reuse an anchor run
+    .venv/bin/python bench/server_load.py --postgres --servers 2 # on a throwaway PostgreSQL, browsers
+        on a second server process; MLflow's server on the same PostgreSQL as the anchor
 
 What runs, all real processes over real sockets:
   probe   : 300 sequential keep-alive POSTs on one connection (the uvicorn TCP_NODELAY 44 ms stall
@@ -76,6 +78,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class BenchDB:
+    """The bench's own look at the store (counts, seeding, query plans, sizes): sqlite3 on the
+    SQLite file, psycopg on PostgreSQL. Queries are written with `?` for both."""
+
+    def __init__(self, db_path: Path, url: str | None = None, readonly: bool = False):
+        self.pg = bool(url)
+        if self.pg:
+            import psycopg
+            self.con = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+        elif readonly:
+            self.con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        else:
+            self.con = sqlite3.connect(db_path, timeout=30)
+        self.db_path = db_path
+
+    def execute(self, q: str, p=()):
+        return self.con.execute(q.replace("?", "%s") if self.pg else q, p)
+
+    def scalar(self, q: str, p=()):
+        return self.execute(q, p).fetchone()[0]
+
+    def commit(self):
+        if not self.pg:
+            self.con.commit()
+
+    def plan(self, q: str, p=()) -> list[str]:
+        if self.pg:
+            return [r[0].strip() for r in self.execute("EXPLAIN " + q, p)]
+        return [r[3] for r in self.execute("EXPLAIN QUERY PLAN " + q, p)]
+
+    def sizes(self) -> tuple[int, int | None]:
+        """(bytes of the whole database, bytes of the metric tables and their indexes)"""
+        if self.pg:
+            return (self.scalar("SELECT pg_database_size(current_database())"),
+                    self.scalar("SELECT pg_total_relation_size('metrics') + pg_total_relation_size('metric_rollups')"))
+        self.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        try:
+            sizes = dict(self.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
+            metric_bytes = sum(v for k, v in sizes.items() if k in ("metrics", "metric_rollups"))
+        except sqlite3.OperationalError:
+            metric_bytes = None
+        return os.path.getsize(self.db_path), metric_bytes
+
+    def close(self):
+        self.con.close()
+
+
 # ---- child roles ----------------------------------------------------------------------------------
 
 def role_agent(a) -> None:
@@ -92,7 +141,8 @@ def role_agent(a) -> None:
         job_id = claim["job_id"]
         agent.outbox.open_job(job_id, claim["seq_start"])
         # what the agent knows of a running job (its heartbeat reports alive_at)
-        agent.jobs[job_id] = SimpleNamespace(alive_at=time.time(), requested=None, process=None)
+        agent.jobs[job_id] = SimpleNamespace(alive_at=time.time(), requested=None, process=None, gang=None,
+                                              claim=SimpleNamespace(job_id=job_id, node_rank=0))
         loops = [asyncio.create_task(agent.flush_loop()), asyncio.create_task(agent.heartbeat_loop())]
         per_event = len(KEYS)
         events_per_s = a.rate / per_event
@@ -282,20 +332,37 @@ class Bench:
             env["TOKENPULSE_DATABASE_URL"] = self.a.database_url
             self.store = "postgresql"
         self.server_log = (self.dir / "server.log").open("w")
-        self.server = subprocess.Popen([PY, "-m", "tokenpulse.cli", "server", "--data-dir", str(data), "--port",
-                                        str(self.port)], cwd=ROOT, env=env, stdout=self.server_log,
-                                       stderr=subprocess.STDOUT)
-        import httpx
-        for _ in range(600):
-            try:
-                if httpx.get(f"{self.url}/api/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        self.server = self.spawn_server(data, self.port, env, self.server_log)
+        # browsers on a second server process (PostgreSQL): every frame they get crosses processes
+        self.ws_port, self.servers = self.port, [self.server]
+        if self.a.servers > 1:
+            if not self.a.database_url:
+                raise SystemExit("--servers 2 needs --database-url (several server processes share PostgreSQL)")
+            self.ws_port = free_port()
+            self.servers.append(self.spawn_server(data, self.ws_port, env, (self.dir / "server2.log").open("w")))
         self.db_path = data / "tokenpulse.db"
         self.user = (data / "token").read_text().strip()
         self.agent_token = (data / "agent_token").read_text().strip()
+        import httpx
         self.http = httpx.Client(base_url=self.url, timeout=120, headers={"Authorization": f"Bearer {self.user}"})
+
+    def spawn_server(self, data: Path, port: int, env: dict, out) -> subprocess.Popen:
+        import httpx
+        proc = subprocess.Popen([PY, "-m", "tokenpulse.cli", "server", "--data-dir", str(data), "--port", str(port)],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        return proc
+
+    def servers_cpu(self) -> float:
+        return sum(cpu_of(p.pid) for p in self.servers)
+
+    def db(self, readonly: bool = False) -> BenchDB:
+        return BenchDB(self.db_path, self.a.database_url, readonly)
 
     def submit(self, name: str, priority: int = 0) -> int:
         return self.http.post("/api/jobs", json={"name": name, "priority": priority}).json()["id"]
@@ -304,11 +371,13 @@ class Bench:
         return subprocess.Popen([PY, __file__, role, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)
 
     def stop_server(self):
-        self.server.send_signal(signal.SIGTERM)
-        try:
-            self.server.wait(20)
-        except subprocess.TimeoutExpired:
-            self.server.kill()
+        for p in self.servers:
+            p.send_signal(signal.SIGTERM)
+        for p in self.servers:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
     # -- phases --
     def probe_keepalive(self):
@@ -338,8 +407,8 @@ class Bench:
                         "--duration", str(a.duration), "--every", "0.02")
         assert pr.stdout.readline().split() == ["claimed", str(probe)]
         loads = [self.submit(f"load{i}") for i in range(4)]
-        ws = self.child("_ws", "--ws", f"ws://127.0.0.1:{self.port}/ws", "--host", "127.0.0.1", "--port",
-                        str(self.port), "--token", self.user, "--clients", str(a.clients), "--probe-job",
+        ws = self.child("_ws", "--ws", f"ws://127.0.0.1:{self.ws_port}/ws", "--host", "127.0.0.1", "--port",
+                        str(self.ws_port), "--token", self.user, "--clients", str(a.clients), "--probe-job",
                         str(probe), "--load-jobs", ",".join(map(str, loads)), "--end-at", str(ws_end))
         assert ws.stdout.readline().strip() == "ready", "websocket clients did not connect"
         agents = [self.child("_agent", "--url", self.url, "--token", self.agent_token, "--work",
@@ -348,12 +417,12 @@ class Bench:
         # Timed window: after a 2 s ramp, to the end of the offered load.
         w0 = start_at + 2.0
         time.sleep(max(0.0, w0 - time.time()))
-        db = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+        db = self.db(readonly=True)
         kids = {"ws": ws, "probe": pr, **{f"agent{i}": p for i, p in enumerate(agents)}}
         k0 = {k: cpu_of(p.pid) for k, p in kids.items()}
-        n0, c0, t0 = db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0], cpu_of(self.server.pid), time.time()
+        n0, c0, t0 = db.scalar("SELECT COUNT(*) FROM metrics"), self.servers_cpu(), time.time()
         time.sleep(max(0.0, end_at - time.time()))
-        n1, c1, t1 = db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0], cpu_of(self.server.pid), time.time()
+        n1, c1, t1 = db.scalar("SELECT COUNT(*) FROM metrics"), self.servers_cpu(), time.time()
         self.res["ingest_client_cores"] = {k: round((cpu_of(p.pid) - k0[k]) / (t1 - t0), 2) for k, p in kids.items()}
         with open("/proc/loadavg") as f:
             self.res["loadavg"] = f.read().split()[:3]
@@ -361,12 +430,11 @@ class Bench:
         probe_out = json.loads(pr.communicate()[0].strip().splitlines()[-1])
         ws_out = json.loads(ws.communicate()[0].strip().splitlines()[-1])
         sent = sum(o["points"] for o in outs)
-        stored = sum(db.execute("SELECT COUNT(*) FROM metrics WHERE job_id = ?", (o["job_id"],)).fetchone()[0]
-                     for o in outs)
+        stored = sum(db.scalar("SELECT COUNT(*) FROM metrics WHERE job_id = ?", (o["job_id"],)) for o in outs)
         db.close()
         self.res["ingest"] = {"offered_pts_s": 4 * a.rate, "pts_s": round((n1 - n0) / (t1 - t0)),
                               "cpu_us_per_pt": (c1 - c0) / max(1, n1 - n0) * 1e6,
-                              "server_cores": (c1 - c0) / (t1 - t0), "sent": sent, "stored": stored,
+                              "server_cores": (c1 - c0) / (t1 - t0), "servers": len(self.servers), "sent": sent, "stored": stored,
                               "drain_s": max(o["drain_s"] for o in outs), "probe": probe_out, "ws": ws_out}
         log("ingest", json.dumps(self.res["ingest"]))
 
@@ -380,9 +448,9 @@ class Bench:
         end_at = time.time() + 2 + self.a.hb_duration
         log(f"hb: {n} agents ({channel}) registered and running")
         time.sleep(2)  # all spread out and running
-        c0, t0 = cpu_of(self.server.pid), time.time()
+        c0, t0 = self.servers_cpu(), time.time()
         time.sleep(max(0.0, end_at - time.time()))
-        c1, t1 = cpu_of(self.server.pid), time.time()
+        c1, t1 = self.servers_cpu(), time.time()
         out = json.loads(p.communicate()[0].strip().splitlines()[-1])
         in_window = (out["heartbeats"] + out["phase_batches"]) * self.a.hb_duration / (self.a.hb_duration + 2)
         self.res["hb"] = {**out, "core_pct": (c1 - c0) / (t1 - t0) * 100, "jobs": len(jobs),
@@ -420,13 +488,15 @@ class Bench:
             ag.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {str(job): time.time()}}).raise_for_status()
         log(f"seeded 1.1M points over the agent protocol in {time.time() - t0:.1f} s")
         # 10,000 jobs: copies of one finished row (SQL; submitting them one by one is not the point here)
-        db = sqlite3.connect(self.db_path, timeout=30)
-        db.execute("""WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 10000 - (SELECT COUNT(*) FROM jobs))
-            INSERT INTO jobs (name, state, spec, priority, created_at, attempt, next_seq, total_steps, step, last)
-            SELECT 'bulk-' || i, 'completed', spec, 0, created_at, 1, 0, 200, 200, '{"loss": 1.5}' FROM n,
-            (SELECT spec, created_at FROM jobs ORDER BY id LIMIT 1)""")
+        db = self.db()
+        need = max(0, 10_000 - db.scalar("SELECT COUNT(*) FROM jobs"))
+        numbers = ("generate_series(1, ?) AS n(i)" if db.pg else
+                   "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n) AS n")
+        db.execute(f"""INSERT INTO jobs (name, state, spec, priority, created_at, attempt, next_seq, total_steps, step, last)
+            SELECT 'bulk-' || i, 'completed', spec, 0, created_at, 1, 0, 200, 200, '{{"loss": 1.5}}' FROM {numbers},
+            (SELECT spec, created_at FROM jobs ORDER BY id LIMIT 1) AS first""", (need,))
         db.commit()
-        njobs = db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+        njobs = db.scalar("SELECT COUNT(*) FROM jobs")
 
         def timed(path, params, reads, check=None):
             lat = []
@@ -466,15 +536,9 @@ class Bench:
             "agent's jobs": ("SELECT id FROM jobs WHERE agent_id = ? AND requested_action IS NOT NULL", (1,)),
             "replay watermark": ("SELECT next_seq FROM jobs WHERE id = ?", (1,)),
         }
-        self.res["explain"] = {k: [r[3] for r in db.execute("EXPLAIN QUERY PLAN " + q, p)] for k, (q, p) in plans.items()}
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        points = db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
-        try:
-            sizes = dict(db.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
-            metric_bytes = sum(v for k, v in sizes.items() if k in ("metrics", "metric_rollups"))
-        except sqlite3.OperationalError:
-            sizes, metric_bytes = {}, None
-        file_bytes = os.path.getsize(self.db_path)
+        self.res["explain"] = {k: db.plan(q, p) for k, (q, p) in plans.items()}
+        points = db.scalar("SELECT COUNT(*) FROM metrics")
+        file_bytes, metric_bytes = db.sizes()
         self.res["disk"] = {"points": points, "file_bytes": file_bytes, "file_b_per_pt": file_bytes / points,
                             "metric_tables_b_per_pt": metric_bytes / points if metric_bytes else None}
         log("disk", self.res["disk"])
@@ -490,6 +554,8 @@ class Bench:
             self.res["anchor"] = None
             self.res["anchor_src"] = "issue's numbers (not measured in this run)"
             return
+        if self.a.database_url:
+            return self.anchor_on_postgres(mlpy)
         work = self.dir / "anchor"
         work.mkdir()
         out = self.dir / "anchor.json"
@@ -503,6 +569,60 @@ class Bench:
         else:
             self.res["anchor"] = None
             self.res["anchor_src"] = f"anchor failed (rc {r.returncode}, see {self.dir / 'anchor.log'}): issue's numbers"
+
+    def anchor_on_postgres(self, mlpy: Path):
+        """MLflow's tracking server on the same PostgreSQL (its own database there), and the anchor
+        script's `mlflow` phase against it: the same clients and workload as the SQLite anchor."""
+        import psycopg
+        from sqlalchemy.engine import make_url
+        url = make_url(self.a.database_url)
+        dbname = f"mlflow_bench_{int(time.time())}"
+        admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{dbname}"')
+        ml_url = url.set(drivername="postgresql", database=dbname).render_as_string(hide_password=False)
+        port, work = free_port(), self.dir / "anchor"
+        work.mkdir(exist_ok=True)
+        env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true")
+        cmd = [str(MLFLOW_VENV / "bin" / "mlflow"), "server", "--backend-store-uri", ml_url, "--host", "127.0.0.1",
+               "--port", str(port), "--no-serve-artifacts", "--default-artifact-root", str(work / "mlartifacts")]
+        log("MLflow anchor on PostgreSQL:", " ".join(cmd))
+        proc = subprocess.Popen(cmd, stdout=(self.dir / "mlflow_server.log").open("w"), stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        import httpx
+        out = self.dir / "anchor.json"
+        try:
+            deadline = time.time() + 180
+            while time.time() < deadline:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            time.sleep(15)  # its workers finish importing: not billed to the first phase
+            r = subprocess.run([str(mlpy), str(ANCHOR), "mlflow", "--uri", f"http://127.0.0.1:{port}", "--server-pid",
+                                str(proc.pid), "--duration", str(self.a.anchor_duration), "--reads", "5",
+                                "--out", str(out)], stdout=subprocess.DEVNULL,
+                               stderr=(self.dir / "anchor.log").open("w"))
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if r.returncode != 0:
+            self.res["anchor"] = None
+            self.res["anchor_src"] = f"MLflow on PostgreSQL failed (rc {r.returncode}, see {self.dir / 'anchor.log'})"
+            return
+        ml = json.loads(out.read_text())
+        with psycopg.connect(ml_url, autocommit=True) as c:
+            n = c.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
+            size = c.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+        ml["db"] = {"metric_rows": n, "bytes_per_point": round(size / max(n, 1), 1)}
+        self.res["anchor"] = {"mlflow": ml}
+        self.res["anchor_src"] = (f"MLflow's server on the same PostgreSQL, measured in this run "
+                                  f"(--duration {self.a.anchor_duration})")
 
     # -- the table --
     def table(self) -> str:
@@ -573,7 +693,9 @@ class Bench:
              f"~{hb.get('cpu_ms_per_request', 0):.1f} ms CPU a request)",
              "-", "-", hb.get("core_pct", 100) < 5),
         ]
-        head = ("| | goal | tokenpulse | MLflow" + mark + " | raw SQLite" + mark + " | |\n|---|---|---|---|---|---|")
+        store = r.get("store", "sqlite")
+        head = (f"store: {store}, {r.get('servers', 1)} server process(es)\n\n"
+                "| | goal | tokenpulse | MLflow" + mark + " | raw SQLite" + mark + " | |\n|---|---|---|---|---|---|")
         lines = [head] + [f"| {a} | {b} | {c} | {d} | {e} | {'ok' if f else ('-' if f is None else 'MISSED')} |"
                           for a, b, c, d, e, f in rows]
         ver = (an or {}).get("mlflow", {}).get("mlflow_version")
@@ -594,6 +716,7 @@ class Bench:
             return
         try:
             self.start_server()
+            self.res["store"], self.res["servers"] = self.store, len(self.servers)
             for ph in a.phases.split(","):
                 {"probe": self.probe_keepalive, "ingest": self.ingest, "hb": self.heartbeats,
                  "reads": self.reads}[ph]()
@@ -629,6 +752,10 @@ def main():
         p.add_argument("--hb-channel", choices=("http", "ws"), default="ws",
                        help="agents on HTTP requests or on their websocket (server/api/agent_ws.py)")
         p.add_argument("--database-url", help="a PostgreSQL URL (an empty database) instead of SQLite")
+        p.add_argument("--postgres", action="store_true",
+                       help="start a throwaway PostgreSQL cluster (Debian's postgresql, tests/pg.py) and use it")
+        p.add_argument("--servers", type=int, default=1, choices=(1, 2),
+                       help="2: a second server process on the same PostgreSQL serves the websocket clients")
         p.add_argument("--skip-anchor", action="store_true")
         p.add_argument("--phases", default="probe,ingest,hb,reads")
         p.add_argument("--no-table", action="store_true")
@@ -663,6 +790,9 @@ def main():
     if a.role in roles:
         roles[a.role](a)
     else:
+        if getattr(a, "postgres", False) and not a.database_url:
+            from tests import pg
+            a.database_url = pg.cluster().create_database("bench")  # stopped and removed at exit
         Bench(a).run()
 
 
