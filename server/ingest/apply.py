@@ -152,9 +152,16 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         out.live[job_id] = [[{"kind": e.kind, "seq": e.seq, "t": e.t, "data": e.data} for e in fresh],
                             critical, job]
     points.store(s)
-    if event_rows:
-        raw_cursor(s).executemany(PG_INSERT_EVENT if pg else INSERT_EVENT, event_rows)
+    deferred = s.info.get("event_rows")
+    if deferred is not None:
+        deferred.extend(event_rows)  # the agent channel stores a whole gathering's rows at once
+    elif event_rows:
+        store_event_rows(s, event_rows)
     return out
+
+
+def store_event_rows(s: Session, rows: list[tuple]) -> None:
+    raw_cursor(s).executemany(PG_INSERT_EVENT if dialect_name(s) == "postgresql" else INSERT_EVENT, rows)
 
 
 def _rank_exits(d) -> Optional[dict[int, str]]:
