@@ -99,7 +99,7 @@ def test_packed_steps_waste_under_one_percent_on_cpu():
                 real, padded = real + sum(used), padded + width * len(used)
                 seen += [i for row in mb for i in row]
         assert sorted(seen) == sorted(np.flatnonzero(lengths >= 2).tolist())  # every example once
-        assert 1 - real / padded < most, (pad_multiple, 1 - real / padded)
+        assert real / padded > 1 - most, (pad_multiple, 1 - real / padded)
 
 
 def test_collate_width_follows_pad_multiple():
