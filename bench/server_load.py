@@ -593,7 +593,7 @@ class Bench:
         out = self.dir / "anchor.json"
         try:
             deadline = time.time() + 180
-            while time.time() < deadline:
+            while time.time() < deadline and proc.poll() is None:
                 try:
                     if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                         break
