@@ -41,8 +41,8 @@ PG_TESTS := tests/test_api.py tests/test_ingest.py tests/test_security.py tests/
 	tests/test_sessions.py tests/test_spine.py tests/test_errors.py
 
 test: setup browser postgres ## the whole suite on SQLite, then the store-facing files on PostgreSQL
-	$(BIN)/python -m pytest -q
-	TOKENPULSE_TEST_DB=postgresql $(BIN)/python -m pytest -q $(PG_TESTS)
+	$(BIN)/python -m pytest -q --durations=15
+	TOKENPULSE_TEST_DB=postgresql $(BIN)/python -m pytest -q --durations=15 $(PG_TESTS)
 
 bench: setup
 	$(BIN)/python bench/train_throughput.py --quick
