@@ -104,7 +104,9 @@ class PointBatch:
             # One statement may not upsert a row twice on PostgreSQL: the last value of a repeated
             # (job, key, step) wins, as SQLite's REPLACE in order would.
             rows = list({r[:3]: r for r in rows}.values())
-            cur.execute(PG_INSERT_ARRAYS, [list(col) for col in zip(*rows)])
+            jobs, keys, steps, ts, values = zip(*rows)
+            cur.execute(PG_INSERT_ARRAYS, [pg_array(jobs, int), pg_array(keys, int), pg_array(steps, int),
+                                           pg_array(ts, float), pg_array(values, float)])
             store_rollups(cur, self.rollups, self.dirty, PG_INSERT_ROLLUP)
             return
         full = len(rows) - len(rows) % ROWS_PER_INSERT
@@ -113,6 +115,12 @@ class PointBatch:
         if full < len(rows):
             cur.executemany(INSERT_METRIC + "(?, ?, ?, ?, ?)", rows[full:])
         store_rollups(cur, self.rollups, self.dirty)
+
+
+def pg_array(col, kind) -> str:
+    """An array literal ('{1,2,3}') built in one join: psycopg's list adapter dumps element by element
+    in Python, which cost more than the insert itself. repr() of a float reads back exactly."""
+    return "{" + ",".join(map(repr, map(kind, col))) + "}"
 
 
 def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple], upsert: str = INSERT_ROLLUP) -> None:
