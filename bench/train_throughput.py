@@ -227,7 +227,7 @@ def run_plain(meta: dict) -> dict:
 
 # ---- tokenpulse worker ------------------------------------------------------------------------------
 
-def run_worker(meta: dict, cache: Path) -> dict:
+def run_worker(meta: dict, cache: Path, torch_compile: str = "auto") -> dict:
     from tokenpulse.protocol import JobSpec
     from transformers import AutoTokenizer
     from worker.training.controls import Controls
@@ -238,7 +238,7 @@ def run_worker(meta: dict, cache: Path) -> dict:
     mean = sum(map(len, ids)) / len(ids)
     spec = JobSpec(model=meta["model"], dataset=meta["train"], epochs=1, learning_rate=LR, warmup_steps=0,
                    tokens_per_batch=int(round(EX_PER_STEP * mean)), max_seq_length=MAXLEN,
-                   length_coverage=100, seed=SEED, log_every=1)
+                   length_coverage=100, seed=SEED, log_every=1, torch_compile=torch_compile)
     infos = []
 
     class Tee(Emitter):  # the real emitter (to /dev/null), keeping the info events for the report
@@ -257,12 +257,13 @@ def run_worker(meta: dict, cache: Path) -> dict:
     chosen = {k: v for d in infos for k, v in d.items() if k in ("padding", "precision", "bf16_speedup", "batch_size",
                                                               "row_len", "grad_accum", "max_seq_length", "loss_head",
                                                               "compiled_loss_speedup")}
+    chosen.update({"loss_head_reason": d["reason"] for d in infos if "loss_head" in d and "reason" in d})
     return {"real_tok_s": r["real"] / r["seconds"], "steps": s.result.step, "padding_frac": 1 - r["real"] / r["padded"],
             "train_wall_s": r["seconds"], "process_wall_s": wall, "chosen": chosen,
             "final_loss": heldout_loss(s.model, tok, meta["heldout"])}
 
 
-def child(case: str, meta: dict, cache: Path, quick: bool) -> None:
+def child(case: str, meta: dict, cache: Path, quick: bool, torch_compile: str) -> None:
     import torch
     torch.set_num_threads(2)
     if case in "abc":
@@ -270,7 +271,7 @@ def child(case: str, meta: dict, cache: Path, quick: bool) -> None:
     elif case == "d":
         out = run_plain(meta)
     else:
-        out = run_worker(meta, cache)
+        out = run_worker(meta, cache, torch_compile)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out))
 
@@ -300,17 +301,20 @@ def main() -> None:
     ap.add_argument("--cases", default="abcde")
     ap.add_argument("--examples", type=int, help="training examples (default 2048, quick 512)")
     ap.add_argument("--cache", type=Path, default=Path("/tmp/tokenpulse-bench"))
+    ap.add_argument("--torch-compile", choices=("auto", "on", "off"), default="auto",
+                    help="case e's torch_compile (default auto: the worker's own choice)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = args.examples or (512 if args.quick else 2048)
     meta = setup(args.cache, n)
     if args.child:
-        child(args.child, meta, args.cache, args.quick)
+        child(args.child, meta, args.cache, args.quick, args.torch_compile)
         return
     results = {}
     for c in args.cases:
         t = time.perf_counter()
-        p = subprocess.run([sys.executable, __file__, "--child", c, "--cache", str(args.cache), "--examples", str(n)]
+        p = subprocess.run([sys.executable, __file__, "--child", c, "--cache", str(args.cache), "--examples", str(n),
+                            "--torch-compile", args.torch_compile]
                            + (["--quick"] if args.quick else []), capture_output=True, text=True, cwd=ROOT)
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         if p.returncode != 0 or not line:
