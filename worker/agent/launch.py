@@ -34,8 +34,13 @@ def is_distributed(spec) -> bool:
 
 
 def launches_ranks(argv: list[str]) -> bool:
-    """A command that is itself a torchrun launch: its children are ranks."""
-    return bool(argv) and (Path(argv[0]).name == "torchrun" or "torch.distributed.run" in argv[:4])
+    """A command that is itself a torchrun launch, or an `accelerate launch` (which runs torch's
+    elastic launcher in its own process): its children are ranks."""
+    if not argv:
+        return False
+    name = Path(argv[0]).name
+    return (name == "torchrun" or "torch.distributed.run" in argv[:4]
+            or (name == "accelerate" and argv[1:2] == ["launch"]) or "accelerate.commands.launch" in argv[:4])
 
 
 def training_args(spec_path: Path, out_dir: Path, cache_dir: Path, resume: Optional[str]) -> list[str]:
