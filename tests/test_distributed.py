@@ -34,11 +34,23 @@ def ranks_of(c, job_id: int) -> list[dict]:
     return r.json()
 
 
+def series(c, job_id: int, key: str) -> list[float]:
+    s = c.get(f"/api/jobs/{job_id}/metrics", params={"keys": key, "max_points": 100000}).json()["series"][key]
+    return [v for _, v in sorted(zip(s["step"], s["value"]))]
+
+
+def eval_batches(c, job_id: int) -> set[int]:
+    """The batch counts of the job's evaluating phases (rank 0's account)."""
+    events = c.get(f"/api/jobs/{job_id}/events", params={"limit": 10000, "kind": "phase"}).json()["events"]
+    return {e["data"]["total"] for e in events if e["data"].get("name") == "evaluating" and e["data"].get("total")}
+
+
 def test_two_ranks_match_one_rank_and_show_a_rank_table(server):
     server.start_agent("a1")
+    evals = {"eval_fraction": 0.1, "eval_every": 12}
     with server.client() as c:
-        one = c.post("/api/jobs", json={**SPEC, "name": "one"}).json()["id"]
-        two = c.post("/api/jobs", json={**SPEC, "name": "two", "nproc_per_node": 2}).json()["id"]
+        one = c.post("/api/jobs", json={**SPEC, **evals, "name": "one"}).json()["id"]
+        two = c.post("/api/jobs", json={**SPEC, **evals, "name": "two", "nproc_per_node": 2}).json()["id"]
         assert server.wait_job(one, timeout=240)["state"] == "completed"
 
         def both_ranks_stepping():
@@ -57,6 +69,12 @@ def test_two_ranks_match_one_rank_and_show_a_rank_table(server):
         assert len(a) == len(b) == SPEC["max_steps"]
         for step, (x, y) in enumerate(zip(a, b), 1):
             assert abs(x - y) <= LOSS_RTOL * abs(x), f"step {step}: 1 rank {x}, 2 ranks {y}"
+        # the evaluation is sharded over the ranks (each evaluates half the batches) with the same result
+        ea, eb = series(c, one, "eval/loss"), series(c, two, "eval/loss")
+        assert len(ea) == len(eb) == 2, (ea, eb)
+        assert all(abs(x - y) <= LOSS_RTOL * abs(x) for x, y in zip(ea, eb)), (ea, eb)
+        (n1,), (n2,) = eval_batches(c, one), eval_batches(c, two)
+        assert n2 == (n1 + 1) // 2, (n1, n2)
         # only rank 0 saved: one final model; the job's log is rank 0's account
         events = c.get(f"/api/jobs/{two}/events", params={"limit": 10000}).json()["events"]
         infos = [e["data"] for e in events if e["kind"] == "info" and "world_size" in e["data"]]

@@ -374,7 +374,7 @@ class Session:
         tel = Telemetry(em, flops_per_token=fpt, peak_flops=peak, log_every=spec.log_every, enabled=self.telemetry)
         last_ckpt = {"t": time.monotonic()}
         ev = self.evaluator = Evaluator(spec, self.eval_data, lay, self.tokenizer, self.device, precision, em,
-                                        self.controls.should_stop) if self.eval_data is not None else None
+                                        self.controls.should_stop, self.ranks) if self.eval_data is not None else None
 
         def save(st: LoopState) -> Optional[Path]:
             if not self.ranks.main:
