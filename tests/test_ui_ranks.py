@@ -4,7 +4,7 @@ from __future__ import annotations
 from selenium.webdriver.common.by import By
 
 from conftest import wait_for
-from test_ui import browser, console_errors, login, until  # noqa: F401 (browser: a fixture)
+from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
 
 
 def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
@@ -28,7 +28,12 @@ def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
         assert all(r[1] == rest[0]["host"] and r[3] == "cpu" and r[4] != "–" and r[8].endswith("MiB") for r in rows), rows
         assert all("ago" in r[7] for r in rows), rows
         assert all(r[9] == "–" for r in rows), rows  # no exit while it runs
+        # each rank's identity in the automatic choices, its pid exact (not rounded like a measurement)
+        until(d, 30, lambda d: all(f"pid: {x['pid']}" in d.find_element(By.ID, "info").text for x in rest),
+              "each rank's exact pid among the automatic choices")
         assert not console_errors(d)
+        d.execute_script("document.getElementById('ranks').scrollIntoView()")
+        shot(d, "job-ranks-running")
         c.post(f"/api/jobs/{jid}/cancel")
         assert server.wait_job(jid, timeout=60)["state"] == "cancelled"
         exits = [x["exit"] for x in c.get(f"/api/jobs/{jid}/ranks").json()]
@@ -36,3 +41,5 @@ def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
         until(d, 30, lambda d: [tr.find_elements(By.TAG_NAME, "td")[9].text for tr in
                                 d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")] == exits,
               "each rank's exit on the job page once the job ended")
+        d.execute_script("document.getElementById('ranks').scrollIntoView()")
+        shot(d, "job-ranks-ended")

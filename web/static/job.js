@@ -556,6 +556,8 @@
       if (/tokens_per_batch|max_seq_length|row_len/.test(k)) return `${TP.num(v)} tokens`;
       if (k === "batch_size") return `${TP.num(v)} rows`;
       if (/_s$/.test(k)) return `${TP.sig(v, 3)} s`;
+      if (k === "pid" || k === "port") return String(v); // an identity, never rounded
+      if (Number.isInteger(v) && Math.abs(v) < 1e7) return TP.num(v); // counts exactly (1,500 examples)
       return TP.sig(v);
     }
     if (typeof v === "object") return JSON.stringify(v);

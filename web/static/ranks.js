@@ -1,7 +1,8 @@
 "use strict";
 // The rank table of a distributed job (GET /api/jobs/{id}/ranks): one row per rank with its host,
 // pid, device, step, step time, own work per step (waits for the other ranks left out), memory and
-// the age of its last progress, and how it ended once the attempt is over. Hidden for a one-process job. Polled while the job runs.
+// the age of its last progress, and how it ended once the attempt is over: a full-width panel above
+// the log. Hidden for a one-process job. Polled while the job runs.
 (() => {
   const jobId = Number(document.getElementById("job").dataset.jobId);
   const box = document.getElementById("ranks");
