@@ -206,26 +206,35 @@ for step in range(steps):
 '''
 
 
-def test_a_torchrun_command_job_gets_the_rank_table_and_the_stuck_rank_named(server_factory, tmp_path):
+def stuck_rank_of_a_command_job(server_factory, tmp_path, body: dict, stuck: int):
+    """DDP_SCRIPT as a command job whose rank `stuck` blocks: the rank table and the verdict naming
+    that rank's line and the other's collective. Returns the server (the job cancelled)."""
     roots = tmp_path / "roots"
     (roots / "proj").mkdir(parents=True)
     (roots / "proj" / "ddp.py").write_text(DDP_SCRIPT)
     srv = server_factory(path_roots=[str(roots)])
     srv.start_agent("cmd", "--allow-commands")
     with srv.client() as c:
-        r = c.post("/api/jobs/command", json={"command": [sys.executable, "ddp.py"], "cwd": str(roots / "proj"),
-                                              "nproc_per_node": 2, "env": {"HANG_RANK": "1", "HANG_STEP": "8"},
-                                              "max_retries": 0, "stall": {"floor_s": 3, "first_step_s": 60}})
+        r = c.post("/api/jobs/command", json={**body, "cwd": str(roots / "proj"), "max_retries": 0,
+                                              "env": {"HANG_RANK": str(stuck), "HANG_STEP": "8"},
+                                              "stall": {"floor_s": 3, "first_step_s": 60}})
         assert r.status_code == 201, r.text
         jid = r.json()["id"]
         a = wait_for(lambda: alerts(c, jid, "stalled"), 180, "a stalled alert")[0]
         rows = ranks_of(c, jid)
         assert [x["rank"] for x in rows] == [0, 1] and all(x["pid"] and x["host"] for x in rows), rows
-        msg = a["message"]
-        assert f"rank 1 ({rows[1]['host']}, pid {rows[1]['pid']}) at wait_for_shard (" in msg and "ddp.py:" in msg, msg
+        msg, me = a["message"], rows[stuck]
+        assert f"rank {stuck} ({me['host']}, pid {me['pid']}) at wait_for_shard (" in msg and "ddp.py:" in msg, msg
         assert "waiting in all_reduce at <module> (" in msg, msg
         c.post(f"/api/jobs/{jid}/cancel")
         assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
+    return srv
+
+
+def test_a_torchrun_command_job_gets_the_rank_table_and_the_stuck_rank_named(server_factory, tmp_path):
+    srv = stuck_rank_of_a_command_job(server_factory, tmp_path,
+                                      {"command": [sys.executable, "ddp.py"], "nproc_per_node": 2}, stuck=1)
+    with srv.client() as c:
         r = c.post("/api/jobs/command", json={"command": ["true"], "nnodes": 2})
         assert r.status_code == 422 and "nnodes" in r.text
 
@@ -233,27 +242,9 @@ def test_a_torchrun_command_job_gets_the_rank_table_and_the_stuck_rank_named(ser
 def test_an_accelerate_launch_command_job_gets_the_rank_table_and_the_stuck_rank_named(server_factory, tmp_path):
     # `accelerate launch` runs torch's elastic launcher in its own process: its children are the
     # ranks, as under torchrun (--multi_gpu only picks that launcher; the script uses gloo on CPU)
-    roots = tmp_path / "roots"
-    (roots / "proj").mkdir(parents=True)
-    (roots / "proj" / "ddp.py").write_text(DDP_SCRIPT)
-    srv = server_factory(path_roots=[str(roots)])
-    srv.start_agent("cmd", "--allow-commands")
-    with srv.client() as c:
-        argv = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "ddp.py"]
-        r = c.post("/api/jobs/command", json={"command": argv, "cwd": str(roots / "proj"), "max_retries": 0,
-                                              "env": {"HANG_RANK": "0", "HANG_STEP": "8"},
-                                              "stall": {"floor_s": 3, "first_step_s": 60}})
-        assert r.status_code == 201, r.text
-        jid = r.json()["id"]
-        a = wait_for(lambda: alerts(c, jid, "stalled"), 180, "a stalled alert")[0]
-        rows = ranks_of(c, jid)
-        assert [x["rank"] for x in rows] == [0, 1] and all(x["pid"] and x["host"] for x in rows), rows
-        msg = a["message"]
-        assert f"rank 0 ({rows[0]['host']}, pid {rows[0]['pid']}) at wait_for_shard (" in msg and "ddp.py:" in msg, msg
-        assert "waiting in all_reduce at <module> (" in msg, msg
-        c.post(f"/api/jobs/{jid}/cancel")
-        assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
+    argv = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "ddp.py"]
+    stuck_rank_of_a_command_job(server_factory, tmp_path, {"command": argv}, stuck=0)
 
 
 def test_two_agents_form_one_gang_and_a_third_takes_no_half_of_it(server_factory):
