@@ -41,14 +41,14 @@ class Channel:
                     log.info("agent websocket connected")
                     async for text in ws:
                         msg = json.loads(text)
-                        if "id" in msg:  # an answer (a heartbeat's may say "work": read by its asker)
-                            fut = self.waiting.pop(msg["id"], None)
-                            if fut is not None and not fut.done():
-                                fut.set_result(msg)
-                        elif msg.get("nudge"):
+                        if msg.get("nudge"):
                             self.on_nudge()
                         elif msg.get("work"):
                             self.on_work()
+                        elif "id" in msg:
+                            fut = self.waiting.pop(msg["id"], None)
+                            if fut is not None and not fut.done():
+                                fut.set_result(msg)
             except asyncio.CancelledError:
                 raise
             except InvalidStatus as e:
