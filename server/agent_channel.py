@@ -158,11 +158,8 @@ class AgentWrites:
                     summary = store.job_summary(job)
                     frames += [("jobs", {"type": "job", "job": summary}, False),
                                (f"job:{job.id}", {"type": "job", "job": summary}, False)]
-            work = heartbeats.queued_work(s)
             for (agent_id, hb, _, _), reply in zip(items, results):
                 if hb is not None and "status" not in reply:
-                    if work:
-                        reply["work"] = True
                     have = {(c["job_id"], c["action"]) for c in reply["commands"]}
                     reply["commands"] += [c.model_dump() for c in commands[agent_id]
                                           if (c.job_id, c.action) not in have]

@@ -24,7 +24,6 @@ class ServerStats:
     ingested_points: int = 0  # metric points stored
     ingested_events: int = 0  # every stored event, metric points included
     agent_socket_messages: int = 0  # heartbeats and event batches that came over agent websockets
-    agent_claims: int = 0  # claim requests answered (idle agents on a socket claim only when told)
 
 
 class Collector:
@@ -57,8 +56,6 @@ class Collector:
         yield CounterMetricFamily("tokenpulse_agent_socket_messages",
                                   "Heartbeats and event batches received over agent websockets",
                                   value=tp.stats.agent_socket_messages)
-        yield CounterMetricFamily("tokenpulse_agent_claims", "Claim requests from agents, answered",
-                                  value=tp.stats.agent_claims)
         yield GaugeMetricFamily("tokenpulse_write_queue_depth", "Writes waiting for the database writer thread",
                                 value=tp.db.queue_depth())
         yield GaugeMetricFamily("tokenpulse_websocket_clients", "Connected websocket clients",

@@ -521,11 +521,9 @@ class Command(BaseModel):
 
 
 class AgentReply(BaseModel):
-    """What the server answers to a heartbeat or an event batch: acks and commands, and to a
-    heartbeat whether jobs wait in the queue (an idle agent on its socket claims only then)."""
+    """What the server answers to a heartbeat or an event batch: acks and commands."""
     acked: dict[int, int] = Field(default_factory=dict)  # job_id -> highest seq stored
     commands: list[Command] = Field(default_factory=list)
-    work: bool = False
 
 
 class ClaimRequest(BaseModel):

@@ -11,10 +11,6 @@ answer repeats:
                    {"nudge": true}    pushed when a person asks for something on one of its jobs
                                       (cancel, pause, stack): the agent heartbeats at once and gets
                                       the command in the answer, instead of within a heartbeat period.
-                   {"work": true}     pushed to every agent when a job is queued (submitted, cloned,
-                                      resumed): an idle agent on its socket claims then, instead of
-                                      polling; a heartbeat's answer says "work" too while jobs wait
-                                      (what requeues and retries leave), so nothing waits for a push.
 Writes of all connected agents share writer transactions (server/agent_channel.py). Registering and
 claiming stay HTTP; so does everything for an agent that cannot hold a websocket.
 """
@@ -34,17 +30,9 @@ router = APIRouter()
 MAX_MESSAGE = 1 << 20  # bigger batches go over HTTP (the bulk lane)
 
 
-WORK_TOPIC = "agents:work"  # every agent socket listens: a job was queued
-
-
 def agent_topic(agent_id: int) -> str:
     """The hub topic an agent's connection listens on (across server processes too: server/relay.py)."""
     return f"agent:{agent_id}"
-
-
-def work_queued(tp) -> None:
-    """Tell every connected agent that a job waits (they claim over HTTP; one of them gets it)."""
-    tp.hub.publish(WORK_TOPIC, {"type": "work"}, droppable=True)
 
 
 @router.websocket("/api/agents/{agent_id}/ws")
@@ -65,19 +53,15 @@ async def agent_socket(ws: WebSocket, agent_id: int):
         await ws.close(code=4403, reason="an agent token acts only for the agents it registered")
         return
     await ws.accept()
-    sub = tp.hub.subscribe([agent_topic(agent_id), WORK_TOPIC])
+    sub = tp.hub.subscribe([agent_topic(agent_id)])
     header = ws.headers.get("authorization", "")
 
     replies: asyncio.Queue = asyncio.Queue()  # answers in the order they are ready, one sender
 
     async def push_loop():
         while True:
-            batch = await sub.next_batch()
-            kinds = {f.payload.get("type") for f in batch}
-            if "work" in kinds:
-                replies.put_nowait('{"work":true}')
-            if kinds - {"work"} or not batch:
-                replies.put_nowait('{"nudge":true}')
+            await sub.next_batch()
+            replies.put_nowait('{"nudge":true}')
 
     async def send_loop():
         while True:

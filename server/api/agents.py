@@ -76,16 +76,15 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
         for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
                                      lease_origin(tp.db, tp.started_at)):
             frames += job_frames(store.job_summary(job))
-        return commands, frames, heartbeats.queued_work(s)
-    commands, frames, work = await tp.db.write(beat)
+        return commands, frames
+    commands, frames = await tp.db.write(beat)
     tp.hub.publish_all(frames)
-    return AgentReply(commands=commands, work=work)
+    return AgentReply(commands=commands)
 
 
 @router.post("/{agent_id}/claim", responses={204: {"description": "no job for this agent now"},
                                              202: {"description": "gathering a multi-node job's gang: claim again"}})
 async def claim(agent_id: int, tp: AppDep, caller: AgentDep, offer: Optional[ClaimRequest] = None):
-    tp.stats.agent_claims += 1
     def take(s):
         agent = known_agent(s, agent_id, caller)
         agent.seen_at, agent.state = time.time(), "online"

@@ -15,7 +15,7 @@ from server.hub import job_frames
 from server.context import AppDep
 from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
 from server.models import Attempt, Event as EventRow, Job, MetricKey
-from server.api.agent_ws import agent_topic, work_queued
+from server.api.agent_ws import agent_topic
 from server.dialect import raw_cursor
 from server.preflight import preflight
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
@@ -59,7 +59,6 @@ async def submit(tp, spec, parent_id: Optional[int] = None) -> dict:
     detail = await tp.db.write(create)
     tp.hub.publish("jobs", job_frame({k: v for k, v in detail.items() if k not in ("spec", "info")}),
                    droppable=False)
-    work_queued(tp)
     if not isinstance(spec, JobSpec):
         return detail  # a command job: nothing to analyze
     # after the job is queued (an agent may start it meanwhile): advice, never a refusal
@@ -131,8 +130,6 @@ async def request_action(tp, job_id: int, action: str) -> dict:
     tp.hub.publish_all(job_frames(summary))
     if summary["agent_id"] is not None:  # an agent on a websocket asks for its commands at once
         tp.hub.publish(agent_topic(summary["agent_id"]), {"type": "nudge"}, droppable=False)
-    if summary["state"] == "queued":  # resumed: an idle agent claims it at once
-        work_queued(tp)
     return summary
 
 

@@ -38,11 +38,6 @@ def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Comm
     return cmds
 
 
-def queued_work(s: Session) -> bool:
-    """Whether any job waits to be claimed (the jobs.state index: one probe for a whole gathering)."""
-    return raw_cursor(s).execute("SELECT 1 FROM jobs WHERE state = 'queued' LIMIT 1").fetchone() is not None
-
-
 def heartbeat(s: Session, agent_id: int, jobs: dict[int, float]) -> tuple[list[Command], list[tuple]]:
     """The agent is alive; so are the jobs whose training process said so at the given times."""
     now = time.time()

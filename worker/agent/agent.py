@@ -125,12 +125,6 @@ def detail(r: httpx.Response) -> str:
 
 # Inherited by a command job only when it names them in secret_env: tokenpulse's own variables (the
 # agent's token among them) and anything whose name says it is a credential.
-# An idle agent on its websocket claims when the server says a job waits (a push when one is queued,
-# or a heartbeat's "work"), not every poll_s: 1,000 idle agents polling once a second cost the server
-# a core. A heartbeat's "work" is followed at most this often (a queued job this agent cannot take
-# must not make it claim at every beat); a push is followed at once; and it claims anyway this often.
-WORK_HINT_EVERY_S = 10.0
-IDLE_CLAIM_S = 30.0
 CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY|AUTH",
                              re.IGNORECASE)
 
@@ -236,9 +230,7 @@ class Agent:
         self.beat_now = asyncio.Event()  # a nudge: heartbeat at once (its answer carries the command)
         self.beat_at = 0.0  # monotonic time of the last heartbeat the server answered (alone or folded)
         # One websocket for heartbeats and event batches (HTTP whenever it is down): channel.py
-        self.claim_now = asyncio.Event()  # the server says a job waits: claim (idle on the socket)
-        self.empty_claim_at = 0.0  # monotonic time of the last claim that found nothing
-        self.channel = Channel(self.server, token, lambda: self.agent_id, self.beat_now.set, self.claim_now.set)
+        self.channel = Channel(self.server, token, lambda: self.agent_id, self.beat_now.set)
         self.stopping = False
         self.stopped = asyncio.Event()  # set with stopping, to wake waits that should end
         self.unreachable_since: Optional[float] = None  # the server has not answered since then
@@ -309,7 +301,6 @@ class Agent:
                 elif len(self.jobs) < self.capacity and not self.disk_blocked():
                     # the offer: where this node would host a multi-node job's rendezvous
                     offer = {"endpoint": f"{self.address}:{free_port('')}"}
-                    self.claim_now.clear()  # a push from now on is for a job this claim may miss
                     r = await self.call("POST", f"/api/agents/{self.agent_id}/claim", json=offer, until_stopped=True)
                     if r is None:
                         break
@@ -328,9 +319,6 @@ class Agent:
                         continue
                     if until_idle and not self.jobs:
                         break
-                    if r.status_code == 204:
-                        await self.wait_for_work()
-                        continue
                 await asyncio.sleep(self.poll_s)
             while self.jobs:
                 await asyncio.sleep(0.2)
@@ -339,25 +327,6 @@ class Agent:
             for t in loops:
                 t.cancel()
             await self.http.aclose()
-
-    async def wait_for_work(self) -> None:
-        """After a claim that found nothing: on the websocket, until the server says a job waits
-        (or IDLE_CLAIM_S at most); over HTTP alone, poll_s as before."""
-        self.empty_claim_at = time.monotonic()
-        if self.channel.ws is None:
-            await asyncio.sleep(self.poll_s)
-            return
-        waits = [asyncio.ensure_future(self.claim_now.wait()), asyncio.ensure_future(self.stopped.wait())]
-        try:
-            await asyncio.wait(waits, timeout=IDLE_CLAIM_S, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-
-    def note_work(self, reply: dict) -> None:
-        """A heartbeat's answer says jobs wait: an idle agent claims (not more often than WORK_HINT_EVERY_S)."""
-        if reply.get("work") and time.monotonic() - self.empty_claim_at >= WORK_HINT_EVERY_S:
-            self.claim_now.set()
 
     async def drain(self, timeout: float = 30) -> None:
         end = time.monotonic() + timeout
@@ -900,7 +869,6 @@ class Agent:
                         reply = r.json() if r.status_code == 200 else None
                     if reply is not None:
                         self.beat_at = time.monotonic()
-                        self.note_work(reply)
                         await self.handle(AgentReply.model_validate(reply).commands)
             except Exception:
                 log.exception("heartbeat failed")
@@ -913,7 +881,6 @@ class Agent:
     async def take_reply(self, data: dict) -> None:
         """The server's answer to an event batch (socket or HTTP): drop what it stored, act on commands."""
         reply = AgentReply.model_validate(data)
-        self.note_work(data)
         self.outbox.ack(reply.acked)
         await self.handle(reply.commands)
 

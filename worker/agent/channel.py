@@ -20,10 +20,9 @@ REFUSED_RETRY_S = 60.0  # a server that refuses the websocket (an older one): HT
 
 
 class Channel:
-    def __init__(self, server: str, token: str, agent_id: Callable[[], Optional[int]], on_nudge: Callable[[], None],
-                 on_work: Callable[[], None] = lambda: None):
+    def __init__(self, server: str, token: str, agent_id: Callable[[], Optional[int]], on_nudge: Callable[[], None]):
         self.base = server.replace("https://", "wss://").replace("http://", "ws://")
-        self.token, self.agent_id, self.on_nudge, self.on_work = token, agent_id, on_nudge, on_work
+        self.token, self.agent_id, self.on_nudge = token, agent_id, on_nudge
         self.ws = None
         self.ids = itertools.count(1)
         self.waiting: dict[int, asyncio.Future] = {}
@@ -43,8 +42,6 @@ class Channel:
                         msg = json.loads(text)
                         if msg.get("nudge"):
                             self.on_nudge()
-                        elif msg.get("work"):
-                            self.on_work()
                         elif "id" in msg:
                             fut = self.waiting.pop(msg["id"], None)
                             if fut is not None and not fut.done():
