@@ -49,6 +49,11 @@ class Job(Base):
     output_dir: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     info: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # automatic choices JSON
     nnodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")  # > 1: claimed by a gang of agents
+    # The token that submitted it: only it (or an admin) may control it. NULL: from before owners
+    # existed (migration 0009), treated as the admin's.
+    owner_token_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True, index=True)
+    # An external job's own credential (hashed): only it (or an admin) may post the job's events.
+    report_hash: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (Index("ix_jobs_queue", "state", "priority", "id"),)
 
@@ -155,9 +160,12 @@ class Token(Base):
     __tablename__ = "tokens"
     id: Mapped[int] = mapped_column(Int, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
-    role: Mapped[str] = mapped_column(String(16))  # user, agent
-    # Space-separated extra rights of a user token: "commands" (may submit command jobs).
+    role: Mapped[str] = mapped_column(String(16))  # admin, user, agent, metrics
+    # Space-separated extra rights: "commands" (a user: submit command jobs; an agent: take them),
+    # "gang" (an agent: join multi-node jobs).
     scopes: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    # The token that minted it (NULL: the first start or before 0009): a user sees and revokes its own.
+    created_by: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
     hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
