@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 
 from server.store import TransitionError
-from server.validate import SpecError
+from server.validate import SpecError, every_spec_error_async
+from tokenpulse.protocol import CommandSpec, JobSpec
 
 
 def field_name(loc: Iterable) -> str:
@@ -24,18 +25,66 @@ def field_name(loc: Iterable) -> str:
     return ".".join(parts) or "body"
 
 
+def accepted(e: dict) -> Optional[str]:
+    """What a pydantic error says the field accepts, in plain words ("a whole number", "at least 1",
+    "'auto'"); None when the error is not about the kind or range of a value."""
+    kind, ctx = e.get("type", ""), e.get("ctx") or {}
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "a whole number"
+    if kind in ("float_parsing", "float_type", "finite_number"):
+        return "a number"
+    if kind in ("bool_parsing", "bool_type"):
+        return "true or false"
+    if kind == "literal_error":
+        return ctx.get("expected", "one of the listed values")
+    bounds = {"greater_than_equal": ("at least", "ge"), "less_than_equal": ("at most", "le"),
+              "greater_than": ("more than", "gt"), "less_than": ("less than", "lt")}
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"{words} {ctx.get(key)}"
+    if kind in ("string_type",):
+        return "text"
+    if kind in ("list_type",):
+        return "a list"
+    if kind in ("dict_type", "model_type"):
+        return "an object with named settings"
+    return None
+
+
+def plain_message(errors: list[dict]) -> str:
+    """One field's pydantic errors as one sentence. A field that is a union (an integer or 'auto')
+    gets an error per member: they are alternatives, so they are joined with "or"."""
+    kinds = [accepted(e) for e in errors]
+    if all(kinds):
+        return "must be " + " or ".join(dict.fromkeys(kinds))
+    e = next(e for e, k in zip(errors, kinds) if not k)
+    kind, ctx = e.get("type", ""), e.get("ctx") or {}
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "is not a setting this accepts (a misspelt name?)"
+    if kind == "too_short":
+        n = ctx.get("min_length", 1)
+        return "must not be empty" if n == 1 else f"must have at least {n} items"
+    if kind == "too_long":
+        return f"must have at most {ctx.get('max_length')} items"
+    if kind == "string_too_short":
+        return "must not be empty" if ctx.get("min_length", 1) == 1 else f"must be at least {ctx.get('min_length')} characters"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters"
+    return str(e.get("msg", "invalid")).removeprefix("Value error, ")
+
+
 def error_list(pydantic_errors: Iterable[dict], default_field: str = "body") -> list[dict]:
-    """pydantic's errors() -> [{"field", "message"}], one entry per field."""
-    out: list[dict] = []
+    """pydantic's errors() -> [{"field", "message"}], one entry per field, in plain words."""
+    by_field: dict[str, list[dict]] = {}
     for e in pydantic_errors:
         loc = tuple(e.get("loc", ()))
         field = field_name(loc) if loc else default_field
         if field == "body":
             field = default_field
-        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
-        if not any(x["field"] == field for x in out):
-            out.append({"field": field, "message": msg})
-    return out
+        by_field.setdefault(field, []).append(e)
+    return [{"field": f, "message": plain_message(errs)} for f, errs in by_field.items()]
 
 
 def error_detail(errors: list[dict], message: Optional[str] = None, field: Optional[str] = "first") -> dict:
@@ -61,8 +110,20 @@ def answer_422(detail: dict) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=422)
 
 
-async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    return answer_422(error_detail(error_list(exc.errors())))
+# Routes whose body is a spec with files to check: a schema error there is answered with the files'
+# errors too (a missing dataset named together with a bad number, not after it is fixed).
+SPEC_ROUTES = {"/api/jobs": JobSpec, "/api/jobs/command": CommandSpec, "/api/datasets/analyze": JobSpec}
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = error_list(exc.errors())
+    model = SPEC_ROUTES.get(request.url.path) if request.method == "POST" else None
+    body = getattr(exc, "body", None)
+    if model is not None and isinstance(body, dict) and hasattr(request.app.state, "tp"):
+        bad = {e["field"].split(".")[0] for e in errors}
+        errors += [x for x in await every_spec_error_async(body, model, request.app.state.tp.settings, bad)
+                   if x["field"] not in {e["field"] for e in errors}]
+    return answer_422(error_detail(errors))
 
 
 async def out_of_range(_: Request, exc: OverflowError) -> JSONResponse:
@@ -73,7 +134,7 @@ async def out_of_range(_: Request, exc: OverflowError) -> JSONResponse:
 
 async def spec_refused(_: Request, exc: SpecError) -> JSONResponse:
     """A spec that parses but cannot run here (server/validate.py: paths, files, columns, gates)."""
-    return answer_422(error_detail([{"field": exc.field, "message": exc.message}], exc.message))
+    return answer_422(error_detail(exc.errors, exc.message if len(exc.errors) == 1 else None))
 
 
 async def transition_refused(_: Request, exc: TransitionError) -> JSONResponse:

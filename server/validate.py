@@ -25,10 +25,53 @@ CHECK_TIMEOUT_S = 20.0
 
 
 class SpecError(ValueError):
-    def __init__(self, field: str, message: str):
+    """errors: every field's problem when more than one was found ({"field", "message"} each)."""
+
+    def __init__(self, field: str, message: str, errors: Optional[list[dict]] = None):
         super().__init__(message)
         self.field = field
         self.message = message
+        self.errors = errors or [{"field": field, "message": message}]
+
+
+# A field the file checks refused is set aside to check the rest; these are judged against it (a
+# column against the dataset), so they go with it rather than be checked against the default.
+DEPENDS_ON = {"dataset": ("text_field", "prompt_field", "response_field", "messages_field", "dataset_config",
+                          "dataset_split", "dataset_revision", "eval_dataset", "eval_split"),
+              "model": ("revision",)}
+MAX_ROUNDS = 6
+
+
+def every_spec_error(body: dict, model, settings: Settings, set_aside=()) -> list[dict]:
+    """All the file checks' errors of a submit in one answer, not one per round: after a field fails
+    (or failed the schema: set_aside), it is put back to its default and the rest checked again."""
+    body = {k: v for k, v in body.items() if k not in set_aside}
+    found: list[dict] = []
+    from pydantic import ValidationError
+    for _ in range(MAX_ROUNDS):
+        try:
+            spec = model.model_validate(body)
+        except ValidationError:
+            return found
+        try:
+            check_spec(spec, settings)
+            return found
+        except SpecError as e:
+            found += [x for x in e.errors if x not in found]
+            top = e.field.split(".")[0]
+            if top not in body:
+                return found
+            for k in (top, *DEPENDS_ON.get(top, ())):
+                body.pop(k, None)
+    return found
+
+
+async def every_spec_error_async(body: dict, model, settings: Settings, set_aside=(),
+                                 timeout: float = CHECK_TIMEOUT_S) -> list[dict]:
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(every_spec_error, body, model, settings, set_aside), timeout)
+    except asyncio.TimeoutError:
+        return []
 
 
 def confined(settings: Settings, raw: str, field: str) -> Path:
@@ -115,6 +158,13 @@ async def check_spec_async(spec, settings: Settings, timeout: float = CHECK_TIME
         field = "cwd" if isinstance(spec, CommandSpec) else "dataset"
         raise SpecError(field, f"checking the paths took longer than {timeout:.0f} s "
                                "(a slow or hung filesystem, or a slow Hub?)") from None
+    except SpecError as e:
+        if isinstance(spec, CommandSpec):
+            raise
+        # the model and the dataset can both be wrong: name both now, not one per submit
+        found = await every_spec_error_async(spec.model_dump(exclude_unset=True), JobSpec, settings, timeout=timeout)
+        errors = e.errors + [x for x in found if x not in e.errors]
+        raise SpecError(e.field, e.message, errors) from None
 
 
 def check_spec(spec, settings: Settings):

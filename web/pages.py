@@ -72,6 +72,22 @@ def logout(request: Request):
     return resp
 
 
+def wants_page(request: Request) -> bool:
+    """A person's browser asking for a page (not a script, not the API): it gets HTML errors."""
+    path = request.url.path
+    return "text/html" in request.headers.get("accept", "") and not path.startswith(("/api/", "/ws", "/metrics"))
+
+
+async def not_found(request: Request, exc):
+    """Unknown routes: the app's own 404 page in a browser, the usual JSON for everything else."""
+    from fastapi.exception_handlers import http_exception_handler
+    if exc.status_code == 404 and wants_page(request):
+        return page(request, "not_found.html", status_code=404, title="No such page",
+                    message=f"There is no page at {request.url.path[:200]}.",
+                    hint="The link may be mistyped or out of date.")
+    return await http_exception_handler(request, exc)
+
+
 @router.get("/", response_class=HTMLResponse)
 def jobs_page(request: Request):
     return page(request, "jobs.html")
@@ -105,17 +121,20 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("name", "Name", "text", "A label for the job, shown in lists and charts."),
         ("model", "Model", "text", "A local Hugging Face model directory, a Hub id (e.g. Qwen/Qwen2.5-0.5B), or builtin:tiny-llama (a tiny model for trying things out)."),
         ("dataset", "Dataset", "text", ".jsonl / .csv / .parquet / .txt file, a datasets save_to_disk directory, a Hub dataset id, or builtin:demo."),
-        ("revision", "Model revision", "text", "Hub model: a branch, tag or commit (default: main)."),
-        ("dataset_config", "Dataset config", "text", "Hub dataset: the configuration (subset) name."),
-        ("dataset_split", "Dataset split", "text", "The split to train on (default: train)."),
-        ("dataset_revision", "Dataset revision", "text", "Hub dataset: a branch, tag or commit (default: main)."),
-        ("hub_token_secret", "Hub token secret", "text", "For private or gated Hub repos: the name of a secret on the workers (TOKENPULSE_SECRET_<NAME>); default: their HF_TOKEN. The token is never stored."),
         ("text_field", "Text field", "text", "Column holding plain text. Leave empty to detect (text, content...)."),
         ("prompt_field", "Prompt field", "text", "For prompt/response pairs: the prompt column (give both or neither)."),
         ("response_field", "Response field", "text", "For prompt/response pairs: the response column."),
         ("messages_field", "Messages field", "text", "For chat data: the column holding a list of {role, content}, rendered with the model's chat template. Leave empty to use a 'messages' column."),
         ("loss_on_response_only", "Loss on the response only", "bool", "Mask prompt tokens out of the loss (prompt/response and Alpaca data; for chats, everything but the assistant's turns)."),
         ("streaming", "Stream the dataset", "bool", "Read the dataset as a stream, accumulating chunks (for data larger than memory)."),
+    ]),
+    # Only for a model or dataset on the Hugging Face Hub (or a saved DatasetDict's split): folded away.
+    ("hub", "Hub model and dataset options", [
+        ("revision", "Model revision", "text", "Hub model: a branch, tag or commit (default: main)."),
+        ("dataset_config", "Dataset config", "text", "Hub dataset: the configuration (subset) name."),
+        ("dataset_split", "Dataset split", "text", "The split to train on (default: train)."),
+        ("dataset_revision", "Dataset revision", "text", "Hub dataset: a branch, tag or commit (default: main)."),
+        ("hub_token_secret", "Hub token secret", "text", "For private or gated Hub repos: the name of a secret on the workers (TOKENPULSE_SECRET_<NAME>); default: their HF_TOKEN. The token is never stored."),
     ]),
     ("training", "Training", [
         ("max_steps", "Max steps", "int", "Optimizer steps. Leave empty and set epochs instead; 200 when both are empty."),
