@@ -24,7 +24,7 @@ from server.leader import ReaperLock
 from server.reaper import reaper_loop
 from server.relay import Relay
 from server.schemas import Health
-from server.security import UserDep
+from server.security import MetricsDep
 from server.settings import Settings
 from server.webhooks import Webhooks
 
@@ -112,9 +112,10 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse,
              responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
-    def metrics(_: UserDep, tp: AppDep) -> PlainTextResponse:
+    def metrics(_: MetricsDep, tp: AppDep) -> PlainTextResponse:
         """Prometheus metrics: jobs, agents and open alerts by state, points and events stored,
-        writer queue depth, websocket clients. Scrape with a user token (bearer)."""
+        writer queue depth, websocket clients. Scrape with a metrics token (read-only, `tokenpulse
+        tokens create prometheus --role metrics`) or an admin token (bearer)."""
         return PlainTextResponse(prometheus.exposition(tp), media_type=prometheus.CONTENT_TYPE)
 
     @app.get("/api/health", tags=["meta"])

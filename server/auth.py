@@ -1,7 +1,14 @@
-"""Tokens: people's (role user) and agents' (role agent), stored as SHA-256 hashes; browser
-sessions made from a user token at login; a throttle on failed logins.
+"""Tokens and their roles, stored as SHA-256 hashes; browser sessions made from a person's token at
+login; a throttle on failed logins.
 
-The first start creates one of each token and writes them, readable only by the owner, into the data
+Roles: `admin` (everything, every token), `user` (its own jobs and tokens; command jobs only with
+the `commands` scope), `agent` (register, claim, report; command jobs only with `commands`,
+multi-node jobs only with `gang`), `metrics` (reads /metrics, nothing else). A user may mint only
+user tokens for itself, with no right it lacks; they belong to it (same jobs), it lists and revokes
+them, and they stop working when it is revoked.
+
+The first start creates an admin and an agent token (commands + gang: `tokenpulse up` is one
+machine owned by its admin) and writes them, readable only by the owner, into the data
 directory, where `tokenpulse` commands on the same machine find them. The login cookie never holds
 a token: it holds a session secret that logout revokes and that expires, so a stolen cookie is not
 a permanent key.
@@ -23,18 +30,24 @@ from server.models import BrowserSession, Token
 
 COOKIE = "tokenpulse_session"
 SESSION_PREFIX = "tps_"
-ROLES = ("user", "agent")
-# Extra rights a user token may hold. "commands": submit command jobs, i.e. run code on agents.
+ADMIN, USER, AGENT, METRICS = "admin", "user", "agent", "metrics"
+ROLES = (ADMIN, USER, AGENT, METRICS)
+PERSON_ROLES = (ADMIN, USER)  # may log in, watch, submit
+PREFIX = {ADMIN: "tpk_", USER: "tpu_", AGENT: "tpa_", METRICS: "tpm_"}
+# Extra rights. "commands": a user submits command jobs (runs code on agents), an agent takes them.
+# "gang": an agent joins multi-node jobs (node rank 0 can run code in the other ranks: trust).
 COMMANDS = "commands"
+GANG = "gang"
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def new_token(s: Session, name: str, role: str, scopes: tuple[str, ...] = ()) -> str:
-    token = f"tp{role[0]}_" + secrets.token_urlsafe(24)
-    s.add(Token(name=name, role=role, hash=hash_token(token), created_at=time.time(), scopes=" ".join(scopes)))
+def new_token(s: Session, name: str, role: str, scopes: tuple[str, ...] = (), created_by: Optional[int] = None) -> str:
+    token = PREFIX[role] + secrets.token_urlsafe(24)
+    s.add(Token(name=name, role=role, hash=hash_token(token), created_at=time.time(), scopes=" ".join(scopes),
+                created_by=created_by))
     return token
 
 
@@ -42,8 +55,19 @@ def scopes_of(row: Token) -> frozenset[str]:
     return frozenset((row.scopes or "").split())
 
 
+def principal(s: Session, row: Token) -> Optional[int]:
+    """Whose the token is: a user-minted token belongs to its user (None: that user is revoked, so
+    is the token); any other token to itself."""
+    if row.role != USER or row.created_by is None:
+        return row.id
+    maker = s.get(Token, row.created_by)
+    if maker is None or maker.role != USER:
+        return row.id  # minted by an admin: its own principal
+    return maker.id if maker.revoked_at is None else None
+
+
 def token_file(data_dir: Path, role: str) -> Path:
-    return data_dir / ("token" if role == "user" else "agent_token")
+    return data_dir / ("token" if role == ADMIN else "agent_token")
 
 
 def write_secret(path: Path, value: str) -> None:
@@ -54,13 +78,13 @@ def write_secret(path: Path, value: str) -> None:
 
 
 def ensure_initial_tokens(s: Session, data_dir: Path) -> None:
-    """At first start: a user and an agent token; later starts keep the files that still verify.
-    The user token may submit command jobs: on one machine, `tokenpulse up` just works."""
-    for role in ROLES:
+    """At first start: an admin and an agent token; later starts keep the files that still verify.
+    The agent token takes command and multi-node jobs: on one machine, `tokenpulse up` just works."""
+    for role, scopes in ((ADMIN, (COMMANDS,)), (AGENT, (COMMANDS, GANG))):
         path = token_file(data_dir, role)
         if path.exists() and lookup(s, path.read_text().strip()) is not None:
             continue
-        write_secret(path, new_token(s, f"initial {role}", role, (COMMANDS,) if role == "user" else ()))
+        write_secret(path, new_token(s, f"initial {role}", role, scopes))
 
 
 def lookup(s: Session, token: str) -> Optional[Token]:

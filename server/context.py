@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from server import auth
 from server.db import Database
 from server.hub import Hub
+from server.ingest.heartbeats import Deliveries
 from server.prometheus import ServerStats
 from server.security import Caller
 from server.settings import Settings
@@ -28,6 +29,7 @@ class App:
     login_throttle: auth.LoginThrottle = field(default_factory=auth.LoginThrottle)
     stats: ServerStats = field(default_factory=ServerStats)  # counters /metrics exposes
     agent_writes: object = None  # agent websockets' writes, batched (server/agent_channel.py)
+    deliveries: Deliveries = field(default_factory=Deliveries)  # jobs' events arriving (store.reconcile)
 
     def caller(self, token: str) -> Optional[Caller]:
         h = auth.hash_token(token)
@@ -37,7 +39,8 @@ class App:
             return hit[0]
         with self.db.read() as s:
             row = auth.lookup_any(s, token)
-            caller = Caller(row.role, row.id, auth.scopes_of(row)) if row is not None else None
+            owner = auth.principal(s, row) if row is not None else None
+            caller = Caller(row.role, row.id, auth.scopes_of(row), owner) if owner is not None else None
         if len(self.token_cache) > 10_000:  # guessed tokens must not grow memory without bound
             self.token_cache.clear()
         self.token_cache[h] = (caller, now + 5.0)  # revocation takes effect within 5 s (at once here)

@@ -1,8 +1,9 @@
 """External jobs: a script started by hand (not by an agent) that reports through the explicit API.
 
 It is a job like any other (events, metrics, alerts, the same pages), with no agent: created
-`starting` by the script's own watchdog process (tokenpulse/watchdog.py), which then sends event
-batches for it exactly as an agent does (per-job seq numbers, acknowledged, replays ignored). No
+`starting` by the script's own watchdog process (tokenpulse/watchdog.py) with a person's token, which
+then sends event batches for it, with the job's own credential (returned once by the create call;
+only it or an admin may post the job's events), exactly as an agent does (per-job seq numbers, acknowledged, replays ignored). No
 schema of its own: kind "external", the job's info carries {"external": {...}}, and its spec only
 its name (never run by any agent). It is never queued, so no agent can claim it; pause, resume and
 clone are refused (there is nothing tokenpulse could restart), cancel reaches the watchdog in the
@@ -11,6 +12,7 @@ reply to its next batch and the watchdog stops the script.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from typing import Any, Optional
 
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session
 
 from server import store
+from server.auth import hash_token
 from server.models import Attempt, Job
 from tokenpulse.protocol import ACTIVE_STATES, Command, JobSpec, JobState
 
@@ -50,8 +53,17 @@ def is_external(job: Job) -> bool:
     return job.kind == "external"
 
 
-def create(s: Session, run: ExternalRun) -> Job:
-    job = store.create_job(s, JobSpec(name=run.name, max_retries=0))
+REPORT_PREFIX = "tpr_"
+
+
+def new_report_token() -> str:
+    """An external job's own credential: it may post that job's events and nothing else."""
+    return REPORT_PREFIX + secrets.token_urlsafe(24)
+
+
+def create(s: Session, run: ExternalRun, owner: Optional[int], report_token: str) -> Job:
+    job = store.create_job(s, JobSpec(name=run.name, max_retries=0), owner=owner)
+    job.report_hash = hash_token(report_token)
     # Only what is true of it (a full JobSpec would show a model and dataset it never used); still a
     # valid JobSpec for code that reads any job's spec.
     job.spec = json.dumps({"name": run.name, "max_retries": 0} if run.name else {"max_retries": 0})

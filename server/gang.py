@@ -46,9 +46,11 @@ def _forming(s: Session, job: Job) -> list[GangMember]:
                           .order_by(GangMember.node_rank)))
 
 
-def claim(s: Session, agent: Agent, endpoint: Optional[str], timeout_s: float):
+def claim(s: Session, agent: Agent, endpoint: Optional[str], timeout_s: float, trusted: bool = False):
     """Share (start your part now), Waiting (your gang is gathering: ask again), or None (no gang
-    job for you: claim as usual)."""
+    job for you: claim as usual). Only a trusted agent (its token has the `gang` right, given by an
+    admin) joins a gang: node rank 0 can run code in the ranks that connect to it, so who may be
+    any rank of a gang is the control."""
     now = time.time()
     # 1. a share of a gang that started: handed out once to each member
     mine = s.execute(select(GangMember, Job).join(Job, Job.id == GangMember.job_id).where(
@@ -65,6 +67,8 @@ def claim(s: Session, agent: Agent, endpoint: Optional[str], timeout_s: float):
     if mine is not None:
         return _settle(s, mine[1], agent, now, timeout_s)
     # 3. join the best queued multi-node job that still has room
+    if not trusted:
+        return None
     for job in s.scalars(select(Job).where(Job.state == JobState.queued.value, Job.nnodes > 1, Job.kind == "train")
                          .order_by(Job.priority.desc(), Job.id)):
         gathered = _forming(s, job)

@@ -52,6 +52,9 @@ class JobSummary(Answer):
     stack_requested: bool = Field(False, description="a stack dump is asked for and the agent has not taken it yet")
     checkpoint: Optional[str] = Field(description="newest checkpoint the server recorded (resumes start here)")
     output_dir: Optional[str] = Field(description="the final model's directory")
+    owner: Optional[int] = Field(None, description="the token that submitted it (its user's, for a token a user "
+                                                   "created); only it or an admin may control the job. None: "
+                                                   "from before owners existed, the admin's")
 
 
 class AttemptOut(Answer):
@@ -144,10 +147,22 @@ class AlertOut(Answer):
 class TokenOut(Answer):
     id: int
     name: str
-    role: Literal["user", "agent"]
-    scopes: list[str] = Field(default_factory=list, description="extra rights: 'commands' may submit command jobs")
+    role: Literal["admin", "user", "agent", "metrics"]
+    scopes: list[str] = Field(default_factory=list, description="extra rights: 'commands' (a user submits command "
+                                                                "jobs, an agent takes them), 'gang' (an agent joins "
+                                                                "multi-node jobs)")
+    created_by: Optional[int] = Field(None, description="the token that created it (none: made at first start)")
     created_at: float
     revoked_at: Optional[float]
+
+
+class Me(Answer):
+    """Who the calling token is: what the UI needs to show only the controls that will work."""
+    id: int
+    role: str
+    scopes: list[str]
+    principal: int = Field(description="whose jobs are this token's (a job's `owner`)")
+    may_run_commands: bool
 
 
 class NewTokenOut(TokenOut):

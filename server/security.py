@@ -1,5 +1,11 @@
 """Who is calling, and may they: tokens (bearer, cookie, query), CSRF for cookie sessions, the
-websocket origin check, and the user/agent role dependencies routes declare."""
+websocket origin check, the role dependencies routes declare (person, admin, agent, metrics) and
+the ownership rule for controlling a job.
+
+Roles (server/auth.py): `admin` may do everything, including managing every token; `user` submits,
+watches and controls its own jobs (command jobs only with the `commands` scope); `agent` registers,
+claims and reports (command jobs only with `commands`, multi-node jobs only with `gang`); `metrics`
+only reads /metrics."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,10 +21,28 @@ class Caller:
     role: str
     token_id: int
     scopes: frozenset = frozenset()
+    # Whose jobs and tokens these are: the token itself, or for a token a user minted, that user's
+    # token (the same person's CLI token and browser login share their jobs).
+    principal_id: int = 0
+
+    def __post_init__(self):
+        self.principal_id = self.principal_id or self.token_id
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == auth.ADMIN
+
+    @property
+    def is_person(self) -> bool:
+        return self.role in auth.PERSON_ROLES
 
     @property
     def may_run_commands(self) -> bool:
-        return self.role == "user" and auth.COMMANDS in self.scopes
+        return self.is_admin or (self.role == auth.USER and auth.COMMANDS in self.scopes)
+
+    def owns(self, owner_token_id: Optional[int]) -> bool:
+        """May control a job owned by this token id (None: from before owners existed, the admin's)."""
+        return self.is_admin or (owner_token_id is not None and owner_token_id == self.principal_id)
 
 
 def bearer(headers) -> str:
@@ -66,15 +90,41 @@ def _caller(request: Request) -> Caller:
 
 
 async def require_user(request: Request) -> Caller:  # async: no threadpool hop (the token check is a cached dict hit)
+    """A person: an admin or a user token."""
     caller = _caller(request)
-    if caller.role != "user":
+    if not caller.is_person:
+        if caller.role == auth.METRICS:
+            raise HTTPException(403, "this token is a metrics token: it can only read /metrics")
         raise HTTPException(403, "this token is an agent token: it can only claim jobs and report events")
     return caller
 
 
+async def require_admin(request: Request) -> Caller:
+    caller = await require_user(request)
+    if not caller.is_admin:
+        raise HTTPException(403, "only an admin token may do this (the token `tokenpulse up` printed at first start, "
+                                 "or one an admin created with --role admin)")
+    return caller
+
+
+async def require_metrics(request: Request) -> Caller:
+    """Prometheus: a read-only metrics token, or an admin."""
+    caller = _caller(request)
+    if caller.role not in (auth.METRICS, auth.ADMIN):
+        raise HTTPException(403, "/metrics needs a metrics token (`tokenpulse tokens create NAME --role metrics`, "
+                                 "by an admin) or an admin token")
+    return caller
+
+
+def not_yours(action: str, what: str, owner_token_id: Optional[int]) -> HTTPException:
+    whose = f"token {owner_token_id}'s" if owner_token_id is not None else "the admin's (it predates job owners)"
+    return HTTPException(403, f"{action} refused: {what} is {whose}; only the token that submitted it "
+                              "(or an admin) may change it")
+
+
 COMMANDS_REFUSED = ("this token may not submit command jobs: a command job runs code on an agent's machine, "
-                    "so it needs a token with the 'commands' scope (the user token made at first start has "
-                    "it; create another with `tokenpulse tokens create NAME --role user --allow-commands`)")
+                    "so it needs a token with the 'commands' scope (admin tokens have "
+                    "it; an admin creates others with `tokenpulse tokens create NAME --role user --allow-commands`)")
 
 
 async def require_commands(request: Request) -> Caller:
@@ -85,9 +135,15 @@ async def require_commands(request: Request) -> Caller:
     return caller
 
 
+def require_command_rights(caller: Caller, what: str) -> None:
+    """Anything that starts a command job's command again (resume, clone) needs the commands scope."""
+    if not caller.may_run_commands:
+        raise HTTPException(403, COMMANDS_REFUSED.replace("may not submit command jobs", f"may not {what}"))
+
+
 async def require_agent(request: Request) -> Caller:  # async: no threadpool hop (the token check is a cached dict hit)
     caller = _caller(request)
-    if caller.role != "agent":
+    if caller.role != auth.AGENT:
         raise HTTPException(403, "this endpoint is for agents; use an agent token")
     return caller
 
@@ -103,5 +159,7 @@ def websocket_caller(ws: WebSocket) -> Optional[Caller]:
 
 
 UserDep = Annotated[Caller, Depends(require_user)]
+AdminDep = Annotated[Caller, Depends(require_admin)]
+MetricsDep = Annotated[Caller, Depends(require_metrics)]
 AgentDep = Annotated[Caller, Depends(require_agent)]
 CommandsDep = Annotated[Caller, Depends(require_commands)]

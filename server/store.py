@@ -44,12 +44,14 @@ class TransitionError(Exception):
     """A state change the rules refuse; the API answers 409 with this message (server/errors.py)."""
 
 
-def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optional[int] = None) -> Job:
+def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optional[int] = None,
+               owner: Optional[int] = None) -> Job:
+    """owner: the submitting token's principal (server/security.py Caller.principal_id)."""
     command = isinstance(spec, CommandSpec)
     job = Job(name=spec.name or (spec.label() if command else ""), state=JobState.queued.value,
               kind=spec_kind(spec), spec=spec.model_dump_json(), priority=spec.priority, parent_id=parent_id,
               created_at=time.time(), attempt=0, next_seq=0, total_steps=None if command else spec.max_steps,
-              nnodes=getattr(spec, "nnodes", 1))
+              nnodes=getattr(spec, "nnodes", 1), owner_token_id=owner)
     s.add(job)
     s.flush()
     if not job.name:
@@ -303,5 +305,5 @@ def job_summary(job: Job) -> dict:
         "alive_at": job.alive_at, "reason": job.reason, "failure": job.failure,
         "exit_code": job.exit_code, "signal": job.signal, "requested_action": job.requested_action,
         "stack_requested": job.stack_requested_at is not None,
-        "checkpoint": job.checkpoint, "output_dir": job.output_dir,
+        "checkpoint": job.checkpoint, "output_dir": job.output_dir, "owner": job.owner_token_id,
     }

@@ -55,10 +55,12 @@ def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
             await asyncio.sleep(0.05)
         token = (settings.data_dir / "token").read_text().strip()
         console.print(f"[bold green]tokenpulse[/] is up at [link={url}]{url}[/]")
-        console.print(f"access token: [bold]{token}[/]  (also in {settings.data_dir / 'token'})")
+        console.print(f"admin token: [bold]{token}[/]  (also in {settings.data_dir / 'token'}; "
+                      "`tokenpulse tokens create NAME --role user` makes tokens for others)")
         for i in range(embedded_agents):
-            # On one machine the embedded worker runs as the user who started it: it takes command
-            # jobs (tokenpulse run), which only the initial user token (or one granted the right) submits.
+            # On one machine the embedded worker runs as the user who started it: its token (made at
+            # first start) takes command and multi-node jobs, which only admins and users with the
+            # commands scope submit.
             agents.append(subprocess.Popen(
                 [sys.executable, "-m", "tokenpulse.cli", "agent", "--server", url,
                  "--token-file", str(settings.data_dir / "agent_token"),
@@ -425,22 +427,24 @@ def make_action(action: str):
 
 
 def cmd_tokens(args) -> int:
-    """Tokens for people (user) and agents (agent): list, create (shown once), revoke."""
+    """Tokens for people (admin, user), agents and Prometheus (metrics): list, create (shown once),
+    revoke. An admin manages every token; a user creates user tokens for itself and sees its own."""
     c, console = client(args), _console()
     try:
         if args.tokens_cmd == "create":
-            t = c.request("POST", "/api/tokens", json={"name": args.name, "role": args.role,
-                                                       "allow_commands": args.allow_commands})
-            scopes = ", may submit command jobs" if "commands" in t.get("scopes", []) else ""
+            t = c.create_token(args.name, args.role, allow_commands=args.allow_commands, gang=args.gang)
+            rights = {"commands": "may submit command jobs" if t["role"] == "user" else "takes command jobs",
+                      "gang": "joins multi-node jobs"}
+            scopes = "".join(f", {rights[x]}" for x in t.get("scopes", []) if x in rights)
             console.print(f"{t['role']} token {t['id']} ({t['name']}{scopes}): [bold]{t['token']}[/]")
             console.print("shown once: only its hash is stored")
         elif args.tokens_cmd == "revoke":
-            t = c.request("POST", f"/api/tokens/{args.id}/revoke")
+            t = c.revoke_token(args.id)
             console.print(f"token {t['id']} ({t['name']}) revoked")
         else:
             from rich.table import Table
             table = Table("id", "name", "role", "scopes", "created", "revoked")
-            for t in c.request("GET", "/api/tokens"):
+            for t in c.tokens():
                 table.add_row(str(t["id"]), t["name"], t["role"], " ".join(t.get("scopes", [])), time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
                               time.strftime("%Y-%m-%d %H:%M", time.localtime(t["revoked_at"])) if t["revoked_at"] else "")
             console.print(table)
@@ -609,15 +613,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_clone)
 
-    p = sub.add_parser("tokens", help="list, create or revoke access tokens (user or agent)")
+    p = sub.add_parser("tokens", help="list, create or revoke access tokens (admin, user, agent, metrics)")
     tsub = p.add_subparsers(dest="tokens_cmd")
-    tsub.add_parser("list", help="all tokens (never the secrets)")
+    tsub.add_parser("list", help="the tokens you manage (an admin: all), never the secrets")
     t = tsub.add_parser("create", help="a new token, shown once")
     t.add_argument("name")
-    t.add_argument("--role", choices=("user", "agent"), default="agent",
-                   help="agent: can only claim jobs and report events; user: everything else")
+    t.add_argument("--role", choices=("admin", "user", "agent", "metrics"), default="agent",
+                   help="admin: everything, every token; user: submits, watches and controls its own jobs; "
+                        "agent: only claims jobs and reports events; metrics: only reads /metrics (Prometheus). "
+                        "Only an admin creates admin, agent and metrics tokens")
     t.add_argument("--allow-commands", action="store_true",
-                   help="(user tokens) may also submit command jobs, i.e. run code on agents that take them")
+                   help="a user token may also submit command jobs (run code on agents); an agent token may "
+                        "take them (its agent may start with --allow-commands)")
+    t.add_argument("--gang", action="store_true",
+                   help="(agent tokens, admin only) may join multi-node jobs: every node of a gang can be made "
+                        "to run code by node rank 0, so give it only to machines you trust alike")
     t = tsub.add_parser("revoke", help="refuse a token from now on")
     t.add_argument("id", type=int)
     p.set_defaults(fn=cmd_tokens)

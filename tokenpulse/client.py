@@ -92,5 +92,21 @@ class Client:
     def alerts(self, **filters) -> list:
         return self.request("GET", "/api/alerts", params={k: v for k, v in filters.items() if v is not None})
 
+    def tokens(self) -> list:
+        return self.request("GET", "/api/tokens")
+
+    def create_token(self, name: str, role: str = "user", allow_commands: bool = False, gang: bool = False) -> dict:
+        """A new token (its secret in "token", shown this once). Only an admin creates admin, agent
+        and metrics tokens; `gang` (agent tokens) lets its agent join multi-node jobs."""
+        return self.request("POST", "/api/tokens", json={"name": name, "role": role,
+                                                         "allow_commands": allow_commands, "gang": gang})
+
+    def revoke_token(self, token_id: int) -> dict:
+        return self.request("POST", f"/api/tokens/{token_id}/revoke")
+
+    def me(self) -> dict:
+        """The calling token: role, rights, and whose jobs are its own."""
+        return self.request("GET", "/api/tokens/me")
+
     def agents(self) -> list:
         return self.request("GET", "/api/agents")

@@ -63,7 +63,11 @@ class Watchdog:
         if r.status_code != 201:
             self.answer({"error": f"{self.url} refused the run ({r.status_code}): {r.text[:500]}"})
             return False
-        self.job_id = r.json()["id"]
+        created = r.json()
+        self.job_id = created["id"]
+        # The job's own credential: only it may post this job's events (the user token that created
+        # the job is not needed, nor sent, again).
+        self.http.headers["Authorization"] = f"Bearer {created['report_token']}"
         self.answer({"id": self.job_id, "url": f"{self.url}/jobs/{self.job_id}"})
         return True
 

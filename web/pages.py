@@ -17,7 +17,7 @@ templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templat
 
 def logged_in(request: Request) -> bool:
     caller = request.app.state.tp.caller(token_from(request.headers, request.cookies, {}))
-    return caller is not None and caller.role == "user"
+    return caller is not None and caller.is_person
 
 
 def page(request: Request, name: str, status_code: int = 200, **ctx):
@@ -42,7 +42,7 @@ def login(request: Request, token: str = Form(..., max_length=500), next: str = 
                                     "error": f"Too many failed logins from this address; try again in {wait_s:.0f} s."},
             status_code=429, headers={"Retry-After": str(int(wait_s) + 1)})
     caller = tp.caller(token.strip()) if not token.strip().startswith(auth.SESSION_PREFIX) else None
-    if caller is None or caller.role != "user":
+    if caller is None or not caller.is_person:
         tp.login_throttle.failed(client)
         return templates.TemplateResponse(
             request, "login.html", {"next": next, "page": "login",

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
-from server import gang, ranks, store
+from server import auth, gang, ranks, store
 from server.ingest import apply, heartbeats, parse
 from server.context import AppDep
 from server.security import AgentDep, UserDep
@@ -29,6 +29,13 @@ def agent_dict(a: Agent, job_ids: list[int]) -> dict:
 
 @router.post("", status_code=201)
 async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> AgentOut:
+    """An agent says who it is. `accepts_commands` (started with --allow-commands) needs a token an
+    admin created for commands: a command job hands its argv, env and cwd to the agent that takes it."""
+    if hello.accepts_commands and auth.COMMANDS not in caller.scopes:
+        raise HTTPException(403, "accepts_commands refused: this agent token was not created for command jobs. "
+                                 "Start the agent without --allow-commands, or have an admin create a token with "
+                                 "`tokenpulse tokens create NAME --role agent --allow-commands`")
+
     def add(s):
         now = time.time()
         a = Agent(name=hello.name, host=hello.host, device=hello.device, capacity=hello.capacity,
@@ -88,7 +95,8 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep, offer: Optional[Cla
     def take(s):
         agent = known_agent(s, agent_id, caller)
         agent.seen_at, agent.state = time.time(), "online"
-        got = gang.claim(s, agent, offer.endpoint if offer else None, tp.settings.gang_timeout_s)
+        got = gang.claim(s, agent, offer.endpoint if offer else None, tp.settings.gang_timeout_s,
+                         trusted=auth.GANG in caller.scopes)
         if isinstance(got, gang.Waiting):
             return got
         if got is not None:

@@ -13,7 +13,7 @@ from server import store
 from server.errors import error_list, unprocessable
 from server.hub import job_frames
 from server.context import AppDep
-from server.security import COMMANDS_REFUSED, CommandsDep, UserDep
+from server.security import CommandsDep, UserDep, not_yours, require_command_rights
 from server.models import Attempt, Event as EventRow, Job, MetricKey
 from server.api.agent_ws import agent_topic
 from server.dialect import raw_cursor
@@ -50,11 +50,11 @@ def get_job_or_404(s, job_id: int) -> Job:
     return job
 
 
-async def submit(tp, spec, parent_id: Optional[int] = None) -> dict:
+async def submit(tp, spec, caller, parent_id: Optional[int] = None) -> dict:
     spec = await check_spec_async(spec, tp.settings)  # a SpecError is a 422 naming the field (server/errors.py)
 
     def create(s):
-        job = store.create_job(s, spec, parent_id)
+        job = store.create_job(s, spec, parent_id, owner=caller.principal_id)
         return job_detail(job, [])
     detail = await tp.db.write(create)
     tp.hub.publish("jobs", job_frame({k: v for k, v in detail.items() if k not in ("spec", "info")}),
@@ -66,15 +66,15 @@ async def submit(tp, spec, parent_id: Optional[int] = None) -> dict:
 
 
 @router.post("", status_code=201)
-async def create_job(spec: JobSpec, tp: AppDep, _: UserDep) -> Submitted:
+async def create_job(spec: JobSpec, tp: AppDep, caller: UserDep) -> Submitted:
     """Queue a job. The answer carries `warnings`: preflight advice (padding waste, truncation, a
     batch size far from what was measured, streaming with epochs), each with the field and the fix;
     the job runs as asked regardless."""
-    return await submit(tp, spec)
+    return await submit(tp, spec, caller)
 
 
 @router.post("/command", status_code=201)
-async def create_command_job(spec: CommandSpec, tp: AppDep, _: CommandsDep) -> JobDetail:
+async def create_command_job(spec: CommandSpec, tp: AppDep, caller: CommandsDep) -> JobDetail:
     """Run your own command (a training script, `accelerate launch ...`, `trl sft ...`) on an agent,
     supervised like any job: queued, claimed, its output logged, its exit judged, cancellable.
 
@@ -82,7 +82,7 @@ async def create_command_job(spec: CommandSpec, tp: AppDep, _: CommandsDep) -> J
     otherwise), and only agents started with --allow-commands take command jobs. `cwd` must lie
     under the server's path_roots. `secret_env` names variables the agent copies from its own
     environment: their values never reach the server."""
-    return await submit(tp, spec)
+    return await submit(tp, spec, caller)
 
 
 @router.get("")
@@ -119,11 +119,20 @@ def get_job(job_id: int, tp: AppDep, _: UserDep) -> JobDetail:
         return job_detail(job, attempts)
 
 
-async def request_action(tp, job_id: int, action: str) -> dict:
-    """A person's cancel/pause/resume/stack: the state machine decides (store.REQUESTS); a refusal
-    is its TransitionError, answered 409 by server/errors.py."""
+def check_owner(caller, job: Job, action: str) -> None:
+    """Everyone reads every job (a team dashboard); only its owner or an admin changes its course."""
+    if not caller.owns(job.owner_token_id):
+        raise not_yours(action, f"job {job.id}", job.owner_token_id)
+
+
+async def request_action(tp, job_id: int, action: str, caller) -> dict:
+    """A person's cancel/pause/resume/stack on a job they own (or any, as admin): the state machine
+    decides (store.REQUESTS); a refusal is its TransitionError, answered 409 by server/errors.py."""
     def apply(s):
         job = get_job_or_404(s, job_id)
+        check_owner(caller, job, action)
+        if action == "resume" and job.kind == "command":
+            require_command_rights(caller, "resume a command job (it starts the command again)")
         store.REQUESTS[action](s, job)
         return store.job_summary(job)
     summary = await tp.db.write(apply)
@@ -134,26 +143,28 @@ async def request_action(tp, job_id: int, action: str) -> dict:
 
 
 @router.post("/{job_id}/cancel")
-async def cancel_job(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
+async def cancel_job(job_id: int, tp: AppDep, caller: UserDep) -> JobSummary:
     """Queued: cancelled at once. Running: the agent stops the training process (SIGTERM, then
     SIGKILL after a grace period) and the job ends cancelled."""
-    return await request_action(tp, job_id, "cancel")
+    return await request_action(tp, job_id, "cancel", caller)
 
 
 @router.post("/{job_id}/pause")
-async def pause_job(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
-    return await request_action(tp, job_id, "pause")
+async def pause_job(job_id: int, tp: AppDep, caller: UserDep) -> JobSummary:
+    return await request_action(tp, job_id, "pause", caller)
 
 
 @router.post("/{job_id}/resume")
-async def resume_job(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
-    return await request_action(tp, job_id, "resume")
+async def resume_job(job_id: int, tp: AppDep, caller: UserDep) -> JobSummary:
+    """A paused job goes back to the queue. A command job's resume starts its command again: it
+    needs the commands scope."""
+    return await request_action(tp, job_id, "resume", caller)
 
 
 @router.post("/{job_id}/stack")
-async def capture_stack(job_id: int, tp: AppDep, _: UserDep) -> JobSummary:
+async def capture_stack(job_id: int, tp: AppDep, caller: UserDep) -> JobSummary:
     """Ask the agent to dump every thread's stack of the training process into the job's log."""
-    return await request_action(tp, job_id, "stack")
+    return await request_action(tp, job_id, "stack", caller)
 
 
 @router.post("/{job_id}/clone", status_code=201)
@@ -162,18 +173,19 @@ async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep
     job's clone runs code again: it needs a token with the `commands` scope, as a submit does."""
     with tp.db.read() as s:
         parent = get_job_or_404(s, job_id)
+        check_owner(caller, parent, "clone")
         base, kind = json.loads(parent.spec), parent.kind
     if kind == "external":
         raise HTTPException(409, f"job {job_id} is an external script (started by hand, not by an agent): "
                                  "there is no spec to run again")
-    if kind == "command" and not caller.may_run_commands:
-        raise HTTPException(403, COMMANDS_REFUSED)
+    if kind == "command":
+        require_command_rights(caller, "clone a command job (it runs the command again)")
     base.update(body.changes)
     try:
         spec = JOB_KINDS[kind].model_validate(base)
     except ValidationError as e:  # the edited settings are a body error (422), like a submit's
         raise unprocessable(error_list(e.errors(), default_field="changes")) from None
-    return await submit(tp, spec, parent_id=job_id)
+    return await submit(tp, spec, caller, parent_id=job_id)
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsOut)

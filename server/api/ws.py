@@ -38,7 +38,7 @@ class ClientMessage(BaseModel):
 @router.websocket("/ws")
 async def websocket(ws: WebSocket):
     caller = websocket_caller(ws)
-    if caller is None or caller.role != "user":
+    if caller is None or not caller.is_person:
         await ws.close(code=4401, reason="missing or invalid token")
         return
     try:

@@ -277,6 +277,9 @@ class Agent:
         r = await self.call("POST", "/api/agents", json=hello.model_dump(), until_stopped=True)
         if r is None:
             return  # stopped before the server ever answered
+        if r.status_code in (401, 403):  # a token that may not do this will never may: say why and stop
+            raise SystemExit(f"the server refused to register this agent ({r.status_code}): "
+                             f"{r.json().get('detail', r.text) if r.headers.get('content-type', '').startswith('application/json') else r.text}")
         r.raise_for_status()
         self.agent_id = Registered.model_validate(r.json()).id
         log.info("registered as agent %s (%s)%s", self.agent_id, self.name,
