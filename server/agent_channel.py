@@ -97,6 +97,7 @@ class AgentWrites:
             reply: dict = {"commands": []}
             if evs is not None:
                 out = apply.ingest(s, agent_id, evs, tp.hub)
+                tp.deliveries.note(out.delivered)
                 tp.stats.ingested_events += out.stored_events
                 tp.stats.ingested_points += out.stored_points
                 frames += out.frames
@@ -154,7 +155,7 @@ class AgentWrites:
             frames += fr
             for agent_id, hb in beats.items():
                 for job in store.reconcile(s, agent_id, set(hb), tp.settings.agent_lost_after_s, origin,
-                                           held.pop(agent_id, [])):
+                                           held.pop(agent_id, []), tp.deliveries):
                     summary = store.job_summary(job)
                     frames += [("jobs", {"type": "job", "job": summary}, False),
                                (f"job:{job.id}", {"type": "job", "job": summary}, False)]

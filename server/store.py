@@ -196,12 +196,14 @@ def unusable_spec(job: Job) -> Optional[str]:
 
 
 def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, since: float,
-              held: Optional[list[Job]] = None) -> list[Job]:
+              held: Optional[list[Job]] = None, delivered=None) -> list[Job]:
     """A heartbeat lists the jobs the agent runs. A job the server holds as the agent's but that the
     agent has not reported for a whole lease (a claim whose answer was lost in flight, an agent
     restarted under the same id) is as lost as a silent agent's: the retry policy takes it. Never
     within a lease of the server's own start (agents are still replaying what they journaled).
-    held: the agent's active jobs when the caller loaded them already (many agents in one query)."""
+    held: the agent's active jobs when the caller loaded them already (many agents in one query).
+    delivered: when the agent last sent each job's events (ingest.heartbeats.Deliveries): a job whose
+    backlog is still arriving is not lost, whatever its heartbeats say (its end may be in that backlog)."""
     now = time.time()
     if now - since < lease_s:
         return []
@@ -211,6 +213,8 @@ def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, sin
                                            Job.state.in_([x.value for x in ACTIVE_STATES])))
     for job in held:
         if job.id in reported or now - (job.alive_at or 0) < lease_s:
+            continue
+        if delivered is not None and now - delivered.get(job.id, 0.0) < lease_s:
             continue
         end_attempt(s, job, JobState.failed, f"agent {agent_id} is alive but does not run this job "
                     f"(not in its heartbeats for {now - (job.alive_at or 0):.0f} s; a lost claim answer?)", Failure.LOST)

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Optional
@@ -136,9 +137,22 @@ def needs_remote_code(model_dir: Path) -> bool:
     return False
 
 
+# A plain `env` value is stored and shown: a name that says "credential" belongs in secret_env (the
+# agent passes its own value on, masked, never stored). Names, not values: TOKENIZERS_PARALLELISM is
+# not a token, HF_TOKEN and WANDB_API_KEY are.
+CREDENTIAL_ENV = re.compile(r"(?:^|_)(?:TOKEN|SECRET|KEY|APIKEY|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?)(?:_|$)"
+                            r"|PASSWORD|SECRET|API_?KEY", re.IGNORECASE)
+
+
 def check_command(spec: CommandSpec, settings: Settings) -> CommandSpec:
-    """A command's working directory is confined like dataset paths: resolved, under path_roots, an
-    existing directory (on the server's machine; the agent checks again on its own)."""
+    """A command's plain env holds no credential-looking name; its working directory is confined
+    like dataset paths: resolved, under path_roots, an existing directory (on the server's machine;
+    the agent resolves and checks it again when it starts the command)."""
+    for name in spec.env:
+        if CREDENTIAL_ENV.search(name):
+            raise SpecError(f"env.{name}", f"{name} looks like a credential: plain env values are stored and shown "
+                                           f"on the job page. Give its name in secret_env instead (the agent passes "
+                                           f"on its own {name}, masked in output, never sent to the server)")
     if spec.cwd is None:
         return spec
     cwd = confined(settings, spec.cwd, "cwd")

@@ -544,6 +544,10 @@ class Claim(BaseModel):
     # only node rank 0's agent reports the job's events (the others run their ranks, heartbeat them)
     node_rank: int = 0
     rdzv_endpoint: Optional[str] = None
+    # the server's path roots (TOKENPULSE_PATH_ROOTS; empty: none): a command's working directory is
+    # resolved and checked against them again when the agent starts it (a symlink swapped in after
+    # the submit must not take it elsewhere)
+    path_roots: list[str] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod

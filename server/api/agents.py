@@ -16,8 +16,8 @@ from server.models import Agent, Job
 from server.reaper import lease_origin
 from server.hub import job_frames
 from server.schemas import AgentOut
-from tokenpulse.protocol import (Action, AgentHello, AgentReply, Claim, ClaimRequest, Command, Heartbeat, agent_frame,
-                                 load_spec)
+from tokenpulse.protocol import (COMMAND, Action, AgentHello, AgentReply, Claim, ClaimRequest, Command, Heartbeat,
+                                 agent_frame, load_spec)
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 
@@ -81,7 +81,7 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
             commands += [Command(job_id=j, action=Action.CANCEL) for j in gang.stale_shares(s, agent_id, shares)]
             commands += [Command(job_id=j, action=Action.STACK) for j in gang.stack_requests(s, agent_id, shares)]
         for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
-                                     lease_origin(tp.db, tp.started_at)):
+                                     lease_origin(tp.db, tp.started_at), delivered=tp.deliveries):
             frames += job_frames(store.job_summary(job))
         return commands, frames
     commands, frames = await tp.db.write(beat)
@@ -114,7 +114,8 @@ async def claim(agent_id: int, tp: AppDep, caller: AgentDep, offer: Optional[Cla
     tp.hub.publish_all(job_frames(summary))
     return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
                  spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint,
-                 node_rank=share.node_rank if share else 0, rdzv_endpoint=share.endpoint if share else None)
+                 node_rank=share.node_rank if share else 0, rdzv_endpoint=share.endpoint if share else None,
+                 path_roots=[str(r) for r in tp.settings.path_roots] if job.kind == COMMAND else [])
 
 
 def lead_job(s, agent_id: int, job_id: int, caller) -> Job:
@@ -156,6 +157,7 @@ async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) 
     def store_batch(s):
         known_agent(s, agent_id, caller)
         out = apply.ingest(s, agent_id, parse.parse_batch(body), tp.hub)
+        tp.deliveries.note(out.delivered)
         out.commands.extend(c for c in heartbeats.pending_commands(s, agent_id, [])
                             if c.job_id not in {x.job_id for x in out.commands})
         return out

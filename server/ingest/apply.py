@@ -38,6 +38,7 @@ class Outcome:
     live: dict[int, list] = field(default_factory=dict)  # job id -> [stored events, critical?, Job]
     stored_events: int = 0  # new events stored (replays not counted), for /metrics
     stored_points: int = 0  # metric points among them
+    delivered: set[int] = field(default_factory=set)  # active jobs of this agent it sent events for
 
 
 def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
@@ -76,6 +77,7 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
         out.commands.extend(c for c in part.commands if c not in out.commands)
         out.stored_events += part.stored_events
         out.stored_points += part.stored_points
+        out.delivered |= part.delivered
         out.frames.extend(part.frames)
         out.alerts.extend(part.alerts)
         for job_id, (live, critical, job) in part.live.items():
@@ -126,6 +128,7 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                 out.commands.append(Command(job_id=job_id, action=Action.CANCEL))
             continue
         out.acked[job_id] = max(evs[-1].seq, job.next_seq - 1)
+        out.delivered.add(job_id)
         if not fresh:
             continue
         job.next_seq = fresh[-1].seq + 1
@@ -189,6 +192,10 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
             job.output_dir = d["path"]
         else:
             job.checkpoint = d["path"]
+            # a checkpoint at step N means N steps are done: a pause saves one a step past the last
+            # logged metric, and the job must not say "paused at 368" beside its reason's "369"
+            if isinstance(d.get("step"), int) and d["step"] > (job.step or 0):
+                job.step = d["step"]
     elif e.kind == "info":
         info = json.loads(job.info) if job.info else {}
         info.update(d)

@@ -14,6 +14,28 @@ from server.hub import job_topic
 from tokenpulse.protocol import Action, Command, heartbeat_frame
 
 
+class Deliveries:
+    """When each job's agent last delivered events for it to this server process (stored or replayed):
+    an agent still uploading a job's backlog is still running that job, even where its heartbeats do
+    not list it (store.reconcile spares it). Touched only on the writer thread; per process (on
+    PostgreSQL with several processes the agent's heartbeats listing the job are what counts)."""
+
+    KEEP_S = 3600.0
+
+    def __init__(self):
+        self.at: dict[int, float] = {}
+
+    def note(self, job_ids) -> None:
+        now = time.time()
+        for jid in job_ids:
+            self.at[jid] = now
+        if len(self.at) > 10_000:  # finished jobs' entries must not pile up
+            self.at = {j: t for j, t in self.at.items() if now - t < self.KEEP_S}
+
+    def get(self, job_id: int, default: float = 0.0) -> float:
+        return self.at.get(job_id, default)
+
+
 def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Command]:
     """Commands for an agent: requested actions on its jobs, and 'cancel' for jobs it runs that are
     no longer its own (reassigned after a lost lease, or deleted)."""

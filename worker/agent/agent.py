@@ -32,6 +32,7 @@ from worker.agent.child import CommandProcess, Supervised, TrainingProcess, desc
 from worker.agent.disk import disk_words, probe_writable
 from worker.agent import gangstacks, gangwatch
 from worker.agent.ranks import diagnose
+from worker.agent.headline import folded, gang_headline, stall_headline
 from worker.agent.launch import Gang, command, free_port, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
@@ -159,6 +160,23 @@ def command_env(base: Mapping[str, str], spec: CommandSpec, job_id: int, resume:
     return env
 
 
+def confined_cwd(raw: str, roots: list[str]) -> tuple[Path, Optional[str]]:
+    """A command's working directory resolved now (symlinks followed) and, when the server has path
+    roots, checked against them: (the resolved directory the command runs in, why it may not run
+    or None). The submit checked it too, but a directory swapped for a symlink since then would
+    otherwise take the command anywhere."""
+    try:
+        real = Path(os.path.realpath(raw))
+    except (OSError, ValueError) as e:
+        return Path(raw), f"working directory {raw} cannot be resolved: {e}; nothing was run"
+    if roots:
+        allowed = [Path(os.path.realpath(r)) for r in roots]
+        if not any(real == r or r in real.parents for r in allowed):
+            return real, (f"working directory {raw} resolves to {real}, outside the server's path roots "
+                          f"({', '.join(map(str, allowed))}): refused, nothing was run")
+    return real, None
+
+
 def command_resume(recorded: Optional[str], roots: list[Path], cwd: Path) -> tuple[Optional[str], str]:
     """The checkpoint a command job continues from (TOKENPULSE_RESUME_FROM): the one the server
     recorded, when it exists here and lies under the agent's resume roots or the job's own working
@@ -193,6 +211,7 @@ class RunningJob:
     stderr_tail: deque = field(default_factory=lambda: deque(maxlen=400))  # for the traceback
     cwd: Optional[Path] = None  # a command job's working directory
     pausable: bool = False  # its events said it can checkpoint and pause on SIGUSR2
+    stall_clear: Optional[tuple] = None  # (since, message): moving again, the stall alert's clear held
 
     @property
     def command(self) -> Optional[CommandSpec]:
@@ -225,6 +244,10 @@ class Agent:
         self.gpu, self.gpu_bf16 = gpu_info()
         self.outbox = Outbox(work_dir / "journal")
         self.jobs: dict[int, RunningJob] = {}
+        # Jobs whose process has ended but whose events (the final state among them) the server has not
+        # all acknowledged: they stay in heartbeats (job -> its last alive time) until it has, so a
+        # backlog longer than a lease never makes the server take a finished job for a lost one.
+        self.delivering: dict[int, float] = {}
         self.agent_id: Optional[int] = None
         self.flush_now = asyncio.Event()
         self.beat_now = asyncio.Event()  # a nudge: heartbeat at once (its answer carries the command)
@@ -374,6 +397,7 @@ class Agent:
             log.error("job %s: %s; requeued, and no claims until it can be written", claim.job_id, self.disk_error)
             self.outbox.add(claim.job_id, "state", {"state": "queued", "reason": f"agent {self.name}: "
                                                     f"{self.disk_error}; requeued"})
+            self.delivering[claim.job_id] = time.time()  # in heartbeats until the requeue is acknowledged
             self.done_jobs += 1
             self.flush_now.set()
             return
@@ -406,10 +430,14 @@ class Agent:
         """A command job: the command as given, in its working directory, with its environment, the
         event pipe and (unless instrument is off) the instrumentation hook on its PYTHONPATH."""
         spec: CommandSpec = claim.spec
-        self.outbox.open_job(claim.job_id, claim.seq_start)
+        mask = Masker(os.environ[n] for n in spec.secret_env if n in os.environ)
+        self.outbox.open_job(claim.job_id, claim.seq_start, mask)  # every event it sends, masked
         cwd = Path(spec.cwd) if spec.cwd else job_dir / "work"
         if not spec.cwd:
             cwd.mkdir(parents=True, exist_ok=True)
+        outside = None
+        if spec.cwd:  # checked at the point of use: what the path resolves to now, not at submit
+            cwd, outside = confined_cwd(spec.cwd, claim.path_roots)
         resume, resume_note = command_resume(claim.resume_from, self.resume_roots, cwd)
         hooks = instrumentation_dir() if spec.instrument else None
         env = command_env(os.environ, spec, claim.job_id, resume, hooks)
@@ -423,7 +451,7 @@ class Agent:
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16), cwd=cwd,
                         gang=gangwatch.GangState() if launcher else None,
-                        mask=Masker(os.environ[n] for n in spec.secret_env if n in os.environ))
+                        mask=mask)
         self.jobs[claim.job_id] = rj
         how = ("instrumented (startup hook on PYTHONPATH)" if hooks else
                "not instrumented (instrument: false)" if not spec.instrument else
@@ -436,6 +464,8 @@ class Agent:
             problem = (f"secret_env names {', '.join(missing)}, not set in the environment of agent {self.name}: "
                        f"set {'it' if len(missing) == 1 else 'them'} where the agent starts, or drop "
                        f"{'it' if len(missing) == 1 else 'them'} from the job")
+        elif outside is not None:
+            problem = outside
         elif not cwd.is_dir():
             problem = f"working directory {cwd} does not exist on agent {self.name} ({socket.gethostname()})"
         if problem is None:
@@ -517,8 +547,8 @@ class Agent:
                         rj.child_state = data  # another node's end is judged by its own ranks' word
                     continue
             recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
-            if recovered is not None:
-                self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": recovered.message, "clear": True})
+            if recovered is not None:  # cleared once it kept moving for alert_clear_s (detect())
+                rj.stall_clear = (now, recovered.message)
             if kind == "alive":
                 continue  # carried by the heartbeat, not stored one by one
             if rj.slow is not None:
@@ -536,14 +566,14 @@ class Agent:
 
     @staticmethod
     def masked(rj: RunningJob, kind: str, data: dict) -> dict:
-        """Secret values never leave the agent, even when the job's own events carry them."""
-        keys = {"log": ("line",), "state": ("reason",), "alert": ("message", "stack")}.get(kind, ())
-        return {k: rj.mask(v) if k in keys and isinstance(v, str) else v for k, v in data.items()}
+        """Secret values never leave the agent, even when the job's own events carry them: every
+        string, keys included (the outbox masks again whatever the agent adds to it)."""
+        return rj.mask.data(data)
 
     async def read_output(self, rj: RunningJob, stream: asyncio.StreamReader, name: str) -> None:
         """Output as log lines, progress-bar redraws folded (output.LineFolder); a line that keeps
         redrawing without a newline is logged once per snapshot_s, and only when it changed."""
-        fold = LineFolder(self.snapshot_s)
+        fold = LineFolder(self.snapshot_s, mask=rj.mask)  # masked before a long line is cut
         while True:
             try:
                 raw = await asyncio.wait_for(stream.read(1 << 16), min(self.snapshot_s, 5.0))
@@ -625,23 +655,31 @@ class Agent:
         if g.down_at is not None and not g.killed and now - g.down_at >= gangwatch.DEATH_GRACE_S:
             g.killed = True
             rj.process.kill_all()
-        v = g.board.check_straggler()
+        g.board.open_s, g.board.clear_s = rj.detector.config.alert_open_s, rj.detector.config.alert_clear_s
+        v = g.board.check_straggler(now=now)
         if v is not None:
             kind, message = v
-            self.emit(rj, "alert", {"kind": "slow", "severity": "warning", "message": message,
-                                    "clear": kind == "slow_clear"})
+            self.emit(rj, "alert", {"kind": AlertKind.STRAGGLER, "severity": "warning", "message": message,
+                                    "clear": kind.endswith("_clear")})
 
     async def detect(self, rj: RunningJob, now: float) -> None:
         if rj.command is not None and rj.detector.events == 0:
             return  # a command that reports nothing (not instrumented): no progress to judge it by
         v = rj.detector.check(now)
+        if v is not None:
+            rj.stall_clear = None  # stalled again before its clear was due: the open alert goes on
+        elif rj.stall_clear is not None and now - rj.stall_clear[0] >= rj.detector.config.alert_clear_s:
+            self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": rj.stall_clear[1], "clear": True})
+            rj.stall_clear = None
         if v is not None and v.kind == AlertKind.STALLED and rj.gang is not None and rj.claim.node_rank:
             pass  # another node's share: node rank 0's agent judges the gang, asking for these stacks
         elif v is not None and v.kind == AlertKind.STALLED and rj.gang is not None:
-            where, stack = await self.gang_verdict(rj)
+            where, stack, stacks = await self.gang_verdict(rj)
             if rj.process.proc.returncode is None:
+                head, odd_stack = gang_headline(v.silent_s, stacks, rj.detector.where())
+                message = folded(head, f"{v.message}; {where}", odd_stack)
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical",
-                                        "message": f"{v.message}; {where}"[:8192], "stack": stack[-199_000:]})
+                                        "message": message[:8192], "stack": stack[-199_000:]})
         elif v is not None and v.kind == AlertKind.STALLED:
             stack = await self.capture_stack(rj)
             if rj.process.proc.returncode is not None:
@@ -652,6 +690,7 @@ class Agent:
             if not can_run_handlers(state):  # its alive thread spoke a moment ago, but it is frozen now
                 message = message.replace(ALIVE_CLAUSE, "") + f"; process state {describe_state(state)}"
             message += f"; stuck at {where}" if where else ""
+            message = folded(stall_headline(v.silent_s, stack, rj.detector.where()), message, stack)
             self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
         if rj.slow is None:
@@ -661,20 +700,21 @@ class Agent:
             rj.slow.observe_sched(now, *sched)
         if rj.slow.fresh:
             rj.slow.load = (os.getloadavg()[0], os.cpu_count())
-        for v in (rj.slow.check(now), rj.slow.check_contention()):
+        for v in (rj.slow.check(now), rj.slow.check_contention(now)):
             if v is None:
                 continue
             kind, clear = v.kind.removesuffix("_clear"), v.kind.endswith("_clear")
             severity = "info" if kind == AlertKind.CONTENTION else "warning"
             self.emit(rj, "alert", {"kind": kind, "severity": severity, "message": v.message, "clear": clear})
 
-    async def gang_verdict(self, rj: RunningJob) -> tuple[str, str]:
+    async def gang_verdict(self, rj: RunningJob) -> tuple[str, str, dict]:
         """The stuck rank named across the gang: this node's stacks, and on a multi-node job every
-        other node's, as their agents sent them (worker/agent/gangstacks.py)."""
+        other node's, as their agents sent them (worker/agent/gangstacks.py). (verdict, every rank's
+        stacks as one text, rank -> its stack)."""
         stacks, text = await gangwatch.rank_stacks(rj.gang, rj.process.ranks())
         spec = rj.claim.spec
         if getattr(spec, "nnodes", 1) <= 1:
-            return diagnose(stacks, rj.gang.board), text
+            return diagnose(stacks, rj.gang.board), text, stacks
 
         path = f"/api/agents/{self.agent_id}/jobs/{rj.claim.job_id}/stacks"
         await self.call("POST", path)  # the other nodes' agents read theirs on their next heartbeat
@@ -684,11 +724,11 @@ class Agent:
             return r.json() if r is not None and r.status_code == 200 else None
         remote = await gangstacks.gather(fetch, stacks, spec.nnodes * spec.nproc_per_node)
         stacks, text, board = gangstacks.merged(rj.gang, stacks, text, remote)
-        return diagnose(stacks, board), text
+        return diagnose(stacks, board), text, stacks
 
     async def log_gang_stacks(self, rj: RunningJob) -> None:
         """A person's stack request on a multi-node job: the merged verdict and every node's stacks."""
-        where, stack = await self.gang_verdict(rj)
+        where, stack, _ = await self.gang_verdict(rj)
         self.emit(rj, "log", {"line": f"{where}\n{stack}"[:8000], "stream": "agent"})
 
     def close_alerts(self, rj: RunningJob, verdict: dict) -> None:
@@ -696,8 +736,10 @@ class Agent:
         how = f"the {'command' if rj.command is not None else 'training process'} ended ({verdict.get('state')})"
         if self.disk_alert is not None:
             self.emit(rj, "alert", {"kind": AlertKind.DISK_FULL, "message": how, "clear": True})
-        if rj.detector.stalled:
+        if rj.detector.stalled or rj.stall_clear is not None:
             self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": how, "clear": True})
+        if rj.gang is not None and rj.gang.board.straggler is not None:
+            self.emit(rj, "alert", {"kind": AlertKind.STRAGGLER, "message": how, "clear": True})
         if rj.slow is not None and rj.slow.open_keys:
             self.emit(rj, "alert", {"kind": AlertKind.SLOW, "message": how, "clear": True})
         if rj.slow is not None and rj.slow.contention_open:
@@ -743,7 +785,9 @@ class Agent:
                 "retry": failure in (Failure.OOM, Failure.CRASH, Failure.SIGNAL)}
 
     def finish(self, job_id: int) -> None:
-        self.jobs.pop(job_id, None)
+        rj = self.jobs.pop(job_id, None)
+        if rj is not None and not rj.claim.node_rank and self.outbox.pending.get(job_id):
+            self.delivering[job_id] = rj.alive_at
         self.done_jobs += 1
         self.flush_now.set()
 
@@ -844,7 +888,9 @@ class Agent:
 
     def alive_jobs(self) -> dict[str, float]:
         """What a heartbeat says: each job and when its process last said it was alive."""
-        return {str(jid): rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank}
+        beat = {str(jid): at for jid, at in self.delivering.items()}
+        beat.update({str(jid): rj.alive_at for jid, rj in self.jobs.items() if not rj.claim.node_rank})
+        return beat
 
     async def heartbeat_loop(self) -> None:
         tried_at = 0.0
@@ -858,7 +904,7 @@ class Agent:
                     # a multi-node job's share on node rank > 0 is node rank 0's agent's job on the server:
                     # only its ranks are reported (a cancel reaches them through rank 0: they agree on it)
                     beat = Heartbeat(jobs=self.alive_jobs(),
-                                     ranks={jid: rj.gang.board.rows() for jid, rj in self.jobs.items()
+                                     ranks={jid: rj.mask.data(rj.gang.board.rows()) for jid, rj in self.jobs.items()
                                             if rj.gang is not None and rj.gang.board.ranks})  # the rank table
                     for rj in self.jobs.values():
                         if rj.gang is not None:
@@ -938,6 +984,9 @@ class Agent:
                 for job_id in list(self.outbox.pending):
                     if job_id not in self.jobs:
                         self.outbox.close_job(job_id)
+                for job_id in list(self.delivering):
+                    if not self.outbox.pending.get(job_id):  # all acknowledged: its end is the server's
+                        del self.delivering[job_id]
             except Exception:
                 log.exception("flush failed")
                 await asyncio.sleep(1)

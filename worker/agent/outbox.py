@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from worker.agent.disk import disk_words
+from worker.agent.masking import SecretMask
 
 log = logging.getLogger("tokenpulse.outbox")
 
@@ -37,6 +38,7 @@ class Outbox:
         self.dir = journal_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.pending: dict[int, list[dict]] = {}
+        self.masks: dict[int, SecretMask] = {}  # a command job's secret_env values
         self.next_seq: dict[int, int] = {}
         self.lines: dict[int, int] = {}  # lines in each journal file (pending + acknowledged)
         self._files = {}
@@ -47,9 +49,13 @@ class Outbox:
     def path(self, job_id: int) -> Path:
         return self.dir / f"{job_id}.jsonl"
 
-    def open_job(self, job_id: int, seq_start: int) -> None:
+    def open_job(self, job_id: int, seq_start: int, mask: Optional[SecretMask] = None) -> None:
+        """mask: the job's secret values, masked in every event added (the one way events leave the
+        agent, journal included), whatever field or key they hide in."""
         self.next_seq[job_id] = max(seq_start, self.next_seq.get(job_id, 0))
         self.pending.setdefault(job_id, [])
+        if mask:
+            self.masks[job_id] = mask
 
     def _file(self, job_id: int):
         f = self._files.get(job_id)
@@ -58,6 +64,9 @@ class Outbox:
         return f
 
     def add(self, job_id: int, kind: str, data: dict, t: Optional[float] = None) -> dict:
+        mask = self.masks.get(job_id)
+        if mask is not None:
+            data = mask.data(data)
         seq = self.next_seq[job_id]
         self.next_seq[job_id] = seq + 1
         ev = {"kind": kind, "job_id": job_id, "seq": seq, "t": t or time.time(), "data": data}
@@ -172,6 +181,7 @@ class Outbox:
         if self.pending.get(job_id):
             return
         self.pending.pop(job_id, None)
+        self.masks.pop(job_id, None)
         self.lines.pop(job_id, None)
         self._unjournaled.discard(job_id)
         if not self._unjournaled:

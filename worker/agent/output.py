@@ -1,5 +1,5 @@
-"""A process's output as log lines: progress-bar redraws folded, secrets masked, a traceback's last
-frame found. Pure logic over bytes and a clock passed in, so every rule is testable without a process.
+"""A process's output as log lines: progress-bar redraws folded, secrets masked (before a long line
+is cut), a traceback's last frame found. Pure logic over bytes and a clock passed in, so every rule is testable without a process.
 
 A progress bar (tqdm, a download meter) redraws its line with a carriage return, often thousands of
 times before the newline that ends it. Stored as-is that is one enormous line; split on every `\\r`
@@ -13,14 +13,20 @@ from __future__ import annotations
 import codecs
 import os
 import re
-from typing import Iterable, Optional
+from typing import Callable, Optional
+
+from worker.agent.masking import SecretMask
 
 MAX_LINE = 8192  # protocol.LogData.line
 
 
 class LineFolder:
-    def __init__(self, snapshot_s: float = 10.0, max_line: int = MAX_LINE):
+    def __init__(self, snapshot_s: float = 10.0, max_line: int = MAX_LINE, mask: Optional[SecretMask] = None):
         self.snapshot_s, self.max_line = snapshot_s, max_line
+        # Secrets are masked before a line is cut: a value straddling the cut would leave a piece
+        # on each side, its first characters in one chunk and the rest in the next.
+        self.mask: Callable[[str], str] = mask if mask else (lambda text: text)
+        self._hold = mask.hold_back if mask else (lambda text: 0)
         self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
         self._cur = ""  # the current line's text since its last \r
         self._drawn = ""  # its last complete non-blank redraw (the text before a \r)
@@ -38,9 +44,14 @@ class LineFolder:
             if nl >= 0:
                 self._end_line(out)
             else:
+                if not self._redrawing and len(self._cur) >= self.max_line:
+                    self._cur = self.mask(self._cur)
                 while not self._redrawing and len(self._cur) >= self.max_line:  # no end in sight: cut it
-                    out.append(self._cur[:self.max_line])
-                    self._cur = self._cur[self.max_line:]
+                    # the start of a secret still being written waits for the rest (then masked whole)
+                    cut = self.max_line - self._hold(self._cur[:self.max_line])
+                    cut = cut if cut > 0 else self.max_line
+                    out.append(self._cur[:cut])
+                    self._cur = self._cur[cut:]
         # Data just arrived: the text after the last \r may be a redraw cut in half, so a snapshot
         # here takes the last complete one.
         out.extend(self._snapshot(now, self._drawn.rstrip()))
@@ -81,7 +92,7 @@ class LineFolder:
         if not self._redrawing:
             self._redrawing, self._since = True, now
         if len(self._cur) > self.max_line:
-            self._cur = self._cur[:self.max_line]
+            self._cur = self.mask(self._cur)[:self.max_line]
 
     def _state(self) -> str:
         return (self._cur if self._cur.strip() else self._drawn).rstrip()
@@ -92,23 +103,14 @@ class LineFolder:
             # A bar cleared by its program (all blank) leaves nothing; a snapshot already logged
             # is not logged twice.
             if line and line != self._shown:
-                out.append(line[:self.max_line])
+                out.append(self.mask(line)[:self.max_line])
         else:
-            out.append(self._cur[:self.max_line])
+            out.append(self.mask(self._cur)[:self.max_line])
         self._cur, self._drawn, self._redrawing, self._since, self._shown = "", "", False, None, None
 
 
-class Masker:
-    """Replaces the values of a job's secret variables in its output with ***, so a script that prints
-    its Hub token does not store it. Values shorter than 4 characters are left alone (masking
-    every '1' would make logs unreadable and hide nothing)."""
-
-    def __init__(self, secrets: Iterable[str]):
-        values = sorted({v for v in secrets if v and len(v) >= 4}, key=len, reverse=True)
-        self._re = re.compile("|".join(map(re.escape, values))) if values else None
-
-    def __call__(self, text: str) -> str:
-        return self._re.sub("***", text) if self._re is not None else text
+# A job's secret values -> *** (every form and 8+ character piece: worker/agent/masking.py)
+Masker = SecretMask
 
 
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')

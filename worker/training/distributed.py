@@ -13,6 +13,8 @@ zero-weighted copy, because DDP needs the same number of backward passes on ever
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import signal
 import socket
@@ -25,6 +27,7 @@ import torch.distributed as dist
 # A collective that waits longer than this fails the rank (the default NCCL timeout is 10-30 min);
 # tokenpulse's agent names a stuck rank long before, and a dying rank's peers fail fast.
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("TOKENPULSE_COLLECTIVE_TIMEOUT_S", "600"))
+MAX_BROADCAST_BYTES = 1 << 20  # rank 0's choices are a few hundred bytes of JSON
 
 
 @dataclass
@@ -93,13 +96,29 @@ def rank_info(d: Dist, device: torch.device) -> dict:
             "pid": os.getpid(), "device": str(device)}
 
 
-def broadcast(d: Dist, obj):
-    """Rank 0's value on every rank (measured choices differ between processes: use one)."""
+def broadcast(d: Dist, obj, as_type=None):
+    """Rank 0's value on every rank (measured choices differ between processes: use one).
+
+    Sent as JSON in a byte tensor, never pickled: a rank must not run code another rank sends
+    (broadcast_object_list unpickles, so whoever hosts rank 0 could run anything in the others).
+    A dataclass travels as its fields; `as_type` rebuilds it on every rank."""
     if not d.on:
         return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    if d.main:
+        payload = json.dumps(dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj).encode()
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    else:
+        size = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    n = int(size.item())
+    if not 0 < n <= MAX_BROADCAST_BYTES:
+        raise RuntimeError(f"rank 0 broadcast {n} bytes: not a choice")
+    buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device) if d.main
+           else torch.empty(n, dtype=torch.uint8, device=device))
+    dist.broadcast(buf, src=0)
+    value = json.loads(buf.cpu().numpy().tobytes().decode())
+    return as_type(**value) if as_type is not None and isinstance(value, dict) else value
 
 
 def agree(d: Dist, *flags: bool) -> tuple[bool, ...]:

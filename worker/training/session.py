@@ -260,7 +260,7 @@ class Session:
         else:
             lay = None
         # measured choices differ between processes: every rank takes rank 0's, so all build one plan
-        lay = broadcast(self.ranks, lay)
+        lay = broadcast(self.ranks, lay, Layout)
         em.phase(Phase.PACKING, done=0, total=1, unit="epochs")
         per_epoch = len(epoch_steps(data, lay, spec.seed, 0))
         em.phase(Phase.PACKING, done=1, total=1, unit="epochs", detail=f"{per_epoch} optimizer steps per epoch")
@@ -316,7 +316,7 @@ class Session:
             lay, _ = self._layout(first, self._choose_mode(), max_len, precision)
         else:
             lay = None
-        lay = broadcast(self.ranks, lay)
+        lay = broadcast(self.ranks, lay, Layout)
         pad = self.tokenizer.pad_token_id
 
         def stream():

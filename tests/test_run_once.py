@@ -1,0 +1,84 @@
+"""A command that succeeded never runs a second time (issue 25, item 21): a job whose output backlog
+takes longer than a lease to upload stays in its agent's heartbeats until its final state is
+acknowledged, and the server does not fail an attempt whose agent is still delivering its events.
+Real server, real agent, a real command printing a large backlog fast; a small lease."""
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+
+import httpx
+
+from conftest import wait_for
+
+LINES = 150_000  # ~15 MB of output: its upload outlasts the 3 s lease (60,000 did not on 2 cores)
+
+BACKLOG = textwrap.dedent("""
+    import sys
+    open(sys.argv[1], "a").write("ran\\n")
+    w = sys.stdout.write
+    for i in range(int(sys.argv[2])):
+        w(f"line {i:07d} " + "x" * 88 + "\\n")
+""")
+
+
+def test_a_command_whose_backlog_outlasts_the_lease_runs_once_and_completes(server_factory, tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "backlog.py").write_text(BACKLOG)
+    marker = proj / "runs"
+    srv = server_factory(agent_lost_after_s=3, reaper_every_s=0.5)
+    srv.start_agent("a1", "--allow-commands")
+    with srv.client() as c:
+        r = c.post("/api/jobs/command", json={"command": [sys.executable, "backlog.py", str(marker), str(LINES)],
+                                               "cwd": str(proj), "instrument": False, "max_retries": 2})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        # the command exits within a second or two; its output is still being uploaded long after
+        wait_for(lambda: marker.exists(), 60, "the command to run")
+        job = srv.wait_job(jid, timeout=240)
+        log_text = (srv.data_dir.parent / "agent-a1.log").read_text()
+        assert job["state"] == "completed" and job["attempt"] == 1, (job, log_text[-2000:])
+        assert [a["outcome"] for a in job["attempts"]] == ["completed"], job["attempts"]
+        assert marker.read_text() == "ran\n", "the command ran a second time"
+        assert not c.get("/api/alerts", params={"job_id": jid, "kind": "worker_lost"}).json()
+        out, after = [], -1
+        while True:  # every line stored once, in order
+            page = c.get(f"/api/jobs/{jid}/events", params={"kinds": "log", "limit": 100000,
+                                                            "after_seq": after}).json()["events"]
+            if not page:
+                break
+            out += [e["data"]["line"] for e in page if e["data"]["stream"] == "stdout"]
+            after = page[-1]["seq"]
+        assert len(out) == LINES and out[-1].startswith(f"line {LINES - 1:07d}"), len(out)
+
+
+def test_the_server_spares_a_job_whose_agent_still_delivers_its_events(server_factory):
+    """A stand-in agent over the real HTTP API whose heartbeats do not list its job (an agent between
+    the end of a process and the upload of its last events): as long as the job's events keep
+    arriving the attempt is not failed; once they stop for a lease, it is lost as before."""
+    lease = 3
+    srv = server_factory(agent_lost_after_s=lease, reaper_every_s=0.5)
+    agent = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
+    with srv.client() as c, agent:
+        jid = c.post("/api/jobs", json={"max_steps": 5}).json()["id"]
+        aid = agent.post("/api/agents", json={"name": "stand-in", "host": "h", "device": "cpu"}).json()["id"]
+        claim = agent.post(f"/api/agents/{aid}/claim").json()
+        assert claim["job_id"] == jid
+        seq = claim["seq_start"]
+        end = time.monotonic() + 3 * lease + 1  # past the server's first lease, then two more
+        while time.monotonic() < end:
+            r = agent.post(f"/api/agents/{aid}/events", json={"events": [
+                {"kind": "log", "job_id": jid, "seq": seq, "t": time.time(), "data": {"line": f"backlog {seq}"}}]})
+            assert r.json()["acked"] == {str(jid): seq}, r.text
+            seq += 1
+            assert agent.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {}}).status_code == 200
+            job = c.get(f"/api/jobs/{jid}").json()
+            assert job["state"] == "running" and job["attempt"] == 1, job  # before: lost at once
+            time.sleep(0.5)
+        # the events stop: a lease later the job is as lost as any job its agent does not run
+        wait_for(lambda: agent.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {}}) and
+                 c.get(f"/api/jobs/{jid}").json()["state"] == "queued", 4 * lease, "the job to be taken as lost")
+        first = c.get(f"/api/jobs/{jid}").json()["attempts"][0]
+        assert first["outcome"] == "retried" and "does not run this job" in first["reason"], first
