@@ -53,10 +53,11 @@ def test_a_straggler_is_named_once_and_cleared():
     for r, busy in ((0, 0.1), (1, 0.1), (2, 0.9)):
         b.observe(r, "alive", {"step": 5, "busy_s": busy, "step_time_s": 1.0}, 1.0)
     kind, msg = b.check_straggler()
-    assert kind == "slow" and msg.startswith("straggler: rank 2 (h, pid 102) works 0.90 s per step against 0.10 s"), msg
+    assert kind == "straggler" and msg.startswith("straggler: rank 2 (h, pid 102) works 0.90 s per step against 0.10 s"), msg
     assert b.check_straggler() is None  # not again while it lasts
-    b.observe(2, "alive", {"step": 6, "busy_s": 0.12}, 2.0)
-    assert b.check_straggler() == ("slow_clear", "rank 2 keeps pace with the other ranks again")
+    for k in range(3):  # judged on the median of each rank's last reports: one fast step is not enough
+        b.observe(2, "alive", {"step": 6 + k, "busy_s": 0.12}, 2.0 + k)
+    assert b.check_straggler() == ("straggler_clear", "the ranks keep pace with each other again (rank 2 was slowest)")
 
 
 SUMMARY = """[ERROR] failed (exitcode: 1) local_rank: 0 (pid: 100) of binary: python

@@ -9,7 +9,8 @@ from tokenpulse.protocol import JobSpec, StallSpec
 from worker.agent.slow import SlowDetector
 from worker.agent.stall import StallConfig, StallDetector
 
-CFG = StallConfig(factor=5, floor_s=3, ceiling_s=100, first_step_s=20, phase_s=40)
+# No alert hysteresis here: these tests judge each rule at once (tests/test_alert_trust.py judges the hysteresis)
+CFG = StallConfig(factor=5, floor_s=3, ceiling_s=100, first_step_s=20, phase_s=40, alert_open_s=0, alert_clear_s=0)
 
 
 class Clock:
@@ -228,7 +229,7 @@ def test_cpu_while_gpu_and_fp32_on_bf16_gpu():
 
 
 def test_crawling_steps_name_the_batch():
-    s, c = SlowDetector(StallConfig(slow_step_s=60)), Clock()
+    s, c = SlowDetector(StallConfig(slow_step_s=60, alert_open_s=0)), Clock()
     s.observe("info", {"batch_size": 64, "row_len": 4096}, c())
     s.observe("info", {"grad_accum": 32}, c())
     v = feed(s, c, 3, 90.0, 100)
@@ -283,7 +284,8 @@ def test_busy_machine_bursts_below_the_factor_are_not_slow():
     assert feed(s, c, 30, 0.1, 5000) is None
     assert feed(s, c, 10, 0.35, 5000 / 3.5) is None  # a neighbour takes the CPU: 3.5x, under 4x
     assert feed(s, c, 20, 0.1, 5000) is None
-    v = feed(s, c, 5, 0.6, 5000 / 6)
+    assert feed(s, c, 5, 0.6, 5000 / 6) is None  # held 3 s: not yet past the default alert_open_s (10 s)
+    v = feed(s, c, 20, 0.6, 5000 / 6)
     assert v.kind == "slow" and "fell" in v.message
     assert feed(s, c, 30, 0.6, 5000 / 6) is None  # a long slow stretch stays slow (baseline frozen)
     assert s.open_keys == {"fell"}

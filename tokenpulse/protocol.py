@@ -63,6 +63,7 @@ class AlertKind:
     OOM = "oom"
     WORKER_LOST = "worker_lost"
     PADDING = "padding"
+    STRAGGLER = "straggler"  # one rank of a distributed job works far longer per step than the others
     DISK_FULL = "disk_full"
     DATABASE_LOCKED = "database_locked"  # webhooks only: the database cannot store it
 
@@ -120,6 +121,8 @@ class StallSpec(BaseModel):
     slow_padding_frac: Optional[float] = Field(None, gt=0, le=1, description="slow when more than this fraction of batch tokens is padding")
     slow_step_s: Optional[float] = Field(None, gt=0, description="an optimizer step slower than this crawls")
     slow_periodic_frac: Optional[float] = Field(None, gt=0, le=1, description="periodic pauses costing this share of the time")
+    alert_open_s: Optional[float] = Field(None, ge=0, description="a slow/straggler condition must hold this long before its alert opens")
+    alert_clear_s: Optional[float] = Field(None, ge=0, description="an alert's condition must stay away this long before it clears")
 
 
 class JobSpec(BaseModel):

@@ -4,9 +4,13 @@ every rank grouped by where they are), and which one died. Pure logic, clock pas
 from __future__ import annotations
 
 import re
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tokenpulse.protocol import AlertKind
+from worker.agent.hysteresis import CLEAR, OPEN, Latch
 from worker.agent.stall import stuck_at
 
 # A frame in one of these is waiting for the other ranks, not working: collectives, the DDP reducer
@@ -37,7 +41,12 @@ class Rank:
 @dataclass
 class RankBoard:
     ranks: dict[int, Rank] = field(default_factory=dict)
-    straggler: Optional[int] = None  # the rank named by an open slow alert
+    straggler: Optional[int] = None  # the rank named by the open straggler alert
+    # Hysteresis of the straggler condition (StallConfig.alert_open_s / alert_clear_s, set by the agent)
+    open_s: float = 0.0
+    clear_s: float = 0.0
+    latch: Optional[Latch] = None
+    busy_recent: dict = field(default_factory=dict)  # rank -> its last few busy_s reports
 
     def get(self, r: int) -> Rank:
         return self.ranks.setdefault(r, Rank(rank=r))
@@ -54,6 +63,8 @@ class RankBoard:
             for k in ("step_time_s", "busy_s", "rss_mb"):
                 if isinstance(data.get(k), (int, float)):
                     setattr(rk, k, float(data[k]))
+            if isinstance(data.get("busy_s"), (int, float)):
+                self.busy_recent.setdefault(r, deque(maxlen=5)).append(float(data["busy_s"]))
 
     def rows(self) -> list[dict]:
         return [self.ranks[r].row() for r in sorted(self.ranks)]
@@ -61,25 +72,35 @@ class RankBoard:
     def by_pid(self, pid: int) -> Optional[Rank]:
         return next((rk for rk in self.ranks.values() if rk.pid == pid), None)
 
-    def check_straggler(self, factor: float = 3.0, floor_s: float = 0.05) -> Optional[tuple[str, Optional[str]]]:
-        """('slow' | 'slow_clear', message) when a rank's own work per step (waits for the others
-        left out) turns far above the median of the others, or comes back."""
-        busy = {r: rk.busy_s for r, rk in self.ranks.items() if rk.busy_s is not None}
+    def check_straggler(self, factor: float = 3.0, floor_s: float = 0.05,
+                        now: float = 0.0) -> Optional[tuple[str, Optional[str]]]:
+        """('straggler' | 'straggler_clear', message) when one rank's own work per step (waits for the
+        others left out; the median of its last reports, not one noisy step) is far above the median
+        of the others, held for open_s; cleared only when the ranks agree again (under 2/3 of the
+        factor) for clear_s. The alert is the condition, not the rank: when the rank blamed changes
+        while it lasts, the open alert is updated to name the new one, never cleared and re-opened."""
+        busy = {r: statistics.median(self.busy_recent.get(r) or [rk.busy_s])
+                for r, rk in self.ranks.items() if rk.busy_s is not None}
         if len(busy) < 2:
             return None
         worst = max(busy, key=busy.get)
         others = sorted(v for r, v in busy.items() if r != worst)
         med = others[len(others) // 2]
-        slow = busy[worst] > max(factor * med, floor_s)
-        if slow and self.straggler is None:
+        if self.latch is None:
+            self.latch = Latch(self.open_s, self.clear_s)
+        need = factor if not self.latch.is_open else factor * 2 / 3
+        change = self.latch.update(busy[worst] > max(need * med, floor_s), now)
+        rk = self.ranks[worst]
+        message = (f"straggler: rank {worst} ({rk.host or '?'}, pid {rk.pid or '?'}) works "
+                   f"{busy[worst]:.2f} s per step against {med:.2f} s for the other ranks "
+                   f"({busy[worst] / max(med, 1e-9):.0f}x): every step waits for it")
+        if change == OPEN or (self.latch.is_open and change is None and worst != self.straggler
+                              and busy[worst] > max(need * med, floor_s)):
             self.straggler = worst
-            rk = self.ranks[worst]
-            return "slow", (f"straggler: rank {worst} ({rk.host or '?'}, pid {rk.pid or '?'}) works "
-                            f"{busy[worst]:.2f} s per step against {med:.2f} s for the other ranks "
-                            f"({busy[worst] / max(med, 1e-9):.0f}x): every step waits for it")
-        if not slow and self.straggler is not None:
+            return AlertKind.STRAGGLER, message
+        if change == CLEAR:
             r, self.straggler = self.straggler, None
-            return "slow_clear", f"rank {r} keeps pace with the other ranks again"
+            return f"{AlertKind.STRAGGLER}_clear", f"the ranks keep pace with each other again (rank {r} was slowest)"
         return None
 
 
@@ -119,15 +140,27 @@ def _our_frames(stack: str, n: int = 2) -> Optional[str]:
     return " < ".join(own[:n]) or None
 
 
+def odd_one(stacks: dict[int, str]) -> tuple[dict[str, list[int]], Optional[str]]:
+    """Ranks grouped by their main thread's innermost frame, and the odd group's frame: the group not
+    waiting in a collective (the others wait for it); failing that, the smallest group (None: one group)."""
+    groups: dict[str, list[int]] = {}
+    for r in sorted(stacks):
+        where = stuck_at(stacks[r]) or "no stack"
+        groups.setdefault(where, []).append(r)
+    working = [w for w in groups if w != "no stack" and not _is_waiting(w, stacks[groups[w][0]])]
+    if len(working) == 1 and len(groups) > 1:
+        return groups, working[0]
+    if len(groups) > 1:
+        return groups, min(groups, key=lambda w: (len(groups[w]), w in working))
+    return groups, None
+
+
 def diagnose(stacks: dict[int, str], board: RankBoard) -> str:
     """"rank 1 (host, pid 12) at fn (file:line); ranks 0 waiting in all_reduce at fn (file:line)".
 
     Ranks are grouped by their main thread's innermost frame. The odd one out is the group that is
     not waiting in a collective (the others wait for it); failing that, the smallest group."""
-    groups: dict[str, list[int]] = {}
-    for r in sorted(stacks):
-        where = stuck_at(stacks[r]) or "no stack"
-        groups.setdefault(where, []).append(r)
+    groups, odd = odd_one(stacks)
     if not groups:
         return "no rank's stack could be read"
 
@@ -137,13 +170,6 @@ def diagnose(stacks: dict[int, str], board: RankBoard) -> str:
             return f"rank {rs[0]} ({rk.host or '?'}, pid {rk.pid or '?'})"
         return "ranks " + ", ".join(map(str, rs))
 
-    working = [w for w in groups if w != "no stack" and not _is_waiting(w, stacks[groups[w][0]])]
-    if len(working) == 1 and len(groups) > 1:
-        odd = working[0]
-    elif len(groups) > 1:
-        odd = min(groups, key=lambda w: (len(groups[w]), w in working))
-    else:
-        odd = None
     parts = []
     if odd is not None:
         parts.append(f"{who(groups[odd])} at {odd}")

@@ -9,8 +9,11 @@ Slow means progressing, but:
   on the CPU while the worker has a GPU, fp32 on a GPU with bf16, optimizer steps so large they crawl
   (`slow_step_s`), or periodic pauses every N steps costing `slow_periodic_frac` of the time.
 
-One alert per job (kind "slow"), its message listing the reasons; re-raised only when the set of
-reasons changes, cleared (saying so) when none holds any more.
+One alert per job (kind "slow"), its message listing the reasons. Each reason has its own latch
+(hysteresis.Latch): it joins the alert after holding `alert_open_s` and leaves it after staying away
+`alert_clear_s`, and it is judged only on its own measurement (padding on samples that carry a padding
+fraction: a throughput check without one leaves it as it was). The alert is re-sent (updated in place)
+when the set of reasons changes, cleared (saying so) when none is open any more.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from tokenpulse.protocol import AlertKind, Phase
+from worker.agent.hysteresis import CLEAR, OPEN, Latch
 from worker.agent.stall import StallConfig, Verdict
 
 
@@ -95,6 +99,10 @@ class SlowDetector:
     contention_open: Optional[str] = None
     open_keys: Optional[frozenset] = None
     open_message: Optional[str] = None
+    latches: dict = field(default_factory=dict)  # reason key -> Latch
+    texts: dict = field(default_factory=dict)  # reason key -> its latest text
+    contention_latch: Optional[Latch] = None
+    sent_at: float = 0.0  # when the open alert's message was last sent
     fresh: bool = False
     last_step: Optional[int] = None
 
@@ -226,9 +234,11 @@ class SlowDetector:
         if g is not None:
             out.append(("growth", g))
 
-        # padding waste
-        pads = [s.padding for s in recent if s.padding is not None]
-        if pads and statistics.median(pads) > c.slow_padding_frac:
+        # padding waste: judged on the last 3 padding measurements (not the last 3 samples: one
+        # without a padding figure says nothing about padding); clears a tenth below the bar
+        pads = [s.padding for s in self.samples[-20:] if s.padding is not None][-3:]
+        need = c.slow_padding_frac * (0.9 if "padding" in was_open else 1.0)
+        if pads and statistics.median(pads) > need:
             out.append(("padding", self._padding_reason(statistics.median(pads))))
 
         # the model on the CPU while the worker has a GPU
@@ -332,34 +342,60 @@ class SlowDetector:
 
     # ---- judging -----------------------------------------------------------------------------
 
+    def _latch(self, key: str) -> Latch:
+        if key not in self.latches:
+            self.latches[key] = Latch(self.config.alert_open_s, self.config.alert_clear_s)
+        return self.latches[key]
+
+    def _measured(self, key: str) -> bool:
+        """Did the newest sample measure this reason? Padding is measured only by a sample that
+        carries a padding fraction; the other reasons by every sample."""
+        return key != "padding" or (bool(self.samples) and self.samples[-1].padding is not None)
+
     def check(self, now: float) -> Optional[Verdict]:
-        """A 'slow' verdict when the set of reasons appears or changes, 'slow_clear' when it ends.
-        Slowness explained by CPU starvation alone is reported apart (check_contention)."""
-        if not self.fresh:
-            return None
-        self.fresh = False
-        all_reasons = self.reasons()
-        rs = [(k, t) for k, t in all_reasons if k != AlertKind.CONTENTION]
-        cont = [t for k, t in all_reasons if k == AlertKind.CONTENTION]
-        self._contention = cont[0] if cont else None
-        keys = frozenset(k for k, _ in rs)
-        if rs and keys != self.open_keys:
-            self.open_keys = keys
-            self.open_message = "slow: " + "; ".join(text for _, text in rs)
-            return Verdict(AlertKind.SLOW, self.open_message, reasons=rs)
-        if not rs and self.open_keys:
+        """A 'slow' verdict when the set of open reasons appears or changes, 'slow_clear' when the last
+        one clears. Slowness explained by CPU starvation alone is reported apart (check_contention)."""
+        if not self.fresh and not any(x.since is not None for x in self.latches.values()):
+            return None  # nothing new, and no reason waiting out its hysteresis
+        fresh, self.fresh = self.fresh, False
+        if fresh:
+            all_reasons = self.reasons()
+            rs = dict((k, t) for k, t in all_reasons if k != AlertKind.CONTENTION)
+            cont = [t for k, t in all_reasons if k == AlertKind.CONTENTION]
+            self._contention = cont[0] if cont else None
+            self.texts.update(rs)
+            for k in set(rs) | set(self.latches):
+                if k in rs or self._measured(k):
+                    self._latch(k).update(k in rs, now)
+                elif self.latches[k].since is not None:  # not measured: its last observation goes on
+                    self.latches[k].update(not self.latches[k].is_open, now)
+        else:  # a clock tick: reasons keep their last observation
+            for k, x in self.latches.items():
+                if x.since is not None:
+                    x.update(not x.is_open, now)
+        keys = frozenset(k for k, x in self.latches.items() if x.is_open)
+        rs_open = [(k, self.texts[k]) for k in self.texts if k in keys]
+        message = "slow: " + "; ".join(text for _, text in rs_open)
+        # updated in place: when the reasons change, and with their new numbers at most once a minute
+        if keys and (keys != self.open_keys or (message != self.open_message and now - self.sent_at >= 60)):
+            self.open_keys, self.open_message, self.sent_at = keys, message, now
+            return Verdict(AlertKind.SLOW, self.open_message, reasons=rs_open)
+        if not keys and self.open_keys:
             self.open_keys = self.open_message = None
             return Verdict("slow_clear", f"no longer slow: {self._now_rate()} at step {self.last_step}")
         return None
 
-    def check_contention(self) -> Optional[Verdict]:
+    def check_contention(self, now: float = 0.0) -> Optional[Verdict]:
         """'contention' when the job is slow only because other processes hold the CPUs (an info
         alert: nothing in the job to fix), 'contention_clear' when that ends. Call after check()."""
         cur = getattr(self, "_contention", None)
-        if cur and not self.contention_open:
+        if self.contention_latch is None:
+            self.contention_latch = Latch(self.config.alert_open_s, self.config.alert_clear_s)
+        change = self.contention_latch.update(bool(cur), now)
+        if change == OPEN:
             self.contention_open = cur
             return Verdict(AlertKind.CONTENTION, f"slowed by a busy machine: {cur}")
-        if not cur and self.contention_open:
+        if change == CLEAR and self.contention_open:
             self.contention_open = None
             return Verdict("contention_clear", f"the machine is no longer holding the job back: "
                                                f"{self._now_rate()} at step {self.last_step}")

@@ -42,6 +42,9 @@ class StallConfig:
     slow_step_s: float = 120.0  # an optimizer step slower than this crawls (batch too large)
     slow_periodic_frac: float = 0.25  # periodic pauses costing this fraction of the time
     slow_min_samples: int = 3  # speed samples (metrics with step_time_s) before judging slowness
+    # ---- alert hysteresis (worker/agent/hysteresis.py): slow reasons, contention, stragglers ----
+    alert_open_s: float = 10.0  # a condition must hold this long before its alert opens
+    alert_clear_s: float = 30.0  # ... and stay away this long before it clears (a stall: keep moving)
 
     def merged(self, overrides: dict) -> "StallConfig":
         known = {f.name for f in fields(self)}

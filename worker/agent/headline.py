@@ -1,0 +1,93 @@
+"""A stall alert's first line: a plain headline a person reads at a glance, e.g.
+"Stuck 2 min in read_shard (train.py:41), rank 1; rank 0 waits in all_reduce". The learned-timeout
+arithmetic and the user's own frames follow it on the next lines (the job page folds them under the
+headline; the stack is attached apart). The user's frames are told from library frames by their path:
+site-packages, the standard library and torch are libraries, anything else is the user's code."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+from worker.agent.ranks import _collective_in, _main_thread, odd_one
+
+# Paths of code that is not the user's (web/static/job.js marks stack lines with the same rule)
+LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "/torch/", "<frozen ", "/usr/lib/python")
+PYSPY = re.compile(r"^\s*(?P<func>\S.*?) \((?P<path>[^()]+):(?P<line>\d+)\)\s*$")
+FAULTHANDLER = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+
+
+def is_library(path: str) -> bool:
+    return any(x in path for x in LIBRARY)
+
+
+def frames(stack: Optional[str]) -> list[tuple[str, str, int]]:
+    """The main thread's frames, innermost first: (function, path, line), from a py-spy or a
+    faulthandler dump."""
+    out = []
+    for line in _main_thread(stack or ""):
+        m = PYSPY.match(line) or FAULTHANDLER.match(line)
+        if m:
+            out.append((m.group("func"), m.group("path"), int(m.group("line"))))
+    return out
+
+
+def short(frame: tuple[str, str, int]) -> str:
+    func, path, line = frame
+    return f"{func} ({os.path.basename(path)}:{line})"
+
+
+def own_frames(stack: Optional[str]) -> list[tuple[str, str, int]]:
+    return [f for f in frames(stack) if not is_library(f[1])]
+
+
+def duration(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _where(stack: Optional[str]) -> Optional[str]:
+    """The user's innermost frame (where their code is stuck), else the innermost frame at all."""
+    own, every = own_frames(stack), frames(stack)
+    return short(own[0]) if own else short(every[0]) if every else None
+
+
+def stall_headline(silent_s: float, stack: Optional[str], phase: str) -> str:
+    at = _where(stack)
+    return f"Stuck {duration(silent_s)} in {at}" if at else f"Stuck {duration(silent_s)} in {phase}"
+
+
+def gang_headline(silent_s: float, stacks: dict[int, str], phase: str) -> tuple[str, Optional[str]]:
+    """("Stuck 2 min in read_shard (train.py:41), rank 1; rank 0 waits in all_reduce", the stack of
+    the rank named first)."""
+    groups, odd = odd_one({r: s for r, s in stacks.items() if s})
+    if not groups:
+        return f"Stuck {duration(silent_s)} in {phase} (no rank's stack could be read)", None
+
+    def who(rs: list[int]) -> str:
+        return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
+
+    first = odd if odd is not None else next(iter(groups))
+    rs = groups[first]
+    head = f"Stuck {duration(silent_s)} in {_where(stacks[rs[0]]) or phase}, {who(rs) if odd is not None else 'every rank'}"
+    others = []
+    for w, rs in groups.items():
+        if w == first:
+            continue
+        coll = _collective_in(stacks[rs[0]])
+        verb = "waits" if len(rs) == 1 else "wait"
+        others.append(f"{who(rs)} {verb} in {coll}" if coll else f"{who(rs)} {verb} in {_where(stacks[rs[0]]) or w}")
+    return "; ".join([head] + others), stacks[groups[first][0]]
+
+
+def folded(headline: str, details: str, stack: Optional[str]) -> str:
+    """The alert's message: the headline, then the detail (timeout arithmetic, process state), then
+    the user's own frames, innermost first."""
+    own = own_frames(stack)
+    lines = [headline, details]
+    if own:
+        lines.append("your code: " + " < ".join(short(f) for f in own[:6]))
+    return "\n".join(lines)
