@@ -20,6 +20,7 @@ from server.api import ranks as ranks_api
 from server.db import Database, upgrade_to_head
 from server.context import App, AppDep
 from server.hub import Hub
+from server.ingest import alerts as ingest_alerts
 from server.leader import ReaperLock
 from server.reaper import reaper_loop
 from server.relay import Relay
@@ -72,7 +73,9 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         db = Database(settings.db_url, settings.busy_timeout_s)
         db.write_sync(lambda s: auth.ensure_initial_tokens(s, settings.data_dir))
         tp = App(settings=settings, db=db, hub=Hub(settings.ws_queue_frames),
-                 webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries))
+                 webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries,
+                                   clear_after_s=settings.alert_reopen_s))
+        ingest_alerts.REOPEN_S = settings.alert_reopen_s
         app.state.tp = tp
         tp.agent_writes = AgentWrites(tp)
         tp.webhooks.start()

@@ -89,6 +89,7 @@ class Database:
         self.stalled_at = 0.0  # when a write last ended stalled or failed (see _note_stall)
         self.in_stall = False  # the last write failed in the database (locked, disk full)
         self.outages: dict[str, dict] = {}  # webhook alerts about database trouble, open until it ends
+        self.outages_cleared: dict[str, tuple] = {}  # kind -> (its last alert, when it cleared)
         self._order = itertools.count()
         self._writer = threading.Thread(target=self._run, name="db-writer", daemon=True)
         self._writer.start()

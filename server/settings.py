@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     webhooks: list[str] = Field(default_factory=list, description="URLs that receive alerts as JSON")
     webhook_timeout_s: float = 5.0
     webhook_retries: int = 3
+    alert_reopen_s: float = Field(20.0, ge=0, description="an alert raised again within this many seconds of "
+                                  "its clear reopens the same alert; webhooks hold a clear this long")
     ws_queue_frames: int = Field(256, description="frames buffered per browser before coalescing")
     analyze_timeout_s: float = 300.0
     preflight_wait_s: float = Field(5.0, ge=0, description="a submit waits this long for the data analysis "

@@ -76,9 +76,15 @@ def open_outage(tp, kind: str, message: str) -> None:
     """The database cannot store an alert about itself: webhooks carry it (once per outage)."""
     if kind in tp.db.outages:
         return
-    alert = {"id": f"server-db-{kind}-{int(time.time())}", "job_id": None, "kind": AlertKind.DISK_FULL if kind == "full"
-             else AlertKind.DATABASE_LOCKED, "severity": "critical" if kind == "full" else "warning",
-             "state": "open", "message": message, "created_at": time.time()}
+    # The same trouble back within the reopen window (a lock that comes and goes) is the same alert:
+    # its id again, so the webhook's held clear is withdrawn instead of a new open being sent.
+    recent = tp.db.outages_cleared.get(kind)
+    if recent is not None and time.time() - recent[1] < tp.settings.alert_reopen_s:
+        alert = {**recent[0], "state": "open", "message": message}
+    else:
+        alert = {"id": f"server-db-{kind}-{int(time.time())}", "job_id": None, "kind": AlertKind.DISK_FULL
+                 if kind == "full" else AlertKind.DATABASE_LOCKED, "severity": "critical" if kind == "full"
+                 else "warning", "state": "open", "message": message, "created_at": time.time()}
     tp.db.outages[kind] = alert
     if tp.webhooks is not None:
         tp.webhooks.send(alert)
@@ -88,6 +94,7 @@ def clear_outages(tp) -> None:
     """Called by the reaper after each pass that went through: writes work again."""
     if not tp.db.outages or tp.db.in_stall:
         return
+    tp.db.outages_cleared = {k: (a, time.time()) for k, a in tp.db.outages.items()}
     for alert in tp.db.outages.values():
         log.warning("database writable again (%s over)", alert["kind"])
         if tp.webhooks is not None:

@@ -1,8 +1,10 @@
 """Alert webhooks: POST each alert change as JSON (with a Slack-compatible "text") to configured URLs,
 with a timeout and retries, from background tasks: ingest never waits on a receiver.
 
-- Once per change: an alert is sent when it opens, when its message/severity/state changes, and when
-  it clears; a repeat of the same content (an agent re-reporting) is not sent again.
+- On open and on clear, never more: an update of an open alert (its numbers, its duration, an
+  acknowledgement) is not sent. A clear is held `clear_after_s` (Settings.alert_reopen_s, the window in
+  which the server reopens the same alert row): reopened meanwhile, nothing is sent at all, so a
+  condition that flickers reaches a receiver as one open and one clear.
 - One queue and one task per URL: a receiver that is down delays only itself, and each receiver
   sees an alert's changes in order (opened before cleared).
 - Retries on connection errors, timeouts, 429 and 5xx, with exponential backoff; a 4xx other than
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 
 import httpx
@@ -20,14 +23,18 @@ log = logging.getLogger("tokenpulse.webhooks")
 
 
 class Webhooks:
-    def __init__(self, urls: list[str], timeout_s: float, retries: int, backoff_s: float = 0.5):
+    def __init__(self, urls: list[str], timeout_s: float, retries: int, backoff_s: float = 0.5,
+                 clear_after_s: float = 0.0):
+        self.clear_after_s = clear_after_s
+        self.held: dict = {}  # alert id -> the timer that sends its clear
+        self.started_at = time.time()
         self.urls = list(urls)
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.queues: dict[str, asyncio.Queue] = {}
         self.tasks: list[asyncio.Task] = []
-        self.sent: OrderedDict = OrderedDict()  # alert id -> signature of the last change sent
+        self.sent: OrderedDict = OrderedDict()  # alert id -> the last state sent ("open" / "cleared")
         self.delivered = 0
         self.failed = 0
 
@@ -36,23 +43,46 @@ class Webhooks:
             self.queues[url] = asyncio.Queue(maxsize=10_000)
             self.tasks.append(asyncio.create_task(self._run(url)))
 
-    @staticmethod
-    def signature(alert: dict) -> tuple:
-        return (alert.get("state"), alert.get("severity"), alert.get("message"), bool(alert.get("stack")))
-
     def send(self, alert: dict) -> None:
-        """Queue an alert change for every URL (never blocks; drops with a log line when full)."""
+        """An alert as stored now: queued for every URL when it opened or cleared (never blocks;
+        drops with a log line when full)."""
         if not self.urls:
             return
         key = alert.get("id")
-        sig = self.signature(alert)
-        if key is not None:
-            if self.sent.get(key) == sig:
-                return  # nothing changed since the last delivery
-            self.sent[key] = sig
-            self.sent.move_to_end(key)
-            while len(self.sent) > 10_000:
-                self.sent.popitem(last=False)
+        state = "cleared" if alert.get("state") == "cleared" else "open"  # acked: still open
+        if key is None:
+            self._queue(alert)
+            return
+        if state == "open":
+            timer = self.held.pop(key, None)
+            if timer is not None:  # reopened before its clear went out: its receivers saw it open all along
+                timer.cancel()
+                return
+            if self.sent.get(key) == "open":
+                return  # an update of an open alert
+            if key not in self.sent and (alert.get("created_at") or time.time()) < self.started_at:
+                self.sent[key] = "open"  # opened before this process started: its open went out then
+                return
+            self._deliver_change(key, alert)
+        elif self.sent.get(key) != "cleared" and key not in self.held:
+            if self.clear_after_s > 0:
+                self.held[key] = asyncio.get_running_loop().call_later(self.clear_after_s, self._release, key, alert)
+            else:
+                self._deliver_change(key, alert)
+
+    def _release(self, key, alert: dict) -> None:
+        if self.held.pop(key, None) is not None:
+            self._deliver_change(key, alert)
+
+    def _deliver_change(self, key, alert: dict) -> None:
+        self.sent[key] = "cleared" if alert.get("state") == "cleared" else "open"
+        self.sent.move_to_end(key)
+        while len(self.sent) > 10_000:
+            self.sent.popitem(last=False)
+        self._queue(alert)
+
+    def _queue(self, alert: dict) -> None:
+        key = alert.get("id")
         body = self.body(alert)
         for url, q in self.queues.items():
             try:
@@ -102,6 +132,8 @@ class Webhooks:
         return False
 
     async def stop(self) -> None:
+        for key in list(self.held):  # clears still held end with the process (as `sent` does)
+            self.held.pop(key).cancel()
         for t in self.tasks:
             t.cancel()
         self.tasks = []

@@ -1,5 +1,8 @@
 """Alerts from agents (and the reaper): one open alert per (job, kind); a repeat updates it, a
-clear closes it and says so."""
+clear closes it and says so. An alert cleared less than REOPEN_S ago and raised again with the same
+kind reopens the same row (the same id): a condition that comes back at once is the same condition,
+and webhooks (server/webhooks.py) hold a clear for as long, so its receivers see one open and one
+clear."""
 from __future__ import annotations
 
 import time
@@ -9,6 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.models import Alert
+
+REOPEN_S = 20.0  # Settings.alert_reopen_s, set by create_app
 
 
 def upsert_alert(s: Session, job_id: Optional[int], agent_id: Optional[int], d: dict) -> Optional[Alert]:
@@ -22,6 +27,12 @@ def upsert_alert(s: Session, job_id: Optional[int], agent_id: Optional[int], d: 
         current.state, current.cleared_at, current.updated_at = "cleared", now, now
         current.message = f"{current.message}\nCleared: {d['message']}"
         return current
+    if current is None and REOPEN_S > 0:
+        current = s.scalar(select(Alert).where(Alert.job_id == job_id, Alert.kind == d["kind"],
+                                               Alert.state == "cleared", Alert.cleared_at >= now - REOPEN_S)
+                           .order_by(Alert.id.desc()).limit(1))
+        if current is not None:  # cleared a moment ago: the same condition, back
+            current.state, current.cleared_at = "open", None
     if current is not None:
         current.message, current.severity, current.updated_at = d["message"], d.get("severity", "warning"), now
         if d.get("stack"):
