@@ -38,23 +38,42 @@ const TP = (() => {
       dot.classList.toggle("on", on); dot.title = text; dot.setAttribute("aria-label", text);
       const label = dot.querySelector(".conn-text"); if (label) label.textContent = on ? "live" : "offline";
     }
+    // The server gone: a banner anyone sees (not only the small dot), with the time of the last data,
+    // so frozen numbers are not taken for live ones. Shown after a moment (a quick reconnect is quiet).
+    let lastData = null, bannerTimer = null;
+    function banner(show) {
+      let b = document.getElementById("offline-banner");
+      if (!show) { clearTimeout(bannerTimer); bannerTimer = null; if (b) b.hidden = true; document.body.classList.remove("offline"); return; }
+      if (bannerTimer) return; // already on its way
+      bannerTimer = setTimeout(() => {
+        bannerTimer = null;
+        if (!b) { b = el("div", { id: "offline-banner", class: "offline-banner", role: "alert" }); document.body.prepend(b); }
+        b.replaceChildren(el("strong", { text: "The server is not answering." }), " The numbers on this page are from ",
+          lastData ? rel(lastData) : "before it went away", lastData ? ` (${new Date(lastData * 1000).toLocaleTimeString("en-GB")})` : "",
+          "; reconnecting… The page refills when it is back.");
+        b.hidden = false; document.body.classList.add("offline");
+      }, 1500);
+    }
     function connect() {
       const proto = location.protocol === "https:" ? "wss" : "ws";
       const ws = new WebSocket(`${proto}://${location.host}/ws?topics=${all.join(",")}`);
       ws.onopen = async () => {
         delay = 500; setDot(true, "live: updates arrive as they happen");
+        lastData = Date.now() / 1000; banner(false);
         const reconnect = !first; first = false;
         try { await Promise.all([refillAlerts(!reconnect), onOpen ? onOpen(reconnect) : null]); }
         catch (e) { if (e.message !== "login") console.warn("refill failed:", e.message); }
       };
       ws.onmessage = (m) => {
         const f = JSON.parse(m.data);
+        lastData = Date.now() / 1000;
         if (f.type === "alert") { handleAlert(f.alert, true); alertListeners.forEach((fn) => fn(f.alert)); }
         onFrame(f);
       };
       ws.onclose = (ev) => {
         if (ev.code === 4401) { location.href = "/login?next=" + encodeURIComponent(location.pathname + location.search); return; }
         setDot(false, "reconnecting… (the page refills from the server when it is back)");
+        if (!document.getElementById("offline-banner") || document.getElementById("offline-banner").hidden) banner(true);
         setTimeout(connect, delay); delay = Math.min(delay * 2, 5000);
       };
     }
@@ -116,19 +135,55 @@ const TP = (() => {
     const v = Number(x);
     return Math.abs(v) >= 1e5 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(2) : String(Number(v.toPrecision(n)));
   }
+  // One formatter per unit, used by figures, legends and axes alike. Thousands and up get a
+  // k/M/G prefix with 3 significant digits (8.92 ktok/s, 10.5 ktok/s): never "8,915 tok/s" beside "10.5 ktok/s".
   function compact(x, unit = "") { // 12.3 k tok/s
     if (x === null || x === undefined || !isFinite(x)) return "–";
     const a = Math.abs(x);
-    const [d, s] = a >= 1e9 ? [1e9, " G"] : a >= 1e6 ? [1e6, " M"] : a >= 1e4 ? [1e3, " k"] : [1, " "];
-    const v = x / d;
-    return `${v.toLocaleString("en-US", { maximumFractionDigits: d === 1 ? (a < 10 ? 2 : a < 100 ? 1 : 0) : 1 })}${unit ? s + unit : s.trim()}`.trim();
+    const [d, s] = a >= 1e9 ? [1e9, " G"] : a >= 1e6 ? [1e6, " M"] : a >= 1e3 ? [1e3, " k"] : [1, " "];
+    const v = x / d, av = Math.abs(v);
+    const text = v.toLocaleString("en-US", { maximumFractionDigits: av < 10 ? 2 : av < 100 ? 1 : 0 });
+    return `${text}${unit ? s + unit : s.trim()}`.trim();
   }
-  function axis(x) { // tick labels: 500, 1.5k, 10k, 2.5M
+  // Small numbers (learning rates): below 0.01 always as 2.00e-4 / 1.97e-3, never "0.00197" beside
+  // "2.00e-4"; a plain "0" rather than "0.00e+0".
+  function small(x, d = 2) {
+    if (x === null || x === undefined || !isFinite(x)) return "–";
+    const v = Number(x), a = Math.abs(v);
+    if (v === 0) return "0";
+    return a >= 1e-2 && a < 1e4 ? String(Number(v.toPrecision(d + 1))) : v.toExponential(d);
+  }
+  function axis(x, digits = 3) { // one tick label: 500, 1.5k, 10k, 2.5M
     if (x === null || x === undefined) return "";
+    digits = typeof digits === "number" && digits >= 1 && digits <= 21 ? Math.round(digits) : 3; // .map() passes an index
     const a = Math.abs(x);
-    if (a >= 1e6) return `${Number((x / 1e6).toPrecision(3))}M`;
-    if (a >= 1e3) return `${Number((x / 1e3).toPrecision(3))}k`;
-    return String(Number(x.toPrecision(3)));
+    if (a >= 1e6) return `${Number((x / 1e6).toPrecision(digits))}M`;
+    if (a >= 1e3) return `${Number((x / 1e3).toPrecision(digits))}k`;
+    if (a !== 0 && a < 1e-2) return small(x, Math.max(0, digits - 1)).replace(/\.?0+e/, "e");
+    return String(Number(x.toPrecision(digits)));
+  }
+  // A whole axis' labels: as few digits as keep neighbouring ticks apart (737.5 / 738 / 738.5, never
+  // 737 / 737 / 736).
+  function ticks(vals, fmt = axis) {
+    let out = [];
+    for (let d = 2; d <= 7; d++) {
+      out = vals.map((x) => (x === null || x === undefined ? "" : fmt(x, d)));
+      const shown = out.filter((x) => x !== "");
+      if (new Set(shown).size === shown.length) return out;
+    }
+    return out;
+  }
+  // A logged metric's unit from its name, for the charts of metrics tokenpulse does not know:
+  // fractions as percentages, times in seconds, rates per second, memory in MiB.
+  function metricFormat(key) {
+    const leaf = key.split("/").pop();
+    if (/(^|_)(frac|fraction|ratio)$|_frac_|padding_frac/.test(leaf)) return { unit: "%", value: (v) => (v === null || v === undefined || !isFinite(v) ? "–" : `${num(100 * v, Math.abs(v) < 0.1 ? 2 : 1)} %`), axis: (v, d) => axis(100 * v, d) };
+    if (/tokens_per_s(ec(ond)?)?$/.test(leaf)) return { unit: "tok/s", value: (v) => compact(v, "tok/s"), axis };
+    if (/_per_s(ec(ond)?)?$/.test(leaf)) return { unit: "/s", value: (v) => compact(v, "/s"), axis };
+    if (/(^|_)(runtime|time|seconds|duration)$|_s$/.test(leaf)) return { unit: "s", value: (v) => (v === null || v === undefined || !isFinite(v) ? "–" : `${sig(v, 3)} s`), axis };
+    if (/_(mb|mib)$/.test(leaf)) return { unit: "MiB", value: (v) => bytesMB(v), axis };
+    if (/(^|_)(lr|learning_rate)$/.test(leaf)) return { unit: "", value: (v) => small(v, 3), axis };
+    return { unit: "", value: (v) => (v !== null && v !== undefined && Math.abs(v) < 1e-2 && v !== 0 ? small(v, 3) : sig(v)), axis };
   }
   // Tick spacing for step axes: whole steps only.
   const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2500, 5e3, 1e4, 2e4, 25e3, 5e4, 1e5, 2e5, 25e4, 5e5, 1e6, 2e6, 25e5, 5e6, 1e7, 2e7, 5e7, 1e8];
@@ -190,6 +245,21 @@ const TP = (() => {
   }
   setInterval(tick, 1000);
 
+  // A running job whose stall alert is open: its live figures are the last healthy ones. The jobs
+  // list and the job page mark them stale by this one rule.
+  function stallOf(jobId) {
+    for (const a of openAlerts.values()) if (a.job_id === jobId && a.kind === "stalled") return a.message.split("\n")[0];
+    return null;
+  }
+  // A failure's reason leads with its root cause (the file and row, or the innermost frame and the
+  // exception): that first line is what lists and headlines show; the rest (a traceback, the last
+  // output) is shown once, in monospace, on the job page.
+  function reasonParts(reason) {
+    const lines = String(reason || "").split("\n");
+    const i = lines.findIndex((l) => l.trim());
+    if (i < 0) return { head: "", rest: "" };
+    return { head: lines[i].trim(), rest: lines.slice(i + 1).join("\n").replace(/^\s*\n/, "").trimEnd() };
+  }
   const ACTIVE = ["running", "starting"];
   const FINAL = ["completed", "failed", "cancelled"];
 
@@ -221,5 +291,5 @@ const TP = (() => {
   }
   document.addEventListener("DOMContentLoaded", askNotifications);
   if (document.readyState !== "loading") askNotifications();
-  return { api, formErrors, live, onAlert, openAlerts, num, sig, compact, axis, STEP_INCRS, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
+  return { api, formErrors, live, onAlert, openAlerts, num, sig, compact, small, axis, ticks, metricFormat, stallOf, reasonParts, STEP_INCRS, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
 })();

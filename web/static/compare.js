@@ -53,7 +53,11 @@
   async function draw() {
     const ids = [...chosen];
     $("compare-empty").hidden = ids.length > 0;
-    const got = await Promise.all(ids.map(load));
+    // One id that does not exist (a typo, a deleted job) must not blank the page: draw the runs that
+    // exist and name the missing ones.
+    const all = await Promise.all(ids.map((id, i) => load(id).then((g) => ({ ...g, i }), (e) => ({ id, error: e }))));
+    const got = all.filter((g) => !g.error);
+    showMissing(all.filter((g) => g.error));
     const a = Number($("smooth").value), byTime = $("xaxis").value === "time";
     for (const [id, key] of [["chart-cmp-loss", "loss"], ["chart-cmp-tps", "tokens_per_s"]]) {
       const xsOf = (g) => { const s = g.metrics.series[key]; if (!s) return []; return byTime ? s.t.map((t) => Math.round((t - s.t[0]) * 10) / 10) : s.step; };
@@ -64,7 +68,7 @@
         const s = g.metrics.series[key]; const mp = new Map();
         if (s) xsOf(g).forEach((x, k) => mp.set(x, s.value[k]));
         const raw = xs.map((x) => (mp.has(x) ? mp.get(x) : null));
-        const color = COLORS[i % COLORS.length], label = `#${g.detail.id} ${g.detail.name}`;
+        const color = COLORS[g.i % COLORS.length], label = `#${g.detail.id} ${g.detail.name}`;
         if (key === "loss" && a > 0) {
           cols.push(raw); ser.push({ label: `${label} (raw)`, stroke: color + "40", width: 1, spanGaps: true, value: (u, v) => TP.sig(v) });
           // smooth over the job's own points only, then spread onto the shared x axis
@@ -79,12 +83,23 @@
       const box = $(id);
       if (charts[id]) charts[id].destroy();
       box.replaceChildren();
-      if (!ids.length) { charts[id] = null; continue; }
+      if (!got.length) { charts[id] = null; continue; }
       charts[id] = new uPlot({ width: Math.max(280, box.clientWidth || 600), height: 260, scales: { x: { time: false } }, series: ser,
-        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18, ...(byTime ? {} : { incrs: TP.STEP_INCRS }), values: (u, v) => v.map(TP.axis) }, { size: 56, label: key === "loss" ? "loss" : "tok/s", labelSize: 18, values: key === "loss" ? undefined : (u, v) => v.map(TP.axis) }],
+        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18, ...(byTime ? {} : { incrs: TP.STEP_INCRS }), values: (u, v) => TP.ticks(v) }, { size: 56, label: key === "loss" ? "loss" : "tok/s", labelSize: 18, values: key === "loss" ? undefined : (u, v) => TP.ticks(v) }],
         cursor: { sync: { key: "cmp" }, drag: { x: true, y: false } } }, cols, box);
     }
-    diffTable(got.map((g) => g.detail));
+    diffTable(got.map((g) => g.detail), got.map((g) => g.i));
+  }
+
+  function showMissing(bad) {
+    const box = $("compare-missing");
+    box.hidden = !bad.length;
+    box.replaceChildren(...(bad.length ? [
+      `Not shown: ${bad.map((g) => (g.error.status === 404 ? `job #${g.id} does not exist` : `job #${g.id} (${g.error.message})`)).join("; ")}. `,
+      TP.el("button", { type: "button", class: "small ghost", text: "Remove from the comparison", onclick: () => {
+        for (const g of bad) chosen.delete(g.id);
+        syncUrl(); renderPicker(); draw();
+      } })] : []));
   }
 
   function flat(spec, prefix = "") {
@@ -96,7 +111,7 @@
     return out;
   }
 
-  function diffTable(details) {
+  function diffTable(details, colorIdx) {
     const table = $("compare-diff");
     if (!details.length) { table.replaceChildren(); $("compare-same").textContent = ""; return; }
     const specs = details.map((d) => flat(d.spec));
@@ -107,7 +122,7 @@
     const infoDiff = chosenKeys.filter((k) => new Set(infos.map((i) => JSON.stringify(i[k] ?? null))).size > 1);
     const fmt = (v) => (v === undefined || v === null ? "–" : typeof v === "object" ? JSON.stringify(v) : String(v));
     const head = TP.el("tr", {}, TP.el("th", { text: "" }), ...details.map((d, i) => TP.el("th", {},
-      TP.el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` }), TP.el("a", { href: `/jobs/${d.id}`, text: `#${d.id} ${d.name}` }))));
+      TP.el("span", { class: "swatch", style: `background:${COLORS[colorIdx[i] % COLORS.length]}` }), TP.el("a", { href: `/jobs/${d.id}`, text: `#${d.id} ${d.name}` }))));
     const row = (label, vals, cls = "") => TP.el("tr", { class: cls }, TP.el("th", { scope: "row", text: label }), ...vals.map((v) => TP.el("td", { text: v })));
     const rows = [
       row("state", details.map((d) => d.state)),

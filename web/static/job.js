@@ -12,22 +12,17 @@
   let agents = new Map(), lastAgent = null;
   const checkpoints = [];
 
-  const fmtTps = (u, v) => v.map(TP.axis);
-  const fmtMem = (u, v) => v.map(TP.axis);
-  // Small numbers (learning rates): "3.00e-4", and a plain "0" rather than "0.00e+0".
-  const small = (x, d = 2) => (x === null || x === undefined || !isFinite(x) ? "–" : Number(x) === 0 ? "0"
-    : Math.abs(x) >= 1e-3 && Math.abs(x) < 1e4 ? String(Number(Number(x).toPrecision(d + 1))) : Number(x).toExponential(d));
-  const fmtLr = (u, v) => { // as few digits as keep neighbouring ticks apart
-    for (let d = 1; d < 6; d++) { const out = v.map((x) => (x === null ? "" : small(x, d).replace(/\.?0+e/, "e"))); const shown = out.filter((x) => x !== ""); if (new Set(shown).size === shown.length) return out; }
-    return v.map((x) => (x === null ? "" : small(x, 6)));
-  };
+  const fmtTps = (u, v) => TP.ticks(v);
+  const fmtMem = (u, v) => TP.ticks(v);
+  const small = TP.small;
+  const fmtLr = (u, v) => TP.ticks(v);
   const CHARTS = {
     // Eval loss beside train loss: tokenpulse's own jobs log eval/loss, a Trainer script eval_loss.
     "chart-loss": { keys: ["loss", "eval/loss", "eval_loss"], labels: ["train loss", "eval loss", "eval loss"], colors: ["#2563eb", "#dc2626", "#dc2626"], points: [false, true, true], smooth: true, value: (v) => TP.sig(v) },
     "chart-tps": { keys: ["padded_tokens_per_s", "tokens_per_s"], labels: ["padded", "real"], colors: ["#f97316", "#2563eb"], dash: [[5, 4], null], unit: "tok/s", axis: fmtTps, value: (v) => TP.compact(v, "tok/s") },
-    "chart-step": { keys: ["step_time_s"], labels: ["step time"], unit: "s", value: (v) => (v === null || v === undefined ? "–" : `${TP.sig(v, 3)} s`) },
+    "chart-step": { keys: ["step_time_s"], labels: ["step time"], unit: "s", smooth: true, value: (v) => (v === null || v === undefined ? "–" : `${TP.sig(v, 3)} s`) },
     "chart-lr": { keys: ["lr"], labels: ["lr"], axis: fmtLr, value: (v) => small(v, 3) },
-    "chart-grad": { keys: ["grad_norm"], labels: ["grad norm"], value: (v) => TP.sig(v) },
+    "chart-grad": { keys: ["grad_norm"], labels: ["grad norm"], smooth: true, value: (v) => TP.sig(v) },
     "chart-mem": { keys: ["rss_mb", "cuda_peak_mb"], labels: ["process RSS", "CUDA peak"], unit: "MiB", axis: fmtMem, value: (v) => TP.bytesMB(v) },
   };
   const COLORS = ["#2563eb", "#f97316", "#16a34a", "#9333ea"];
@@ -61,10 +56,11 @@
         (groups[0] ? groups[0].before(sec) : $("extra-charts").append(sec));
       }
       sec.append(TP.el("div", { class: "chart-box" },
-        TP.el("div", { class: "chart-head" }, TP.el("h2", { id: `${id}-title`, text: k })),
+        TP.el("div", { class: "chart-head" }, TP.el("h2", { id: `${id}-title`, text: TP.metricFormat(k).unit ? `${k} (${TP.metricFormat(k).unit})` : k })),
         TP.el("div", { id, class: "chart", "data-points": "0", tabindex: "0", role: "group", "aria-labelledby": `${id}-title`, "aria-describedby": `${id}-summary chart-keys` }),
         TP.el("p", { id: `${id}-summary`, class: "sr-only chart-summary", "aria-live": "off" })));
-      CHARTS[id] = { keys: [k], labels: [k], value: (v) => (Math.abs(v) < 1e-3 && v !== 0 ? small(v, 3) : TP.sig(v)), extra: true };
+      const f = TP.metricFormat(k); // its unit from its name: padding_frac in %, eval/runtime in s
+      CHARTS[id] = { keys: [k], labels: [k], unit: f.unit, value: f.value, axis: (u, v) => TP.ticks(v, f.axis), smooth: true, extra: true };
       $(id).addEventListener("keydown", keyZoom);
       addExport(id);
     }
@@ -143,7 +139,7 @@
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
       scales: { x: { time }, y: { distr: logY() ? 3 : 1, range: (u, lo, hi) => yRange(u, lo, hi) } },
-      axes: [time ? { label: "wall clock", labelSize: 18, size: 50 } : { label: "step", labelSize: 18, size: 36, incrs: TP.STEP_INCRS, values: (u, v) => v.map(TP.axis) },
+      axes: [time ? { label: "wall clock", labelSize: 18, size: 50 } : { label: "step", labelSize: 18, size: 36, incrs: TP.STEP_INCRS, values: (u, v) => TP.ticks(v) },
         { label: spec.unit || "", labelSize: spec.unit ? 18 : 0, size: 64, values: spec.axis }],
       cursor: { drag: { x: true, y: false, setScale: true }, sync: { key: `job${jobId}`, setSeries: false } },
       legend: { live: true },
@@ -398,7 +394,13 @@
         : job.stack_requested ? "stack dump requested; it appears in the log below when the worker has taken it…"
           : job.reason;
     r.hidden = !why;
-    r.textContent = why ? `${job.failure ? `[${job.failure}] ` : ""}${why}${job.exit_code !== null && job.exit_code !== undefined ? ` (exit code ${job.exit_code})` : ""}` : "";
+    // The root cause first, in words; what kind of failure and the exit code after it; a traceback
+    // or the last output once, in monospace (the Attempts table links here).
+    const { head, rest } = TP.reasonParts(why);
+    const facts = [job.failure ? `failure: ${job.failure}` : "", job.exit_code !== null && job.exit_code !== undefined ? `exit code ${job.exit_code}` : ""].filter(Boolean);
+    r.replaceChildren(...(why ? [TP.el("strong", { class: "reason-head", text: head }),
+      facts.length ? TP.el("span", { class: "muted", text: ` (${facts.join(", ")})` }) : "",
+      rest ? TP.el("pre", { id: "traceback", class: "traceback", text: rest }) : ""] : []));
     r.className = `reason ${job.state}`;
     const aid = job.agent_id || lastAgent;
     const ag = agents.get(aid);
@@ -422,7 +424,8 @@
     return w ? m / w : fallback;
   }
   function showNumbers(last) {
-    const step = last.step ?? job.step;
+    const known = [last.step, job.step].filter((x) => x !== null && x !== undefined);
+    const step = known.length ? Math.max(...known) : undefined; // a checkpoint may be a step past the last metric
     const active = job && TP.ACTIVE.includes(job.state);
     $("step").textContent = step !== null && step !== undefined ? `${TP.num(step)}${job.total_steps ? " / " + TP.num(job.total_steps) : ""}` : "–";
     $("loss").textContent = TP.sig(last.loss);
@@ -462,6 +465,16 @@
     const cpu = dev.startsWith("cpu");
     const peak = job && job.info && job.info.peak_flops;
     const base = peak ? `achieved FLOP/s over a peak of ${TP.sig(peak / 1e12, 3)} TFLOP/s measured at start` : "achieved FLOP/s over the measured peak";
+    // Above 100 % the peak it is measured against was wrong (taken while the machine was busy): no
+    // utilisation can be given, so none is shown, and the figure says why.
+    const seen = series.mfu ? series.mfu.value.reduce((m, x) => (x !== null && isFinite(x) && x > m ? x : m), v || 0) : v;
+    if (v !== undefined && (v > 1 || seen > 1)) {
+      setFigure("mfu", "unknown", "", null);
+      const why = `The achieved FLOP/s (up to ${TP.num(100 * seen, 0)} % of it) exceed the peak of ${peak ? TP.sig(peak / 1e12, 3) + " TFLOP/s" : "FLOP/s"} measured at the job's start: that peak was measured while the machine was busy, so it is too low and no utilisation can be given.`;
+      $("mfu").title = why;
+      $("mfu").append(" ", TP.el("span", { class: "caveat", id: "mfu-why", text: "peak measured too low", title: why }));
+      return;
+    }
     const text = v === undefined ? "–" : `${TP.num(100 * v, v < 0.1 ? 1 : 0)} %`;
     setFigure("mfu", text, cpu ? `${base}. On a CPU the peak is measured with a short matmul while other processes may share the cores, so this ratio is rough and can read far too high or low.` : base, stale);
     if (cpu && v !== undefined) $("mfu").append(" ", TP.el("span", { class: "caveat", text: "rough on CPU", title: $("mfu").title }));
@@ -470,6 +483,8 @@
   function staleness() {
     if (!job || !TP.ACTIVE.includes(job.state)) return null;
     if (openStalls.size) return [...openStalls.values()][0];
+    const listed = TP.stallOf(jobId); // the jobs list's rule: an open stall alert
+    if (listed) return listed;
     if (!lastProgress || !(series.tokens_per_s || series.eta_s)) return null;
     const age = Date.now() / 1000 - lastProgress;
     const limit = Math.max(30, 10 * (smoothed("step_time_s") || 0));
@@ -524,6 +539,9 @@
     div.className = `alert ${a.severity} ${a.state}`;
     if (a.kind === "stalled" && a.state !== "cleared") openStalls.set(a.id, a.message); else openStalls.delete(a.id);
     if (job) showNumbers(job.last || {});
+    // The first line is the headline a person reads at a glance; the arithmetic and frames fold under it.
+    const [headline, ...more] = (a.message || "").split("\n");
+    const rest = more.join("\n").trim();
     const ack = a.state === "open" ? TP.el("button", { type: "button", class: "small ghost", text: "Acknowledge", onclick: async (e) => {
       e.target.disabled = true;
       try { showAlert(await TP.api(`/api/alerts/${a.id}/ack`, { method: "POST" })); } catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
@@ -532,8 +550,21 @@
       TP.el("div", { class: "alert-head" },
         TP.el("span", { class: `sev ${a.severity}`, text: a.severity }), TP.el("strong", { text: ` ${a.kind}` }),
         TP.el("span", { class: "muted", text: ` · ${a.state}` }), " · ", TP.rel(a.updated_at || a.created_at), TP.el("span", { class: "spacer" }), ack),
-      TP.el("div", { class: "alert-msg", text: a.message }),
-      a.stack ? TP.el("details", {}, TP.el("summary", { text: `Stack dump (${a.stack.split("\n").length} lines)` }), TP.el("pre", { text: a.stack })) : "");
+      TP.el("div", { class: "alert-msg alert-headline", text: headline }),
+      rest ? TP.el("details", { class: "alert-more" }, TP.el("summary", { text: "Details" }), TP.el("div", { class: "alert-msg", text: rest })) : "",
+      a.stack ? TP.el("details", {}, TP.el("summary", { text: `Stack dump (${a.stack.split("\n").length} lines; your code marked)` }), stackPre(a.stack)) : "");
+  }
+  // A stack with the user's own frames marked apart from library frames (site-packages, the standard
+  // library, torch): the same rule as worker/agent/headline.py.
+  const LIBRARY = /site-packages\/|dist-packages\/|\/lib\/python3|\/torch\/|<frozen |\/usr\/lib\/python/;
+  const FRAME = /^\s*(\S.*? \([^()]+:\d+\)|File "[^"]+", line \d+ in .+)\s*$/;
+  function stackPre(stack) {
+    const pre = TP.el("pre", { class: "stack" });
+    for (const line of stack.split("\n")) {
+      const cls = FRAME.test(line) ? (LIBRARY.test(line) ? "frame-lib" : "frame-own") : null;
+      pre.append(cls ? TP.el("span", { class: cls, title: cls === "frame-own" ? "your code" : "library", text: line + "\n" }) : line + "\n");
+    }
+    return pre;
   }
 
   // ---- log --------------------------------------------------------------------------------------
@@ -620,7 +651,10 @@
     $("attempts").replaceChildren(...list.map((a) => TP.el("tr", {},
       TP.el("td", { text: `#${a.attempt}` }), TP.el("td", { text: a.agent_id ? (agents.get(a.agent_id) || { name: `agent ${a.agent_id}` }).name : "–" }),
       TP.el("td", {}, TP.rel(a.started_at)), TP.el("td", {}, a.ended_at ? TP.rel(a.ended_at) : "–"),
-      TP.el("td", { class: "wrap", text: `${a.outcome || (a.ended_at ? "ended" : "running")}${a.reason ? " — " + a.reason : ""}` }))));
+      TP.el("td", { class: "wrap" }, `${a.outcome || (a.ended_at ? "ended" : "running")}${a.reason ? " — " + TP.reasonParts(a.reason).head : ""}`,
+        a.reason && TP.reasonParts(a.reason).rest ? TP.el("a", { class: "small-link", href: a === list[list.length - 1] ? "#reason" : `#attempt-${a.attempt}`,
+          text: a === list[list.length - 1] ? " (full output above)" : " (full output)",
+          onclick: a === list[list.length - 1] ? null : (e) => { e.preventDefault(); e.target.replaceWith(TP.el("pre", { class: "traceback", text: TP.reasonParts(a.reason).rest })); } }) : ""))));
     if (!list.length) $("attempts").append(TP.el("tr", {}, TP.el("td", { colspan: 5, class: "muted", text: "Not started yet." })));
   }
 
@@ -643,7 +677,11 @@
     }
     else if (e.kind === "log") { if (e.seq > lastLogSeq) appendLog(e); }
     else if (e.kind === "info") { if (job) Object.assign(job.info = job.info || {}, d); infoEvents.push(e); showInfo(); }
-    else if (e.kind === "checkpoint") { checkpoints.push(e); if (d.final && job) job.output_dir = d.path; showOutput(); }
+    else if (e.kind === "checkpoint") {
+      checkpoints.push(e); if (d.final && job) job.output_dir = d.path;
+      if (job && !d.final && Number.isInteger(d.step) && d.step > (job.step || 0)) job.step = d.step; // as the server does
+      showOutput();
+    }
   }
 
   // ---- REST: first load and every reconnect fill what the websocket missed ----------------------

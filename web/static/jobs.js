@@ -54,17 +54,23 @@
     const ranOn = j.agent_id || j.last_agent_id; // a finished job: the agent of its last attempt
     const ag = agents.get(ranOn);
     const step = j.step ?? (last.step ?? null);
+    const stalled = active ? TP.stallOf(j.id) : null; // the same rule as the job page's stale figures
+    const staleTag = () => (stalled ? [" ", TP.el("span", { class: "stale-tag", text: "stale", title: `stale: ${stalled}` })] : []);
     return TP.el("tr", { "data-job": j.id, class: `state-${j.state}` },
       TP.el("td", { class: "sel" }, TP.el("input", { type: "checkbox", "aria-label": `Select ${j.name} for comparison`, checked: selected.has(j.id),
         onchange: (e) => { e.target.checked ? selected.add(j.id) : selected.delete(j.id); compareLink(); } })),
       TP.el("td", { class: "name", "data-label": "Job" }, TP.el("a", { href: `/jobs/${j.id}`, text: j.name || `job-${j.id}` }), TP.el("span", { class: "muted id", text: ` #${j.id}` })),
-      TP.el("td", { "data-label": "State" }, TP.el("span", { class: `badge ${j.state}`, text: j.state, title: j.reason || "" })),
-      TP.el("td", { class: "phase", "data-label": "Phase" }, TP.el("span", { class: "phase-text", text: phaseCell(j, active), title: j.reason || "" }),
+      TP.el("td", { "data-label": "State" }, TP.el("span", { class: `badge ${j.state}`, text: j.state }),
+        stalled ? TP.el("a", { class: "badge stalled", href: `/jobs/${j.id}#alerts`, text: "stalled", title: stalled }) : ""),
+      TP.el("td", { class: "phase", "data-label": "Phase" }, TP.el("span", { class: "phase-text", text: phaseCell(j, active) }),
+        j.state === "failed" && j.reason ? TP.el("span", { class: "reason-text", text: TP.reasonParts(j.reason).head }) : "",
         frac !== null && (active || j.state === "paused") ? TP.el("progress", { max: 1, value: frac, "aria-label": `${Math.round(frac * 100)} %` }) : ""),
       TP.el("td", { class: "r", "data-label": "Step", text: step !== null ? `${TP.num(step)}${j.total_steps ? " / " + TP.num(j.total_steps) : ""}` : (j.total_steps ? `– / ${TP.num(j.total_steps)}` : "–") }),
       TP.el("td", { class: "r", "data-label": "Loss", text: TP.sig(last.loss) }),
-      TP.el("td", { class: "r", "data-label": "Real tokens/s", text: last.tokens_per_s !== undefined ? TP.compact(last.tokens_per_s, "tok/s") : "–" }),
-      TP.el("td", { class: "r", "data-label": "ETA", text: active && last.eta_s !== undefined ? TP.dur(last.eta_s) : "–" }),
+      TP.el("td", { class: `r${stalled && last.tokens_per_s !== undefined ? " stale" : ""}`, "data-label": "Real tokens/s" },
+        last.tokens_per_s !== undefined ? TP.compact(last.tokens_per_s, "tok/s") : "–", ...(last.tokens_per_s !== undefined ? staleTag() : [])),
+      TP.el("td", { class: `r${stalled && active && last.eta_s !== undefined ? " stale" : ""}`, "data-label": "ETA" },
+        active && last.eta_s !== undefined ? TP.dur(last.eta_s) : "–", ...(active && last.eta_s !== undefined ? staleTag() : [])),
       TP.el("td", { "data-label": "Heartbeat" }, active ? TP.rel(j.alive_at, { hb: true, none: "none yet" }) : TP.el("span", { class: "muted", text: "–" })),
       TP.el("td", { "data-label": "Alerts" }, nAlerts ? TP.el("a", { class: "alert-badge", href: `/jobs/${j.id}#alerts`, text: `⚠ ${nAlerts}`, title: `${nAlerts} open alert${nAlerts > 1 ? "s" : ""}` }) : ""),
       TP.el("td", { "data-label": "Worker", class: j.agent_id ? "" : "muted", text: ranOn ? (ag ? ag.name : `agent ${ranOn}`) : "–",
@@ -77,7 +83,7 @@
     if (active || j.state === "paused") return TP.phaseText(j.phase) + (j.state === "paused" ? " (paused)" : "");
     if (j.state === "queued") return (j.attempt ? `waiting for a worker (retry ${j.attempt})` : "waiting for a worker") + (online() ? "" : " · none online");
     if (j.state === "completed") return j.started_at && j.finished_at ? `finished in ${TP.dur(j.finished_at - j.started_at)}` : "finished";
-    if (j.state === "failed") return `failed${j.failure ? ": " + j.failure : ""}`;
+    if (j.state === "failed") return `failed${j.failure ? ` (${j.failure})` : ""}${j.reason ? ":" : ""}`; // the cause follows, visible
     if (j.state === "cancelled") return j.step ? `cancelled at step ${TP.num(j.step)}` : "cancelled (never started)";
     return "–";
   }

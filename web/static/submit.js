@@ -45,9 +45,17 @@
     const btn = $("submit"); btn.disabled = true;
     try {
       const j = await TP.api("/api/jobs", { method: "POST", body: spec() });
-      if (j.warnings && j.warnings.length) { showWarnings(j); btn.disabled = false; } else location.href = `/jobs/${j.id}`;
+      // Queued with warnings: we stay here to show them, and the button stays off (a second click
+      // would queue a duplicate) until a setting is changed for a new job.
+      if (j.warnings && j.warnings.length) { showWarnings(j); submitted(j); } else location.href = `/jobs/${j.id}`;
     } catch (e) { showError(e); btn.disabled = false; }
   });
+  function submitted(j) {
+    const btn = $("submit");
+    btn.disabled = true; btn.textContent = `Queued as #${j.id}`;
+    btn.title = "Change a setting to submit another job";
+    form.addEventListener("input", () => { btn.disabled = false; btn.textContent = "Submit job"; btn.title = ""; }, { once: true });
+  }
   // The submit's preflight advice: the job is queued and runs as asked; each warning names the
   // setting and the fix, so the user can open the job, or cancel it and change the setting.
   const warnList = (ws) => TP.el("ul", { class: "warnings" }, ...ws.map((w) => TP.el("li", {},
@@ -198,6 +206,11 @@
       if (el.type === "checkbox") el.checked = !!v; else el.value = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(el.dataset.kind === "lines" ? "\n" : ", ") : v;
     }
     $("f-extra").value = Object.keys(extra).length ? JSON.stringify(extra) : "";
+    for (const el of form.querySelectorAll("details.group [name]")) { // a folded group holding a setting opens
+      const dflt = el.tagName === "SELECT" ? ([...el.options].find((o) => o.defaultSelected) || el.options[0] || {}).value : el.dataset.default ?? el.defaultValue;
+      const set = el.type === "checkbox" ? el.checked !== el.defaultChecked : el.value !== dflt;
+      if (set && el.name !== "extra" && !el.name.startsWith("lora.")) el.closest("details").open = true;
+    }
     if (lora) $("details-lora").open = true;
     if (Object.keys(extra).length) $("details-extra").open = true;
     if (Object.values(j.spec.stall || {}).some((v) => v !== null)) $("details-stall").open = true;

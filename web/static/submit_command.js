@@ -27,6 +27,10 @@
     if (errors.length) { const e = new Error(errors[0].message); e.errors = errors; throw e; }
     const b = { command: $("c-command").value.trim(), env, instrument: $("c-instrument").checked,
       secret_env: $("c-secret-env").value.split(/[\s,]+/).filter(Boolean) };
+    for (const k of ["nproc_per_node", "max_retries", "priority"]) { // sent as typed: the API names a bad one
+      const v = $(`c-${k.replaceAll("_", "-")}`).value.trim();
+      if (v !== "") b[k] = /^-?\d+$/.test(v) ? Number(v) : v;
+    }
     if ($("c-cwd").value.trim()) b.cwd = $("c-cwd").value.trim();
     if ($("c-name").value.trim()) b.name = $("c-name").value.trim();
     return b;
@@ -56,6 +60,7 @@
     $("c-instrument").checked = s.instrument !== false;
     $("c-env").value = Object.entries(s.env || {}).map(([k, v]) => `${k}=${v}`).join("\n");
     $("c-secret-env").value = (s.secret_env || []).join(", ");
+    for (const k of ["nproc_per_node", "max_retries", "priority"]) if (s[k] !== undefined && s[k] !== null) $(`c-${k.replaceAll("_", "-")}`).value = s[k];
     setMode("command");
     const note = $("clone-note"); note.hidden = false;
     note.replaceChildren("Command copied from ", TP.el("a", { href: `/jobs/${j.id}`, text: `${j.name} #${j.id}` }), ` (${j.state}). Change what you like and run it.`);

@@ -1,0 +1,192 @@
+"""Issue 25 in the browser: numbers people can trust and flows that do not mislead. One real server
+and one headless Chromium for the module; a stand-in agent speaks the real agent protocol to put jobs
+in the states a person would see (stalled, failed with a traceback, paused), so no training runs
+here. Screenshots (desktop and phone) go to test-artifacts/ui/."""
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+
+import httpx
+import pytest
+
+from conftest import make_server
+from test_ui import CHROMEDRIVER, CHROMIUM, console_errors, login, make_driver, shot, text, until  # noqa: F401
+
+from selenium.webdriver.common.by import By  # noqa: E402
+
+TRACEBACK = ("train.py:42 in main: ValueError: learning rate must be positive\n"
+             "command exited with code 1; last output:\n"
+             "Traceback (most recent call last):\n"
+             '  File "train.py", line 42, in main\n'
+             "    check(lr=-1e-4)\n"
+             "    ^^^^^^^^^^^^^^^\n"
+             "ValueError: learning rate must be positive")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    s = make_server(tmp_path_factory.mktemp("trust")).start()
+    yield s
+    s.kill(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def d(srv):
+    drv = make_driver()
+    login(drv, srv)
+    yield drv
+    drv.quit()
+    shutil.rmtree(drv.profile_dir, ignore_errors=True)
+
+
+class StandIn:
+    """An agent that claims one job and reports what the test says, through the real agent API."""
+
+    def __init__(self, srv, name: str):
+        self.http = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
+        self.id = self.http.post("/api/agents", json={"name": name, "host": "box"}).json()["id"]
+        self.seq: dict[int, int] = {}
+
+    def claim(self) -> int:
+        c = self.http.post(f"/api/agents/{self.id}/claim").json()
+        self.seq[c["job_id"]] = c["seq_start"]
+        return c["job_id"]
+
+    def send(self, job: int, *events: tuple) -> None:
+        batch = []
+        for kind, data in events:
+            batch.append({"kind": kind, "job_id": job, "seq": self.seq[job], "t": time.time(), "data": data})
+            self.seq[job] += 1
+        self.http.post(f"/api/agents/{self.id}/events", json={"events": batch}).raise_for_status()
+
+
+@pytest.fixture(scope="module")
+def jobs(srv):
+    """A stalled job, a failed command job with a traceback, a paused job (its checkpoint one step
+    past its last logged metric), and a finished one, each claimed by its own stand-in agent."""
+    made = {}
+    with srv.client() as c:
+        for name in ("stalled", "failed", "paused", "done"):
+            job = c.post("/api/jobs", json={"name": name, "max_steps": 400}).json()["id"]
+            agent = StandIn(srv, f"box-{name}")
+            assert agent.claim() == job
+            made[name] = (job, agent)
+    job, a = made["stalled"]
+    a.send(job, ("phase", {"name": "training", "done": 120, "total": 400, "unit": "steps"}),
+           *[("metrics", {"step": s, "values": {"loss": 3 - s / 100, "lr": 2e-4 if s < 60 else 0.00197, "tokens_per_s": 8915 + 20 * s,
+                                                  "eta_s": 600 - s, "step_time_s": 0.5, "mfu": 1.14, "rss_mb": 736.5 + (s % 3) / 2,
+                                                  "padding_frac": 0.12, "eval/runtime": 3.2}}) for s in range(1, 121)],
+           ("info", {"device": "cpu", "peak_flops": 2e10}),
+           ("alert", {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 95 s"}))
+    job, a = made["failed"]
+    a.send(job, ("metrics", {"step": 1, "values": {"loss": 2.0}}),
+           ("state", {"state": "failed", "reason": TRACEBACK, "failure": "error", "exit_code": 1}))
+    job, a = made["paused"]
+    a.send(job, *[("metrics", {"step": s, "values": {"loss": 2.0}}) for s in (367, 368)],
+           ("checkpoint", {"step": 369, "path": "/tmp/ckpt/step-369"}),
+           ("state", {"state": "paused", "reason": "paused at step 369; resume from /tmp/ckpt/step-369"}))
+    job, a = made["done"]
+    a.send(job, *[("metrics", {"step": s, "values": {"loss": 2.0 - s / 1000, "tokens_per_s": 1000.0 + s}}) for s in range(1, 51)],
+           ("state", {"state": "completed", "reason": "done"}))
+    return {k: v[0] for k, v in made.items()}
+
+
+def test_a_stalled_job_looks_stalled_in_the_list_as_on_its_page(srv, d, jobs):
+    """Item 4: the list marks the stalled job and its tokens/s and ETA as stale, as the job page does;
+    item 2: a failed job's root cause is readable in the list, not in a tooltip."""
+    d.get(srv.url + "/")
+    row = f'tr[data-job="{jobs["stalled"]}"]'
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} .badge.stalled"), "the list does not mark the stalled job")
+    assert d.find_elements(By.CSS_SELECTOR, f"{row} td[data-label='Real tokens/s'].stale .stale-tag")
+    assert d.find_elements(By.CSS_SELECTOR, f"{row} td[data-label=ETA].stale .stale-tag")
+    assert not d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{jobs["done"]}"] .stale-tag')
+    failed = text(d, f'tr[data-job="{jobs["failed"]}"] td.phase')
+    assert "train.py:42 in main: ValueError: learning rate must be positive" in failed, failed
+    assert "Traceback" not in failed
+    shot(d, "trust-jobs-list")
+    d.set_window_size(390, 844)
+    d.refresh()
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} .badge.stalled"), "phone: stalled not marked")
+    el = d.find_element(By.CSS_SELECTOR, f'tr[data-job="{jobs["failed"]}"] .reason-text')
+    assert el.is_displayed() and "ValueError" in el.text  # readable on a touch screen, no hover needed
+    shot(d, "trust-jobs-list-phone")
+    d.set_window_size(1280, 800)
+
+    d.get(f"{srv.url}/jobs/{jobs['stalled']}")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag"), "the job page does not mark tokens/s stale")
+
+
+def test_numbers_mfu_never_above_100_and_one_formatter_per_unit(srv, d, jobs):
+    """Item 1: an MFU over 100 % (a peak measured on a busy machine) is not shown as a number; item 7:
+    learning rates in one notation, tokens/s with one prefix rule, distinct axis ticks, units for the
+    extra metrics, smoothing beyond the loss chart."""
+    d.get(f"{srv.url}/jobs/{jobs['stalled']}")
+    until(d, 20, lambda d: "peak measured too low" in text(d, "#mfu"), "MFU over 100 % is not explained")
+    assert "114" not in text(d, "#mfu") and "%" not in text(d, "#mfu").split("peak")[0], text(d, "#mfu")
+    assert text(d, "#lr") == "1.97e-3", text(d, "#lr")
+    fmt = d.execute_script("""return [TP.compact(8915, 'tok/s'), TP.compact(10512, 'tok/s'), TP.small(2e-4), TP.small(0.00197),
+        TP.ticks([736.5, 737, 737.5]), TP.ticks([0.0002, 0.0004, 0.0006]), TP.metricFormat('padding_frac').value(0.12),
+        TP.metricFormat('eval/runtime').value(3.2)]""")
+    assert fmt[:4] == ["8.92 ktok/s", "10.5 ktok/s", "2.00e-4", "1.97e-3"], fmt
+    assert len(set(fmt[4])) == 3 and len(set(fmt[5])) == 3, fmt
+    assert fmt[6:] == ["12.0 %", "3.2 s"], fmt
+    until(d, 20, lambda d: d.find_elements(By.ID, "chart-x-padding_frac"), "no padding_frac chart")
+    assert text(d, "#chart-x-padding_frac-title") == "padding_frac (%)"
+    assert text(d, "#chart-x-eval_runtime-title") == "eval/runtime (s)"
+    smoothed = d.execute_script("return ['chart-step', 'chart-x-padding_frac'].map((id) => TPJOB.charts[id].series.map((s) => s.label))")
+    assert all("smoothed" in labels for labels in smoothed), smoothed
+    shot(d, "trust-job-stalled", full=True)
+    assert not console_errors(d), console_errors(d)
+
+
+def test_a_failed_commands_traceback_once_in_monospace_and_pause_one_step(srv, d, jobs):
+    """Item 3: the root cause leads the reason box; the traceback appears once outside the log, in a
+    monospace block, and the Attempts cell links to it. Item 6: a paused job names one step."""
+    d.get(f"{srv.url}/jobs/{jobs['failed']}")
+    until(d, 20, lambda d: text(d, "#reason .reason-head"), "no reason headline")
+    assert text(d, "#reason .reason-head") == "train.py:42 in main: ValueError: learning rate must be positive"
+    assert "failure: error, exit code 1" in text(d, "#reason")
+    tb = d.find_element(By.ID, "traceback")
+    assert "monospace" in tb.value_of_css_property("font-family") and tb.value_of_css_property("white-space") == "pre"
+    outside_log = d.execute_script("""const c = document.getElementById('job').cloneNode(true);
+        c.querySelector('#log').remove(); c.querySelector('#config').remove(); return c.textContent""")
+    assert outside_log.count("Traceback (most recent call last)") == 1, outside_log.count("Traceback (most recent call last)")
+    cell = d.find_element(By.CSS_SELECTOR, "#attempts td.wrap")
+    assert "ValueError" in cell.text and "Traceback" not in cell.text
+    assert cell.find_element(By.TAG_NAME, "a").get_attribute("href").endswith("#reason")
+    shot(d, "trust-job-failed-traceback", full=True)
+    d.set_window_size(390, 844)
+    d.refresh()
+    until(d, 20, lambda d: text(d, "#reason .reason-head"), "phone: no reason headline")
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")  # the pre scrolls, not the page
+    shot(d, "trust-job-failed-phone")
+    d.set_window_size(1280, 800)
+
+    d.get(f"{srv.url}/jobs/{jobs['paused']}")
+    until(d, 20, lambda d: "paused" in text(d, "#phase-text"), "not paused")
+    assert "369" in text(d, "#phase-text") and "368" not in text(d, "#phase-text"), text(d, "#phase-text")
+    assert text(d, "#step").startswith("369"), text(d, "#step")
+    assert "paused at step 369" in text(d, "#reason")
+
+
+def test_compare_draws_the_runs_that_exist_and_names_the_missing_one(srv, d, jobs):
+    """Item 13: /compare?job=A&job=999&job=B draws A and B and says that 999 does not exist."""
+    d.get(f"{srv.url}/compare?job={jobs['stalled']}&job=999&job={jobs['done']}")
+    until(d, 20, lambda d: "job #999 does not exist" in text(d, "#compare-missing"), "the missing job is not named")
+    until(d, 20, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#chart-cmp-loss .uplot")) == 1, "no loss chart")
+    assert d.execute_script("return document.querySelectorAll('#compare-diff thead th a').length") == 2
+    shot(d, "trust-compare-missing")
+    assert not [e for e in console_errors(d) if "999" not in e or "Uncaught" in e], console_errors(d)
+    d.find_element(By.CSS_SELECTOR, "#compare-missing button").click()
+    until(d, 10, lambda d: "999" not in d.current_url, "the missing job stays in the URL")
+
+
+def test_unknown_route_in_the_browser_is_the_apps_page(srv, d):
+    """Item 14: an unknown route shows the app's 404 page, with its header, not raw JSON."""
+    d.get(srv.url + "/no/such/page")
+    until(d, 10, lambda d: "No such page" in text(d, "main"), "no 404 page")
+    assert "/no/such/page" in text(d, "main") and "detail" not in d.page_source.split("<main")[1]
+    assert d.find_elements(By.CSS_SELECTOR, "header.top nav a")
+    shot(d, "trust-404")
