@@ -105,11 +105,11 @@ def _patch_train(Trainer) -> None:
                 em = run.reporter(create=False)
                 if em is not None:
                     em.info(resumed_from=path, reason=f"{RESUME_ENV} set by the agent")
-        patch_tqdm.quiet.depth = getattr(patch_tqdm.quiet, "depth", 0) + 1
+        patch_tqdm.enter_quiet()
         try:
             out = orig_train(self, resume_from_checkpoint, *a, **k)
         finally:
-            patch_tqdm.quiet.depth -= 1
+            patch_tqdm.leave_quiet()
         cb = find_callback(self)
         if cb is not None and cb.paused:
             # The checkpoint is saved and the agent told: stop the script here, so it does not go on
@@ -119,11 +119,11 @@ def _patch_train(Trainer) -> None:
 
     @functools.wraps(orig_eval)
     def evaluate(self, *a, **k):
-        patch_tqdm.quiet.depth = getattr(patch_tqdm.quiet, "depth", 0) + 1
+        patch_tqdm.enter_quiet()
         try:
             return orig_eval(self, *a, **k)
         finally:
-            patch_tqdm.quiet.depth -= 1
+            patch_tqdm.leave_quiet()
 
     Trainer.train, Trainer.evaluate = train, evaluate
 

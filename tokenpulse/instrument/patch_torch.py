@@ -1,0 +1,360 @@
+"""Progress and step anatomy from PyTorch itself, for any script: patched when, and only when, the
+script imports torch (see boot.py), so a plain loop, an Accelerate loop or a torchrun DDP script
+reports its steps with no code change.
+
+- Steps: torch's global optimizer hook (`register_optimizer_step_post_hook`). Every
+  `optimizer.step()` that really runs is a step: gradient-accumulation micro-batches never call it
+  (Accelerate's wrapper skips the inner step until gradients sync, GradScaler skips it on inf), so
+  they are not counted. Several optimizers in one iteration (a GAN) count once: the first optimizer
+  that steps leads, and only its steps count (another one takes the lead when it steps twice while
+  the leader does not).
+- One step counter per process: a Trainer's global_step (its callback) or the explicit API's
+  `tokenpulse.log` step wins when present; this hook then reports only the step anatomy. Otherwise
+  it reports phase `training` (done = steps, unit `steps`, at most once a second), sets the step
+  the alive thread carries, and every ANATOMY_EVERY_S a metrics event (below).
+- Tokens: the batch handed to the model's top-level forward, when it carries `input_ids` (and an
+  `attention_mask`): real and padded tokens per second. The top-level module is found with torch's
+  global forward hooks for the first calls only, then hooked alone (the global hooks would put
+  every submodule call on torch's slow path). Forwards with gradients off, a second or more after
+  the last optimizer step, are an evaluation: phase `evaluating`, batches counted.
+- Anatomy, per rank: seconds per step waiting for the next batch (DataLoader `__next__`, its worker
+  processes included), in collectives (torch.distributed's blocking calls, and DDP's gradient
+  all-reduce timed by a comm hook registered when the script registered none), and the rest
+  (forward, backward, optimizer). Sent as metrics `anatomy/r<rank>/data_s|comm_s|compute_s|step_s`
+  every ANATOMY_EVERY_S (not per step), and as the rank's alive extras (the rank table, the
+  straggler rule).
+
+Stdlib only at import: torch is touched only inside the install functions, which run after torch's
+own modules loaded. Every hook is guarded: instrumentation never breaks the user's loop.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Optional
+
+from tokenpulse import run
+
+PHASE_EVERY_S = 1.0  # the training phase's counter, at most this often
+ANATOMY_EVERY_S = float(os.environ.get("TOKENPULSE_ANATOMY_EVERY_S", "3") or 3)
+EVAL_AFTER_S = 1.0  # forwards without gradients this long after the last optimizer step: evaluation
+DISCOVERY_CALLS = 2  # top-level calls of a module with parameters before it is hooked alone
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
+               "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "gather_object")
+perf = time.perf_counter
+
+
+class State:
+    """This process's counters. Plain attributes: the hooks run on the training thread; a float
+    added from DDP's comm thread at worst loses a sample, never breaks anything."""
+
+    def __init__(self) -> None:
+        self.opt_steps = 0  # iterations (the lead optimizer's steps)
+        self.lead: Optional[int] = None
+        self.others: dict[int, int] = {}  # other optimizers' steps since the leader's last one
+        self.last_step_t: Optional[float] = None
+        self.phase_t = 0.0
+        self.win_t: Optional[float] = None  # the anatomy window: start, steps, seconds in data / comm
+        self.win_steps = 0
+        self.data_s = 0.0
+        self.comm_s = 0.0
+        self.real: list = []  # real tokens per training forward (ints or lazy tensor sums)
+        self.padded = 0
+        self.eval_batches = 0
+        self.eval_t = 0.0
+        self.in_eval = False
+        self.last: dict = {}  # the last window's figures (alive extras)
+
+
+STATE = State()
+_lock = threading.Lock()
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0") or 0) if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 else 0
+    except ValueError:
+        return 0
+
+
+def _owns_steps() -> bool:
+    """False while a Trainer's callback or the explicit API counts the steps: one counter, theirs."""
+    return not run.trainer_training and run._last_step < 0
+
+
+# ---- optimizer steps ----------------------------------------------------------------------------
+
+def _after_step(opt, args, kwargs) -> None:
+    try:
+        s, key = STATE, id(opt)
+        if s.lead is None:
+            s.lead = key
+        if key != s.lead:
+            n = s.others.get(key, 0) + 1
+            s.others[key] = n
+            if n < 2:
+                return
+            s.lead = key  # it steps on while the leader does not: the loop's optimizer changed
+        s.others.clear()
+        now = perf()
+        s.opt_steps += 1
+        s.win_steps += 1
+        s.last_step_t = now
+        if s.win_t is None:
+            s.win_t = now
+            s.data_s = s.comm_s = 0.0  # waits before the first step are setup, not step time
+            s.real, s.padded, s.win_steps = [], 0, 0
+        if s.eval_batches and s.in_eval:
+            # an evaluation ran since the last step: its time and its batches are not step anatomy
+            s.win_t, s.win_steps, s.data_s, s.comm_s, s.real, s.padded = now, 0, 0.0, 0.0, [], 0
+        s.eval_batches = 0
+        if s.in_eval or now - s.phase_t >= PHASE_EVERY_S or now - s.win_t >= ANATOMY_EVERY_S:
+            _report(now)
+    except Exception:
+        pass
+
+
+def _report(now: float) -> None:
+    em = run.reporter(create=False)
+    if em is None:
+        return
+    s = STATE
+    own = _owns_steps()
+    if own:
+        run.start_alive()  # a rank of a launched job has no alive thread of its own yet
+        em.step_done = s.opt_steps
+        if s.in_eval or now - s.phase_t >= PHASE_EVERY_S:
+            s.phase_t, s.in_eval = now, False
+            em.phase("training", done=s.opt_steps, unit="steps")
+    if now - s.win_t >= ANATOMY_EVERY_S and s.win_steps > 0:
+        _emit_window(em, now, own)
+
+
+def _total(xs) -> float:
+    ts = [x for x in xs if not isinstance(x, (int, float))]
+    n = float(sum(x for x in xs if isinstance(x, (int, float))))
+    if ts:
+        import torch
+        n += float(torch.stack([t.reshape(()).to(torch.int64).to(ts[0].device) for t in ts]).sum().item())
+    return n
+
+
+def _emit_window(em, now: float, own: bool) -> None:
+    s = STATE
+    steps, dt = s.win_steps, now - s.win_t
+    step_s = dt / steps
+    data_s, comm_s = min(s.data_s / steps, step_s), min(s.comm_s / steps, step_s)
+    compute_s = max(0.0, step_s - data_s - comm_s)
+    r = _rank()
+    values = {f"anatomy/r{r}/step_s": step_s, f"anatomy/r{r}/data_s": data_s,
+              f"anatomy/r{r}/comm_s": comm_s, f"anatomy/r{r}/compute_s": compute_s}
+    rss = _rss_mb()
+    s.last = {"step_time_s": step_s, "busy_s": step_s - comm_s, "data_s": data_s, "comm_s": comm_s,
+              "compute_s": compute_s, **({"rss_mb": rss} if rss is not None else {})}
+    if own and r == 0:
+        values["step_time_s"] = step_s
+        if rss is not None:
+            values["rss_mb"] = rss
+        if s.padded:
+            real = _total(s.real)
+            values.update(tokens_per_s=real / dt, padded_tokens_per_s=s.padded / dt,
+                          padding_frac=max(0.0, 1 - real / s.padded))
+    step = s.opt_steps if own or em.step_done is None else em.step_done
+    s.win_t, s.win_steps, s.data_s, s.comm_s, s.real, s.padded = now, 0, 0.0, 0.0, [], 0
+    em.metrics(step, **values)
+
+
+def _rss_mb() -> Optional[float]:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive_extra() -> dict:
+    """What each alive event carries for the rank table: the last window's step anatomy."""
+    return dict(STATE.last)
+
+
+def install_optimizer(module) -> None:
+    if getattr(module, "_tp_hooked", False):
+        return
+    module._tp_hooked = True
+    module.register_optimizer_step_post_hook(_after_step)
+    em = run.reporter(create=False)
+    if em is not None:
+        em.alive_extra = alive_extra  # this process's alive events carry its anatomy
+
+
+# ---- data loading -------------------------------------------------------------------------------
+
+def install_dataloader(module) -> None:
+    cls = module._BaseDataLoaderIter
+    if cls.__dict__.get("_tp_patched"):
+        return
+    orig = cls.__next__
+
+    def __next__(self):
+        t0 = perf()
+        try:
+            return orig(self)
+        finally:
+            STATE.data_s += perf() - t0
+    cls.__next__, cls._tp_patched = __next__, True
+
+
+# ---- collectives ----------------------------------------------------------------------------------
+
+def _timed(fn):
+    def collective(*a, **k):  # the name py-spy shows between the caller and torch's function
+        t0 = perf()
+        try:
+            return fn(*a, **k)
+        finally:
+            STATE.comm_s += perf() - t0
+    collective.__wrapped__, collective.__name__, collective.__doc__ = fn, fn.__name__, fn.__doc__
+    return collective
+
+
+def install_collectives(module) -> None:
+    if getattr(module, "_tp_patched", False):
+        return
+    module._tp_patched = True
+    for name in COLLECTIVES:
+        fn = getattr(module, name, None)
+        if callable(fn):
+            setattr(module, name, _timed(fn))
+    dist = __import__("sys").modules.get("torch.distributed")
+    if dist is not None:  # already re-exported: point those names at the timed functions too
+        for name in COLLECTIVES:
+            if hasattr(dist, name) and hasattr(module, name):
+                setattr(dist, name, getattr(module, name))
+
+
+def install_ddp(module) -> None:
+    DDP = module.DistributedDataParallel
+    if DDP.__dict__.get("_tp_patched"):
+        return
+    DDP._tp_patched = True
+    orig_init = DDP.__init__
+
+    def __init__(self, *a, **k):
+        orig_init(self, *a, **k)
+        try:
+            self.__dict__["_tp_first"] = self.register_forward_pre_hook(_ddp_first_forward)
+        except Exception:
+            pass
+    DDP.__init__ = __init__
+
+
+def _ddp_first_forward(ddp, args) -> None:
+    """Before DDP's first forward (after the script had its chance to register its own comm hook):
+    time the gradient all-reduce with the default hook's exact equivalent."""
+    try:
+        ddp.__dict__.pop("_tp_first").remove()
+        if getattr(ddp, "_comm_hooks", None) or not hasattr(ddp, "reducer"):
+            return  # the script registered its own: it stays theirs
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def timed_allreduce(process_group, bucket):
+            t0 = perf()
+            fut = allreduce_hook(process_group, bucket)
+
+            def done(f):
+                STATE.comm_s += perf() - t0
+                return f.value()
+            return fut.then(done)
+        ddp.register_comm_hook(ddp.process_group, timed_allreduce)
+    except Exception:
+        pass
+
+
+# ---- the model's top-level forward ------------------------------------------------------------------
+
+_depth = threading.local()
+_seen: dict[int, list] = {}  # id(module) -> [module, top-level calls]
+_global_handles: list = []
+
+
+def _g_pre(module, args) -> None:
+    d = getattr(_depth, "d", 0)
+    _depth.d = d + 1
+    if d:
+        return
+    try:
+        if not any(True for _ in module.parameters()):
+            return  # a loss function: not the model
+        entry = _seen.setdefault(id(module), [module, 0])
+        entry[1] += 1
+        _model_forward(module, args, {})
+        if entry[1] >= DISCOVERY_CALLS:
+            _settle()
+    except Exception:
+        pass
+
+
+def _g_post(module, args, out) -> None:
+    _depth.d = max(0, getattr(_depth, "d", 1) - 1)
+
+
+def _settle() -> None:
+    """The model is known: hook it (and any other top-level module seen) alone, drop the global hooks."""
+    with _lock:
+        if not _global_handles:
+            return
+        for h in _global_handles:
+            h.remove()
+        _global_handles.clear()
+        _depth.d = 0
+        for module, _ in _seen.values():
+            try:
+                module.register_forward_pre_hook(_model_forward, with_kwargs=True)
+            except Exception:
+                pass
+        _seen.clear()
+
+
+def _model_forward(module, args, kwargs):
+    try:
+        import torch
+        s = STATE
+        if not torch.is_grad_enabled():
+            _eval_batch(s)
+            return None
+        batch = kwargs if "input_ids" in kwargs else (args[0] if args and hasattr(args[0], "get") else None)
+        if batch is None:
+            return None
+        ids = batch.get("input_ids")
+        if not torch.is_tensor(ids):
+            return None
+        mask = batch.get("attention_mask")
+        s.padded += ids.numel()
+        s.real.append(mask.sum() if torch.is_tensor(mask) and mask.shape == ids.shape else ids.numel())
+    except Exception:
+        pass
+    return None
+
+
+def _eval_batch(s: State) -> None:
+    s.eval_batches += 1
+    now = perf()
+    if s.last_step_t is not None and now - s.last_step_t < EVAL_AFTER_S:
+        return  # a forward without gradients inside a training iteration (a GAN's, a teacher's)
+    if now - s.eval_t < 0.5 and s.in_eval:
+        return
+    em = run.reporter(create=False)
+    if em is None or not _owns_steps():
+        return
+    s.eval_t, s.in_eval = now, True
+    em.phase("evaluating", done=s.eval_batches, unit="batches")
+
+
+def install_forward(module) -> None:
+    if getattr(module, "_tp_hooked", False):
+        return
+    module._tp_hooked = True
+    _global_handles.append(module.register_module_forward_pre_hook(_g_pre))
+    _global_handles.append(module.register_module_forward_hook(_g_post, always_call=True))
