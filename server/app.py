@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import GZipMiddleware
 
+from server.filemodes import secure_data_dir
 from server import auth, errors, prometheus, storage_errors
 from server.agent_channel import AgentWrites
 from server.api import agent_ws, agents, alerts, datasets, external, jobs, tokens, ws
@@ -67,7 +68,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        secure_data_dir(settings.data_dir, settings.db_url)  # 0700; the database and its WAL/SHM 0600
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         upgrade_to_head(settings.db_url)
         db = Database(settings.db_url, settings.busy_timeout_s)

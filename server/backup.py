@@ -14,6 +14,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from server.filemodes import create_private
+
 
 class BackupError(Exception):
     pass
@@ -35,6 +37,7 @@ def backup_sqlite(db: Path, out: Path) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
+    create_private(tmp)  # 0600 before a byte is copied: a backup holds what the database holds
     src = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     dst = sqlite3.connect(tmp)
     try:
@@ -56,6 +59,7 @@ def backup_postgres(db_url: str, out: Path) -> str:
         raise BackupError("pg_dump is not installed (Debian: apt-get install postgresql-client)")
     url = make_url(db_url).set(drivername="postgresql")
     out.parent.mkdir(parents=True, exist_ok=True)
+    create_private(out)  # pg_dump truncates it and keeps the mode
     r = subprocess.run([pg_dump, "--format=custom", "--file", str(out),
                         url.render_as_string(hide_password=False)], capture_output=True, text=True)
     if r.returncode != 0:

@@ -14,7 +14,8 @@ Three sources, cheapest first:
 
 Cost: the child starts Python, transformers and the tokenizer (~3 CPU-seconds) plus tokenizing the
 sample, once per distinct (data, settings); a submit waits for it at most `preflight_wait_s`
-(the answer then says the analysis is still running, and a later submit finds it cached).
+(the answer then says the analysis is still running, and a later submit finds it cached). The
+children run in the app's bounded pool (server/analysis_pool.py), shared with /api/datasets/analyze.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import Optional
 
 from sqlalchemy import select
 
+from server.analysis_pool import AnalysisPool, Busy
 from server.models import Job
 from tokenpulse.preflight import batch_size_warnings, spec_warnings
 from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, JobSpec
@@ -88,17 +90,26 @@ async def run_analysis(spec: JobSpec, settings, timeout: float) -> dict:
         return {"error": "the analysis printed no result"}
 
 
-async def analysis(spec: JobSpec, settings) -> tuple[Optional[dict], str]:
-    """(the analysis or None, how it went: cached | done | pending | failed)."""
+async def analysis(spec: JobSpec, settings, pool: Optional[AnalysisPool] = None,
+                   who=None) -> tuple[Optional[dict], str]:
+    """(the analysis or None, how it went: cached | done | pending | failed | busy). The child runs
+    in the app's bounded pool (server/analysis_pool.py): a caller over their share, or a full
+    queue, gets no analysis this time (busy), never an unbounded pile of children."""
     key = cache_key(spec)
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key], "cached"
     task = _running.get(key)
     if task is None:
+        pool = pool or AnalysisPool()
+
         async def go():
             try:
-                res = await run_analysis(spec, settings, settings.analyze_timeout_s)
+                try:
+                    async with pool.place(who):
+                        res = await run_analysis(spec, settings, settings.analyze_timeout_s)
+                except Busy as e:
+                    return {"error": e.message, "busy": True}  # not cached: a later submit tries again
                 _cache[key] = res
                 while len(_cache) > CACHE_SIZE:
                     _cache.popitem(last=False)
@@ -111,7 +122,7 @@ async def analysis(spec: JobSpec, settings) -> tuple[Optional[dict], str]:
         res = await asyncio.wait_for(asyncio.shield(task), settings.preflight_wait_s)
     except asyncio.TimeoutError:
         return None, "pending"
-    return res, "failed" if "error" in res else "done"
+    return res, "busy" if res.get("busy") else "failed" if "error" in res else "done"
 
 
 def measured_before(s, spec: JobSpec) -> Optional[tuple[int, dict]]:
@@ -126,7 +137,7 @@ def measured_before(s, spec: JobSpec) -> Optional[tuple[int, dict]]:
     return None
 
 
-async def preflight(spec: JobSpec, settings, db) -> dict:
+async def preflight(spec: JobSpec, settings, db, pool: Optional[AnalysisPool] = None, who=None) -> dict:
     """{"warnings": [...], "preflight": {"analysis": ..., "seconds": ...}} for a validated spec."""
     t0 = time.monotonic()
     warnings = spec_warnings(spec)
@@ -139,7 +150,7 @@ async def preflight(spec: JobSpec, settings, db) -> dict:
         if seen is not None:
             warnings += batch_size_warnings(spec, seen[1], seen[0])
     if needs_analysis(spec) and settings.preflight_wait_s > 0:
-        res, state = await analysis(spec, settings)
+        res, state = await analysis(spec, settings, pool, who)
         if res is not None and "error" not in res:
             # the analysis's own rules (tokenpulse.preflight.analysis_warnings), minus the spec's we have
             warnings += [w for w in res.get("warnings", []) if w["kind"] != "streaming_epochs"]

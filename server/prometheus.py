@@ -6,6 +6,7 @@ registry: several apps in one process (tests) must not share series.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,9 +14,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 
 from server.models import Agent, Alert, Job
-from tokenpulse.protocol import JobState
+from tokenpulse.protocol import AlertKind, JobState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+AGENT_STATES = ("online", "lost", "offline")
+ALERT_KINDS = frozenset(v for k, v in vars(AlertKind).items() if k.isupper() and isinstance(v, str))
+SEVERITIES = ("info", "warning", "critical")
 
 
 @dataclass
@@ -42,11 +46,16 @@ class Collector:
             g.add_metric([st.value], jobs.get(st.value, 0))
         yield g
         g = GaugeMetricFamily("tokenpulse_agents", "Agents by state", labels=["state"])
-        for st in sorted({"online", "lost", "offline", *agents}):
+        for st in AGENT_STATES:
             g.add_metric([st], agents.get(st, 0))
         yield g
-        g = GaugeMetricFamily("tokenpulse_open_alerts", "Open alerts by kind and severity", labels=["kind", "severity"])
+        # Label values come from fixed sets: a script's own alert kinds (any string, thousands of
+        # them) would each be a series; they are counted as "other".
+        counts: Counter = Counter()
         for kind, severity, n in alerts:
+            counts[(kind if kind in ALERT_KINDS else "other", severity if severity in SEVERITIES else "other")] += n
+        g = GaugeMetricFamily("tokenpulse_open_alerts", "Open alerts by kind and severity", labels=["kind", "severity"])
+        for (kind, severity), n in sorted(counts.items()):
             g.add_metric([kind, severity], n)
         yield g
         yield CounterMetricFamily("tokenpulse_ingested_points", "Metric points stored",

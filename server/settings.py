@@ -34,6 +34,10 @@ class Settings(BaseSettings):
                                   "its clear reopens the same alert; webhooks hold a clear this long")
     ws_queue_frames: int = Field(256, description="frames buffered per browser before coalescing")
     analyze_timeout_s: float = 300.0
+    analysis_slots: int = Field(2, ge=1, le=16, description="dataset analyses (preflight, /api/datasets/analyze) "
+                                "run at once; the rest wait")
+    analyses_per_user: int = Field(2, ge=1, description="analyses one token may have running or waiting; "
+                                   "past that 429 (a submit skips its analysis)")
     preflight_wait_s: float = Field(5.0, ge=0, description="a submit waits this long for the data analysis "
                                                             "behind its warnings (0: no analysis)")
     session_ttl_s: float = Field(7 * 86400.0, gt=0, description="a browser login lasts this long")

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -89,6 +90,27 @@ def confined(settings: Settings, raw: str, field: str) -> Path:
     return real
 
 
+def quotable(settings: Settings, path: str) -> bool:
+    """May an error message quote this dataset's content (its columns, keys, first line)? Only a
+    file under the configured path roots, which the operator opened to every user: without roots,
+    a submit may name any file the server can read, and its column names (`db_password`) are not
+    the submitter's to see. The builtin dataset is ours; a Hub dataset is not read here."""
+    if path == BUILTIN_DATASET or not os.path.isabs(path):
+        return path == BUILTIN_DATASET or hub_repo_id(path, "dataset") is not None
+    if not settings.path_roots:
+        return False
+    real = Path(os.path.realpath(path))
+    return any(real == r or r in real.parents for r in (Path(os.path.realpath(x)) for x in settings.path_roots))
+
+
+def has_columns(settings: Settings, path: str, columns: list[str]) -> str:
+    """' (it has: a, b)' for a dataset whose content may be quoted, else how to get them listed."""
+    if quotable(settings, path):
+        return f" (it has: {', '.join(columns)})"
+    return (" (its columns are listed only for files under the server's path roots, "
+            "TOKENPULSE_PATH_ROOTS)")
+
+
 def read_head(path: Path, field: str, limit: int = HEAD_BYTES) -> bytes:
     """The first `limit` bytes of a regular file. O_NONBLOCK: opening a FIFO for reading would wait
     for a writer forever; with it the open returns and fstat says what the path really is."""
@@ -163,15 +185,38 @@ def check_command(spec: CommandSpec, settings: Settings) -> CommandSpec:
     return spec.model_copy(update={"cwd": str(cwd)})
 
 
+# Two lanes of threads for the checks, neither the loop's default executor (which every to_thread
+# shares): a spec naming a Hub repo waits on the Hub, which may be slow or drip its answer for
+# minutes; the others (builtin, local files, command jobs) never queue behind one of those.
+LOCAL_LANE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="check-local")
+HUB_LANE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="check-hub")
+
+
+def hub_field(spec) -> Optional[str]:
+    """The field of a spec that names a Hub repo (checked on the Hub), or None."""
+    if isinstance(spec, JobSpec):
+        if spec.model != BUILTIN_MODEL and hub_repo_id(spec.model, "model"):
+            return "model"
+        if spec.dataset != BUILTIN_DATASET and hub_repo_id(spec.dataset, "dataset"):
+            return "dataset"
+    return None
+
+
 async def check_spec_async(spec, settings: Settings, timeout: float = CHECK_TIMEOUT_S):
     """check_spec off the event loop, with a time limit (a hung network mount answers 422, not a
-    server that stops answering everyone)."""
+    server that stops answering everyone), in its lane (a slow Hub holds only Hub submits)."""
+    hub = hub_field(spec)
     try:
-        return await asyncio.wait_for(asyncio.to_thread(check_spec, spec, settings), timeout)
+        lane = HUB_LANE if hub else LOCAL_LANE
+        return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(lane, check_spec, spec, settings),
+                                      timeout)
     except asyncio.TimeoutError:
+        if hub:
+            raise SpecError(hub, f"the Hub did not answer within {timeout:.0f} s (a slow or unreachable "
+                                 "HF_ENDPOINT?); try again, or give a local path") from None
         field = "cwd" if isinstance(spec, CommandSpec) else "dataset"
         raise SpecError(field, f"checking the paths took longer than {timeout:.0f} s "
-                               "(a slow or hung filesystem, or a slow Hub?)") from None
+                               "(a slow or hung filesystem?)") from None
     except SpecError as e:
         if isinstance(spec, CommandSpec):
             raise
@@ -234,13 +279,13 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
     if columns is not None:
         for field, name in wanted:
             if name and name not in columns:
-                raise SpecError(field, f"column {name!r} is not in the dataset (it has: {', '.join(columns)})")
+                raise SpecError(field, f"column {name!r} is not in the dataset{has_columns(settings, spec.dataset, columns)}")
         named = any(name for _, name in wanted)
         alpaca = "instruction" in columns and "output" in columns
         if not named and not ({"text", "messages"} & set(columns) or alpaca):
             raise SpecError("text_field", f"the dataset has no 'text' column (nor 'messages' for chats, nor "
                                           f"'instruction'+'output'); name one with text_field, messages_field or "
-                                          f"prompt_field/response_field (it has: {', '.join(columns)})")
+                                          f"prompt_field/response_field{has_columns(settings, spec.dataset, columns)}")
         if spec.messages_field or not named and "messages" in columns:
             check_chat_template(spec)
     if spec.eval_dataset:
@@ -280,7 +325,7 @@ def check_eval_dataset(spec: JobSpec, settings: Settings, named: list[str], trai
         missing = [f for f in (named or auto[:1]) if f not in columns]
         if missing:
             raise SpecError("eval_dataset", f"the evaluation dataset has no column {missing[0]!r} "
-                                            f"(it has: {', '.join(columns)})")
+                                            f"{has_columns(settings, str(path), columns)}")
     return spec.model_copy(update={"eval_dataset": str(path)})
 
 

@@ -125,6 +125,10 @@ class StallSpec(BaseModel):
     alert_clear_s: Optional[float] = Field(None, ge=0, description="an alert's condition must stay away this long before it clears")
 
 
+_HUB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+
+
 class JobSpec(BaseModel):
     """What a user submits. Every field validated here, so a typo fails at submit, not hours later."""
     # Finite numbers only: JSON's 1e999 / Infinity parse to inf, which JSON cannot store (it became
@@ -220,6 +224,19 @@ class JobSpec(BaseModel):
         if "\x00" in v:
             raise ValueError("must not contain NUL bytes")
         return v.strip()
+
+    @field_validator("revision", "dataset_revision", "dataset_config", "dataset_split", "eval_split")
+    @classmethod
+    def _hub_name(cls, v: Optional[str], info) -> Optional[str]:
+        """Names the Hub side resolves (they end up in URLs and cache paths): plain names like
+        model ids, a revision may hold '/' (refs/pr/1); never '..', NUL or a leading '/'."""
+        if v is None:
+            return v
+        pattern = _REVISION if info.field_name.endswith("revision") else _HUB_NAME
+        if not pattern.fullmatch(v) or ".." in v or "//" in v:
+            raise ValueError("letters, digits, '.', '_' and '-'" + (" (and '/' between parts)" if pattern is
+                             _REVISION else "") + ", not starting with '.' or '/', without '..'")
+        return v
 
     @field_validator("max_seq_length")
     @classmethod

@@ -17,6 +17,7 @@ from server.security import CommandsDep, UserDep, not_yours, require_command_rig
 from server.models import Attempt, Event as EventRow, Job, MetricKey
 from server.api.agent_ws import agent_topic
 from server.dialect import raw_cursor
+from server.analysis_pool import pool_of
 from server.preflight import preflight
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
 from server.series import read_series
@@ -62,7 +63,7 @@ async def submit(tp, spec, caller, parent_id: Optional[int] = None) -> dict:
     if not isinstance(spec, JobSpec):
         return detail  # a command job: nothing to analyze
     # after the job is queued (an agent may start it meanwhile): advice, never a refusal
-    return {**detail, **await preflight(spec, tp.settings, tp.db)}
+    return {**detail, **await preflight(spec, tp.settings, tp.db, pool_of(tp), caller.principal_id)}
 
 
 @router.post("", status_code=201)
