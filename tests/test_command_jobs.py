@@ -319,17 +319,17 @@ def test_only_agents_that_opted_in_take_command_jobs(server_factory, tmp_path):
 
 def test_commands_need_a_token_with_the_commands_scope(server):
     with server.client() as c:
-        assert "commands" in c.get("/api/tokens").json()[0]["scopes"], "the initial user token may"
+        assert "commands" in c.get("/api/tokens").json()[0]["scopes"], "the initial admin token may"
         plain = c.post("/api/tokens", json={"name": "viewer", "role": "user"}).json()
         assert plain["scopes"] == []
-        r = c.post("/api/tokens", json={"name": "bad", "role": "agent", "allow_commands": True})
+        r = c.post("/api/tokens", json={"name": "bad", "role": "metrics", "allow_commands": True})
         assert r.status_code == 422 and r.json()["detail"]["field"] == "allow_commands", r.text
         job = submit(c, command=["true"])
     with server.client(plain["token"]) as p:
         r = p.post("/api/jobs/command", json={"command": ["true"]})
         assert r.status_code == 403 and "commands" in r.text and "--allow-commands" in r.text, r.text
         r = p.post(f"/api/jobs/{job['id']}/clone", json={"changes": {}})
-        assert r.status_code == 403 and "commands" in r.text, r.text
+        assert r.status_code == 403 and "clone refused" in r.text, r.text  # not its job (test_roles.py: nor its right)
         # it cannot grant itself the right through a new token either
         r = p.post("/api/tokens", json={"name": "escalate", "role": "user", "allow_commands": True})
         assert r.status_code == 403, r.text
@@ -466,8 +466,10 @@ def test_migration_gives_the_initial_user_token_the_commands_scope(tmp_path):
                    "VALUES ('old', 'completed', '{}', 0, 0, 1, 0)")
     upgrade_to_head(url)
     with sqlite3.connect(tmp_path / "old.db") as db:
-        assert dict(db.execute("SELECT name, scopes FROM tokens")) == {
-            "initial user": "commands", "initial agent": "", "alice": ""}
+        # and since 0009 (roles): the first user token is the admin; agent tokens keep taking command
+        # and multi-node jobs, as any agent could before roles
+        assert {n: (r, sc) for n, r, sc in db.execute("SELECT name, role, scopes FROM tokens")} == {
+            "initial user": ("admin", "commands"), "initial agent": ("agent", "commands gang"), "alice": ("user", "")}
         assert db.execute("SELECT kind FROM jobs").fetchone() == ("train",)
 
 

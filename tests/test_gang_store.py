@@ -20,8 +20,8 @@ def s(tmp_path):
 def started_gang(s):
     lead, member = add_agent(s, "lead", seen_at=1000.0), add_agent(s, "member", seen_at=1000.0)
     job = store.create_job(s, JobSpec(nnodes=2, max_retries=1))
-    assert isinstance(gang.claim(s, lead, "127.0.0.1:1", 60), gang.Waiting)
-    share = gang.claim(s, member, None, 60)
+    assert isinstance(gang.claim(s, lead, "127.0.0.1:1", 60, trusted=True), gang.Waiting)
+    share = gang.claim(s, member, None, 60, trusted=True)
     assert isinstance(share, gang.Share) and share.node_rank == 1
     ranks.store(s, lead.id, {job.id: [RankReport(rank=0, host="h", pid=10, step=3)]})
     ranks.store(s, member.id, {job.id: [RankReport(rank=1, host="h", pid=11, step=3, stack="Thread 11 ...")]})
