@@ -190,3 +190,67 @@ def test_unknown_route_in_the_browser_is_the_apps_page(srv, d):
     assert "/no/such/page" in text(d, "main") and "detail" not in d.page_source.split("<main")[1]
     assert d.find_elements(By.CSS_SELECTOR, "header.top nav a")
     shot(d, "trust-404")
+
+
+def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(srv, d, jobs):  # jobs: claimed first
+    """Item 12: after "queued with 1 warning" the button stays off (a second click would queue a
+    duplicate) until a setting changes; the Hub-only fields are folded away. Item 11: the Command
+    form has processes per machine, max retries and priority."""
+    d.get(srv.url + "/submit")
+    until(d, 20, lambda d: d.find_element(By.ID, "submit").is_enabled(), "no submit form")
+    assert not d.find_element(By.NAME, "revision").is_displayed() and not d.find_element(By.ID, "details-hub").get_attribute("open")
+    d.find_element(By.NAME, "streaming").click()
+    d.find_element(By.NAME, "epochs").send_keys("2")
+    d.find_element(By.NAME, "name").send_keys("warned once")
+    steps = d.find_element(By.NAME, "max_steps")
+    steps.clear()
+    steps.send_keys("5")
+    d.find_element(By.ID, "submit").click()
+    until(d, 20, lambda d: d.find_element(By.ID, "submit-warnings").is_displayed(), "no warnings shown")
+    btn = d.find_element(By.ID, "submit")
+    assert not btn.is_enabled() and btn.text.startswith("Queued as #"), btn.text
+    d.execute_script("arguments[0].click()", btn)  # even a forced click queues nothing
+    time.sleep(0.5)
+    with srv.client() as c:
+        assert c.get("/api/jobs", params={"q": "warned once"}).json()["total"] == 1
+    shot(d, "trust-submit-queued-warnings")
+    d.find_element(By.NAME, "seed").send_keys("1")  # a changed setting is a new job: the button is back
+    until(d, 5, lambda d: d.find_element(By.ID, "submit").is_enabled(), "the button stays off after a change")
+
+    d.get(srv.url + "/submit?mode=command")
+    until(d, 20, lambda d: d.find_element(By.ID, "command-form").is_displayed(), "no command form")
+    d.find_element(By.ID, "c-command").send_keys("python train.py")
+    for field, value in (("c-nproc-per-node", "2"), ("c-max-retries", "0"), ("c-priority", "7")):
+        box = d.find_element(By.ID, field)
+        box.clear()
+        box.send_keys(value)
+    d.find_element(By.ID, "command-submit").click()
+    until(d, 20, lambda d: "/jobs/" in d.current_url, "the command job was not submitted")
+    with srv.client() as c:
+        spec = c.get(f"/api/jobs/{d.current_url.rsplit('/', 1)[1]}").json()["spec"]
+    assert (spec["nproc_per_node"], spec["max_retries"], spec["priority"]) == (2, 0, 7), spec
+    d.get(srv.url + "/submit?mode=command")
+    until(d, 20, lambda d: d.find_element(By.ID, "command-form").is_displayed(), "no command form")
+    box = d.find_element(By.ID, "c-nproc-per-node")
+    box.clear()
+    box.send_keys("many")
+    d.find_element(By.ID, "c-command").send_keys("true")
+    d.find_element(By.ID, "command-submit").click()
+    until(d, 20, lambda d: "whole number" in text(d, "#c-nproc-per-node-error"), "a bad rank count is not named beside its field")
+    d.set_window_size(390, 844)
+    shot(d, "trust-submit-command-phone")
+    d.set_window_size(1280, 800)
+
+
+def test_zz_server_gone_banner_with_the_time_of_the_last_data(srv, d, jobs):
+    """Item 17: when the server goes away a banner says so and since when; it goes when it is back.
+    (Named to run last: it stops the module's server and starts it again.)"""
+    d.get(f"{srv.url}/jobs/{jobs['done']}")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"), "not live")
+    srv.kill(signal.SIGTERM)
+    until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#offline-banner:not([hidden])"), "no banner when the server is gone")
+    banner = text(d, "#offline-banner")
+    assert "not answering" in banner and "ago" in banner or "just now" in banner, banner
+    shot(d, "trust-offline-banner")
+    srv.start()
+    until(d, 60, lambda d: not d.find_element(By.ID, "offline-banner").is_displayed(), "the banner stays after the server is back")

@@ -80,7 +80,8 @@
   }
 
   function phaseCell(j, active) {
-    if (active || j.state === "paused") return TP.phaseText(j.phase) + (j.state === "paused" ? " (paused)" : "");
+    if (j.state === "paused") return j.step !== null && j.step !== undefined ? `paused at step ${TP.num(j.step)}` : "paused";
+    if (active) return TP.phaseText(j.phase);
     if (j.state === "queued") return (j.attempt ? `waiting for a worker (retry ${j.attempt})` : "waiting for a worker") + (online() ? "" : " · none online");
     if (j.state === "completed") return j.started_at && j.finished_at ? `finished in ${TP.dur(j.finished_at - j.started_at)}` : "finished";
     if (j.state === "failed") return `failed${j.failure ? ` (${j.failure})` : ""}${j.reason ? ":" : ""}`; // the cause follows, visible
