@@ -22,6 +22,10 @@ import torch
 from transformers import TrainerCallback
 
 from tokenpulse import run
+from tokenpulse.instrument.firststeps import FACTS
+
+FIRST_STEPS = 5  # optimizer steps each reported with their own speed (verdicts from step 1)
+STEP_EVERY_S = 5.0  # after those, a step's own speed at most this often between log steps
 
 PHASE_EVERY_S = 1.0
 RENAME = {"learning_rate": "lr"}
@@ -57,6 +61,7 @@ class TokenPulseCallback(TrainerCallback):
         self._phase_t = 0.0
         self._eval_k = 0
         self._max_steps = 0
+        self._step_t, self._step_real, self._step_padded, self._data_s, self._step_sent = None, [], 0, 0.0, 0.0
 
     @property
     def em(self):
@@ -75,6 +80,8 @@ class TokenPulseCallback(TrainerCallback):
             return
         mask, pos = inputs.get("attention_mask"), inputs.get("position_ids")
         self._padded += ids.numel()
+        self._step_padded += ids.numel()
+        FACTS.batch(inputs)  # the first batches' rows: lengths, widths, likely truncated
         # Device tensors are summed lazily (at the next log, where the Trainer syncs anyway), so
         # counting never waits for the accelerator.
         if torch.is_tensor(mask) and mask.shape == ids.shape:
@@ -86,6 +93,29 @@ class TokenPulseCallback(TrainerCallback):
         else:
             self._real.append(ids.numel())
             self._samples.append(ids.shape[0])
+        self._step_real.append(self._real[-1])
+
+    def data_wait(self, seconds: float) -> None:
+        """Time the Trainer waited for this step's batches (the patched get_batch_samples)."""
+        self._data_s += seconds
+
+    def _step_speed(self, step: int) -> None:
+        """One optimizer step's own speed, for the first steps and then now and then: the verdicts
+        (padding, batch size, data loading) come from step 1, not from the script's logging interval."""
+        now = time.perf_counter()
+        t0, self._step_t = self._step_t, now
+        real, padded, data_s = self._step_real, self._step_padded, self._data_s
+        self._step_real, self._step_padded, self._data_s = [], 0, 0.0
+        FACTS.maybe_send(force=step <= FIRST_STEPS)  # the first batches' rows, before any verdict
+        if t0 is None or now <= t0 or not (step <= FIRST_STEPS or now - self._step_sent >= STEP_EVERY_S):
+            return
+        self._step_sent = now
+        dt = now - t0
+        values = {"step_time_s": dt, "eta_s": max(0, self._max_steps - step) * dt, "data_wait_s": data_s}
+        if padded:
+            r = self._total(real)
+            values.update(tokens_per_s=r / dt, padded_tokens_per_s=padded / dt, padding_frac=1 - r / padded)
+        self.em.metrics(step, **values)
 
     @staticmethod
     def _total(xs) -> float:
@@ -125,6 +155,7 @@ class TokenPulseCallback(TrainerCallback):
         run.trainer_training = True
         pausable = run.install_pause_handler() or run.pause_requested.is_set()
         self._max_steps = state.max_steps
+        FACTS.training_args(args, kw.get("model"))
         em.info(pausable=pausable, trainer=self.trainer_name,
                 max_steps=state.max_steps, num_train_epochs=args.num_train_epochs,
                 per_device_train_batch_size=args.per_device_train_batch_size,
@@ -134,6 +165,7 @@ class TokenPulseCallback(TrainerCallback):
         em.phase("training", done=state.global_step, total=state.max_steps, unit="steps")
         self._reset_window(time.perf_counter(), state.global_step)
         self._phase_t = time.monotonic()
+        self._step_t, self._step_real, self._step_padded, self._data_s = time.perf_counter(), [], 0, 0.0
 
     def on_step_end(self, args, state, control, **kw):
         if not self.active:
@@ -141,6 +173,7 @@ class TokenPulseCallback(TrainerCallback):
         em = self.em
         step = state.global_step
         em.step_done = step  # the alive thread carries it: progress between log steps
+        self._step_speed(step)
         if run.pause_requested.is_set() and not self.paused:
             self.paused = True
             control.should_save = True
@@ -200,6 +233,7 @@ class TokenPulseCallback(TrainerCallback):
         if self.active:
             self.em.phase("training", done=state.global_step, total=state.max_steps, unit="steps")
             self._reset_window(time.perf_counter(), state.global_step)  # eval time is not step time
+            self._step_t = time.perf_counter()
 
     def on_save(self, args, state, control, **kw):
         if not state.is_world_process_zero:
@@ -211,6 +245,7 @@ class TokenPulseCallback(TrainerCallback):
         if self.active and not self.paused:
             self.em.phase("training", done=state.global_step, total=state.max_steps, unit="steps")
             self._reset_window(time.perf_counter(), state.global_step)
+            self._step_t = time.perf_counter()
 
     def on_train_end(self, args, state, control, **kw):
         if not self.active:

@@ -63,6 +63,13 @@ class AlertKind:
     OOM = "oom"
     WORKER_LOST = "worker_lost"
     PADDING = "padding"
+    # verdicts on a command job's first steps, each naming its fix (worker/agent/advice.py)
+    TRUNCATION = "truncation"
+    BATCH = "batch"
+    DATALOADER = "dataloader"
+    PLACEMENT = "placement"
+    PRECISION = "precision"
+    QUIET = "quiet"  # a finished phase and nothing since: a warning, not a stall
     STRAGGLER = "straggler"  # one rank of a distributed job works far longer per step than the others
     DISK_FULL = "disk_full"
     DATABASE_LOCKED = "database_locked"  # webhooks only: the database cannot store it
@@ -121,6 +128,7 @@ class StallSpec(BaseModel):
     slow_padding_frac: Optional[float] = Field(None, gt=0, le=1, description="slow when more than this fraction of batch tokens is padding")
     slow_step_s: Optional[float] = Field(None, gt=0, description="an optimizer step slower than this crawls")
     slow_periodic_frac: Optional[float] = Field(None, gt=0, le=1, description="periodic pauses costing this share of the time")
+    quiet_s: Optional[float] = Field(None, gt=0, description="a 'quiet' warning (with where the main thread waits) after a finished phase and this long without progress")
     alert_open_s: Optional[float] = Field(None, ge=0, description="a slow/straggler condition must hold this long before its alert opens")
     alert_clear_s: Optional[float] = Field(None, ge=0, description="an alert's condition must stay away this long before it clears")
 

@@ -362,6 +362,14 @@
   }
 
   // ---- summary ----------------------------------------------------------------------------------
+  // Who is looking: everyone reads every job, but only its owner (or an admin) changes its course,
+  // and starting a command job's command again needs the commands right. Controls that the server
+  // would refuse are not shown (hidden until we know).
+  let me = null;
+  TP.api("/api/tokens/me").then((m) => { me = m; document.body.dataset.viewer = m.role; if (job) showSummary({}); }).catch(() => {});
+  const mayControl = () => !!me && (me.role === "admin" || (job.owner != null && job.owner === me.principal));
+  const mayRerun = () => mayControl() && (job.kind !== "command" || me.may_run_commands);
+
   function showSummary(j) {
     const wasOver = job && TP.FINAL.includes(job.state);
     job = { ...(job || {}), ...j };
@@ -373,17 +381,18 @@
     const final = TP.FINAL.includes(job.state);
     const req = job.requested_action;
     const cancelling = req === "cancel";
-    $("cancel").hidden = !(active || ["queued", "paused"].includes(job.state)) || cancelling;
+    const mine = mayControl();
+    $("cancel").hidden = !(active || ["queued", "paused"].includes(job.state)) || cancelling || !mine;
     if ($("cancel").hidden) $("cancel-confirm-box").hidden = true;
     // A stack dump is a look, not a change of course: it never hides Pause. A command job pauses
     // only when its instrumentation said it can (a Trainer script).
-    $("pause").hidden = !active || req === "pause" || req === "cancel" ||
+    $("pause").hidden = !mine || !active || req === "pause" || req === "cancel" ||
       (job.kind === "command" && !(job.info && job.info.pausable));
-    $("resume").hidden = job.state !== "paused";
-    $("stack").hidden = !active;
+    $("resume").hidden = job.state !== "paused" || !mayRerun();
+    $("stack").hidden = !active || !mine;
     $("stack").disabled = !!job.stack_requested;
     if (job.stack_requested && active) watchStack();
-    $("retry").hidden = !final;
+    $("retry").hidden = !final || !mayRerun();
     $("retry").textContent = job.state === "completed" ? "Run again" : "Retry";
     if (job.parent_id) $("parent").replaceChildren("cloned from ", TP.el("a", { href: `/jobs/${job.parent_id}`, text: `#${job.parent_id}` }));
     showPhase(job.phase);

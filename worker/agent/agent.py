@@ -36,6 +36,7 @@ from worker.agent.headline import folded, gang_headline, stall_headline
 from worker.agent.launch import Gang, command, free_port, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
+from worker.agent.advice import OWNED, Advisor
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
 from worker.agent.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
 from worker.agent.stacks import (can_run_handlers, describe_state, find_py_spy, process_state,
@@ -199,6 +200,7 @@ class RunningJob:
     process: Supervised
     detector: StallDetector
     slow: Optional[SlowDetector] = None
+    advice: Optional[Advisor] = None  # a command job's first-steps verdicts, each with its fix
     alive_at: float = field(default_factory=time.time)
     child_state: Optional[dict] = None
     requested: Optional[str] = None  # cancel or pause, once asked
@@ -452,6 +454,8 @@ class Agent:
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16), cwd=cwd,
                         gang=gangwatch.GangState() if launcher else None,
                         mask=mask)
+        rj.advice = Advisor(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16)
+        rj.slow.owned = OWNED  # padding and step size: judged by the advisor, with the script's own fix
         self.jobs[claim.job_id] = rj
         how = ("instrumented (startup hook on PYTHONPATH)" if hooks else
                "not instrumented (instrument: false)" if not spec.instrument else
@@ -553,6 +557,11 @@ class Agent:
                 continue  # carried by the heartbeat, not stored one by one
             if rj.slow is not None:
                 rj.slow.observe(kind, data, now)
+            if rj.advice is not None:
+                rj.advice.observe(kind, data, now)
+                if rj.detector.last_progress == now and rj.advice.quiet_over():
+                    self.emit(rj, "alert", {"kind": AlertKind.QUIET, "clear": True,
+                                            "message": f"progress reported again: {rj.detector.where()}"})
             if rj.command is not None:
                 data = self.masked(rj, kind, data)
                 if kind == "info" and data.get("pausable") is not None:
@@ -596,6 +605,8 @@ class Agent:
             if rj.detector.events == 0:  # no instrumentation speaking for it: its output is its sign of life
                 rj.alive_at = time.time()
         rj.process.tail.append(line)
+        if rj.advice is not None and rj.stack_lines is None:
+            rj.advice.output(line)
         if rj.stack_lines is not None and name == "stderr":
             rj.stack_lines.append(line)
         self.emit(rj, "log", {"line": line[:8192], "stream": name})
@@ -693,6 +704,8 @@ class Agent:
             message = folded(stall_headline(v.silent_s, stack, rj.detector.where()), message, stack)
             self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
+        if rj.advice is not None:
+            await self.advise(rj, now)
         if rj.slow is None:
             return
         sched = read_schedstat(rj.process.pid)  # CPU time vs waiting for a CPU: tells a busy machine
@@ -706,6 +719,20 @@ class Agent:
             kind, clear = v.kind.removesuffix("_clear"), v.kind.endswith("_clear")
             severity = "info" if kind == AlertKind.CONTENTION else "warning"
             self.emit(rj, "alert", {"kind": kind, "severity": severity, "message": v.message, "clear": clear})
+
+    async def advise(self, rj: RunningJob, now: float) -> None:
+        """A command job's verdicts on its first steps (worker/agent/advice.py), and the 'quiet'
+        warning: a finished phase and nothing since, with where the main thread waits."""
+        for kind, message in rj.advice.check():
+            self.emit(rj, "alert", {"kind": kind, "severity": "warning", "message": message[:8192]})
+        head = rj.advice.quiet_due(rj.detector, now)
+        if head is not None:
+            stack = await self.capture_stack(rj)
+            if rj.process.proc.returncode is None and rj.detector.last_progress is not None \
+                    and now - rj.detector.last_progress >= 0 and not rj.detector.stalled:
+                self.emit(rj, "alert", {"kind": AlertKind.QUIET, "severity": "warning",
+                                        "message": rj.advice.quiet_message(head, stack)[:8192],
+                                        "stack": stack[-199_000:] if stack else None})
 
     async def gang_verdict(self, rj: RunningJob) -> tuple[str, str, dict]:
         """The stuck rank named across the gang: this node's stacks, and on a multi-node job every
@@ -742,6 +769,9 @@ class Agent:
             self.emit(rj, "alert", {"kind": AlertKind.STRAGGLER, "message": how, "clear": True})
         if rj.slow is not None and rj.slow.open_keys:
             self.emit(rj, "alert", {"kind": AlertKind.SLOW, "message": how, "clear": True})
+        if rj.advice is not None:
+            for kind in list(rj.advice.open) + ([AlertKind.QUIET] if rj.advice.quiet_open else []):
+                self.emit(rj, "alert", {"kind": kind, "message": how, "clear": True})
         if rj.slow is not None and rj.slow.contention_open:
             self.emit(rj, "alert", {"kind": AlertKind.CONTENTION, "message": how, "clear": True})
         if verdict.get("state") == "failed" and verdict.get("failure") in (Failure.CRASH, Failure.SIGNAL, Failure.ERROR):

@@ -105,6 +105,7 @@ class SlowDetector:
     sent_at: float = 0.0  # when the open alert's message was last sent
     fresh: bool = False
     last_step: Optional[int] = None
+    owned: frozenset = frozenset()  # reasons another judge names with their fix (a command job's advice.py)
 
     # ---- feeding -----------------------------------------------------------------------------
 
@@ -266,7 +267,7 @@ class SlowDetector:
         p = self._periodic()
         if p is not None:
             out.append(("periodic", p))
-        return out
+        return [r for r in out if r[0] not in self.owned]
 
     def _growth(self) -> Optional[str]:
         c = self.config

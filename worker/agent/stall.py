@@ -42,6 +42,7 @@ class StallConfig:
     slow_step_s: float = 120.0  # an optimizer step slower than this crawls (batch too large)
     slow_periodic_frac: float = 0.25  # periodic pauses costing this fraction of the time
     slow_min_samples: int = 3  # speed samples (metrics with step_time_s) before judging slowness
+    quiet_s: float = 60.0  # a finished phase and nothing since for this long: a 'quiet' warning (advice.py)
     # ---- alert hysteresis (worker/agent/hysteresis.py): slow reasons, contention, stragglers ----
     alert_open_s: float = 10.0  # a condition must hold this long before its alert opens
     alert_clear_s: float = 30.0  # ... and stay away this long before it clears (a stall: keep moving)

@@ -1,0 +1,416 @@
+"""Verdicts on a command job's first optimizer steps, each naming the fix in the script's own terms.
+
+Pure logic over what the job's instrumentation reports (tokenpulse/instrument/firststeps.py: the
+tokenizer calls and the lengths they made, the first batches' rows, the TrainingArguments; the
+Trainer callback's per-step speed from step 1), with the clock passed in, so every rule is testable
+without training anything. One alert per condition, opened once it is judged:
+
+- padding      most of each batch is pad tokens: the tokenizer call (file:line) that pads to
+               max_length, the length that covers the data (from the lengths seen), group by length;
+- truncation   examples cut at max_length, counted (exactly where the tokenizer or TRL's max_length
+               is seen, else rows arriving at exactly the widest width unpadded: likely cut), with the
+               length/throughput comparison to choose from (`tokenpulse analyze --measure`);
+- batch        optimizer steps so large they crawl (the ETA from step 1): smaller micro-batches with
+               accumulation;
+- dataloader   more DataLoader workers than cores (they only contend), or steps waiting for data;
+- placement    training on the CPU on a machine with a GPU; precision: fp32 on a GPU with bf16;
+- quiet        a finished phase and nothing since: where the main thread waits (a stack snapshot the
+               agent takes itself), a warning distinct from a stall, suggesting to report progress.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+from worker.agent.stall import StallConfig
+
+FIRST_STEPS = 3  # steps judged on; a verdict comes by the third optimizer step at the latest
+OWNED = frozenset({"padding", "crawl"})  # the slow detector's generic reasons these verdicts replace
+
+
+def ceil_to(n: float, m: int) -> int:
+    return int(math.ceil(n / m) * m)
+
+
+def _n(x) -> str:
+    return f"{x:,.0f}" if isinstance(x, (int, float)) else str(x)
+
+
+def _dur(s: float) -> str:
+    if s >= 5400:
+        return f"{s / 3600:.0f} h"
+    if s >= 90:
+        return f"{s / 60:.0f} min"
+    return f"{s:.0f} s"
+
+
+@dataclass
+class StepSample:
+    step: int
+    step_time: float
+    padding: Optional[float]
+    data_s: Optional[float]
+    eta_s: Optional[float]
+
+
+@dataclass
+class Advisor:
+    config: StallConfig = field(default_factory=StallConfig)
+    gpu: Optional[str] = None
+    gpu_bf16: bool = False
+    script: dict = field(default_factory=dict)  # the latest info {"script": ...} from the process
+    info: dict = field(default_factory=dict)  # other info (the Trainer callback's max_steps...)
+    steps: list = field(default_factory=list)  # StepSample of the first steps
+    model: Optional[str] = None  # what from_pretrained loaded (its 'loading model' phase)
+    last_output: Optional[str] = None
+    open: dict = field(default_factory=dict)  # kind -> message sent
+    quiet_open: bool = False
+    quiet_checked_at: Optional[float] = None  # the last progress time a quiet verdict was judged for
+
+    # ---- feeding -----------------------------------------------------------------------------
+
+    def observe(self, kind: str, data: dict, now: float) -> None:
+        if kind == "info":
+            if isinstance(data.get("script"), dict):
+                self.script = data["script"]
+            self.info.update({k: v for k, v in data.items() if k != "script"})
+        elif kind == "phase" and data.get("name") == "loading model" and data.get("detail"):
+            self.model = str(data["detail"]).split(": ")[0][:500]
+        elif kind == "metrics":
+            v = data.get("values") or {}
+            st = v.get("step_time_s")
+            step = int(data.get("step", 0))
+            if not isinstance(st, (int, float)) or st <= 0 or len(self.steps) >= 50:
+                return
+            if self.steps and step <= self.steps[-1].step:
+                return
+            data_s = v.get("data_wait_s")
+            if data_s is None and v.get("anatomy/r0/data_s") is not None and v.get("anatomy/r0/step_s"):
+                data_s = v["anatomy/r0/data_s"] / v["anatomy/r0/step_s"] * st
+            self.steps.append(StepSample(step, float(st), v.get("padding_frac"), data_s, v.get("eta_s")))
+
+    def output(self, line: str) -> None:
+        if line.strip():
+            self.last_output = line.strip()[:300]
+
+    # ---- the facts ---------------------------------------------------------------------------
+
+    @property
+    def args(self) -> dict:
+        return self.script.get("args") or {}
+
+    def _group_arg(self) -> str:
+        return ('train_sampling_strategy="group_by_length"' if "train_sampling_strategy" in self.args
+                else "group_by_length=True")
+
+    def _lengths(self) -> dict:
+        """Example lengths: the tokenizer's (untruncated) when seen, else the batches' rows."""
+        return self.script.get("lengths") or (self.script.get("batches") or {}).get("rows") or {}
+
+    def _padding(self) -> Optional[float]:
+        pads = [s.padding for s in self.steps[:FIRST_STEPS + 2] if s.padding is not None]
+        if pads:
+            return statistics.median(pads)
+        b = self.script.get("batches") or {}
+        rows, widths = b.get("rows") or {}, b.get("widths") or {}
+        if rows.get("mean") and widths.get("mean"):
+            return max(0.0, 1 - rows["mean"] / widths["mean"])
+        return None
+
+    def _pad_site(self) -> Optional[dict]:
+        sites = [s for s in self.script.get("tokenizer") or [] if s.get("padding") == "max_length"]
+        return max(sites, key=lambda s: s.get("texts", 0)) if sites else None
+
+    def _cut_site(self) -> Optional[dict]:
+        sites = [s for s in self.script.get("tokenizer") or [] if s.get("truncation") and s.get("cut")]
+        return max(sites, key=lambda s: s.get("cut", 0)) if sites else None
+
+    def _data_share(self) -> Optional[float]:
+        xs = [(s.data_s, s.step_time) for s in self.steps[:FIRST_STEPS + 2] if s.data_s is not None]
+        if not xs:
+            return None
+        return statistics.median(d / t for d, t in xs if t > 0)
+
+    def _step_time(self) -> Optional[float]:
+        xs = [s.step_time for s in self.steps[:FIRST_STEPS]]
+        if len(xs) >= 2 or (xs and xs[0] >= 3 * self._crawl_s()):
+            return statistics.median(xs)
+        return None
+
+    def _crawl_s(self) -> float:
+        return self.config.slow_step_s / 2  # a first step this long: the batch is far too large
+
+    # ---- the verdicts ------------------------------------------------------------------------
+
+    def verdicts(self) -> dict:
+        """kind -> message, for every condition that holds now."""
+        if not self.steps and not (self.script.get("batches") or {}).get("count"):
+            return {}  # judged once training has begun: the first steps
+        out = {}
+        for kind, rule in (("padding", self._padding_verdict), ("truncation", self._truncation_verdict),
+                           ("batch", self._batch_verdict), ("dataloader", self._dataloader_verdict),
+                           ("placement", self._placement_verdict), ("precision", self._precision_verdict)):
+            msg = rule()
+            if msg:
+                out[kind] = msg
+        return out
+
+    def _padding_verdict(self) -> Optional[str]:
+        frac = self._padding()
+        if frac is None or frac <= self.config.slow_padding_frac or (self.script.get("batches") or {}).get("packed"):
+            return None
+        L = self._lengths()
+        longest = L.get("max")
+        fit = ceil_to(longest, 8) if longest else None
+        cover = ""
+        if fit:
+            cover = f"max_length={fit} covers every example (the longest has {longest:,} tokens)"
+            if fit > 512:
+                cover += f", or {ceil_to(longest, 512)} for a round number"
+        shape = (f"examples: median {L['p50']:,}, p99 {L['p99']:,}, longest {longest:,} tokens"
+                 if L.get("p50") is not None else "")
+        data = self._data_share()
+        data_s = ""
+        if data is not None:
+            workers = self.args.get("dataloader_num_workers")
+            data_s = (f"; data loading is {data:.0%} of each step" +
+                      (f" (dataloader_num_workers={workers})" if workers is not None else ""))
+        site = self._pad_site()
+        if site:
+            where = site.get("site") or "the tokenize function"
+            msg = (f"padding: {frac:.0%} of every batch is pad tokens: the tokenizer call at {where} pads every "
+                   f"example to max_length={site.get('max_length')} (padding=\"max_length\")"
+                   + (f"; {shape}" if shape else "") + data_s +
+                   f". Fix: drop padding=\"max_length\" at {where} and let the data collator pad each batch to "
+                   f"its longest example (DataCollatorWithPadding / DataCollatorForLanguageModeling), with "
+                   f"{self._group_arg()} in TrainingArguments so similar lengths share a batch, or pack")
+            return msg + (f"; {cover}" if cover else "")
+        msg = (f"padding: {frac:.0%} of every batch is pad tokens: batches are padded to their longest row and "
+               f"the lengths vary" + (f" ({shape})" if shape else "") + data_s +
+               f". Fix: {self._group_arg()} in TrainingArguments so similar lengths share a batch, "
+               f"or pack (packing=True in TRL's SFTConfig)")
+        width = (self.script.get("batches") or {}).get("widths", {}).get("max")
+        if fit and width and width > fit:
+            msg += f"; {cover}"
+        return msg
+
+    def _truncation_verdict(self) -> Optional[str]:
+        L = self._lengths()
+        shape = (f"lengths: median {L['p50']:,}, p90 {L['p90']:,}, longest {L['max']:,} tokens"
+                 if L.get("p50") is not None else "")
+        over = self.script.get("over_limit") or {}
+        site = self._cut_site()
+        if over.get("n") and over.get("of"):
+            limit, n, of, exact = over["max_length"], over["n"], over["of"], True
+            where = "max_length in the trainer's config (TRL's SFTConfig)" if "max_length" in self.args \
+                else "max_seq_length"
+            arg = "max_length" if "max_length" in self.args else "max_seq_length"
+        elif site:
+            limit, n, of, exact = site.get("max_length"), site["cut"], site.get("texts", 0), True
+            where, arg = f"the tokenizer call at {site.get('site') or 'the tokenize function'} (truncation=True)", \
+                "max_length"
+        else:
+            b = self.script.get("batches") or {}
+            if b.get("packed") or not b.get("full_at") or not (b.get("rows") or {}).get("n"):
+                return None
+            limit = self.args.get("max_length") or self.args.get("max_seq_length") or \
+                max((s.get("max_length") or 0 for s in self.script.get("tokenizer") or []), default=0)
+            if not limit:
+                return None
+            n, of, exact = b["full_at"].get(str(limit), 0), b["rows"]["n"], False
+            where, arg = f"max_length={limit}", "max_length"
+        if not of or n / of < 0.01:
+            return None
+        share = n / of
+        cut_at = self.script.get("cut_at") or {}
+        table = ", ".join(f"{k}: {v:.0%}" for k, v in cut_at.items() if 0 < int(k) <= 2 * (L.get("max") or limit))
+        keep = ceil_to(L["max"], 8) if exact and L.get("max") else None
+        head = (f"truncation: {n:,} of {of:,} examples ({share:.0%}) are longer than max_length={limit} and are cut by "
+                f"{where}" if exact else
+                f"truncation: {n:,} of the first {of:,} rows ({share:.0%}) arrive at exactly max_length={limit} with "
+                f"no padding: likely cut")
+        if shape:
+            head += f" ({shape})"
+        if table:
+            head += f"; share cut at each length: {table}"
+        fix = (f". Fix: {arg}={keep} keeps every example" if keep else
+               f". Fix: a larger {arg} keeps them")
+        fix += (" (longer rows: fewer tokens/s); to choose, measure length against throughput side by side: "
+                "tokenpulse analyze --dataset <your data> --model " + (self.model or "<your model>") + " --measure 60")
+        return head + fix
+
+    def _batch_verdict(self) -> Optional[str]:
+        st = self._step_time()
+        if st is None or st < self._crawl_s():
+            return None
+        a = self.args
+        rows, ga = a.get("per_device_train_batch_size"), a.get("gradient_accumulation_steps") or 1
+        width = ((self.script.get("batches") or {}).get("widths") or {}).get("p50")
+        shape = ""
+        if rows:
+            shape = f" ({rows} rows" + (f" x {ga} accumulation" if ga > 1 else "") + \
+                (f" x {width:,} tokens = {rows * ga * width:,} tokens a step" if width else "") + ")"
+        params = a.get("parameters")
+        dev = a.get("device")
+        model = (f" for a {params / 1e6:.1f}M-parameter model" if params else "") + (f" on the {dev.split(':')[0].upper()}" if dev else "")
+        etas = [s.eta_s for s in self.steps[:FIRST_STEPS] if s.eta_s]
+        eta = f"; at this pace the run takes {_dur(etas[-1])} more (ETA from step {self.steps[0].step})" if etas else ""
+        msg = f"batch: each optimizer step takes {st:.0f} s{shape}{model}: the work per step is far too large{eta}"
+        if rows and rows > 1:
+            new_rows, new_ga = max(1, rows // 4), ga * 2
+            msg += (f". Fix: per_device_train_batch_size={new_rows}, gradient_accumulation_steps={new_ga} "
+                    f"({new_rows * new_ga} rows a step instead of {rows * ga}: about {st * new_rows * new_ga / (rows * ga):.0f} s "
+                    f"a step)")
+        else:
+            msg += ". Fix: a shorter max_length, or fewer tokens per step"
+        return msg
+
+    def _dataloader_verdict(self) -> Optional[str]:
+        a = self.args
+        workers, cores = a.get("dataloader_num_workers"), a.get("cores")
+        if isinstance(workers, int) and cores and workers > cores:
+            return (f"dataloader: {workers} DataLoader workers on {cores} cores: workers beyond the cores only "
+                    f"contend with the training for them. Fix: dataloader_num_workers={cores}")
+        share = self._data_share()
+        if share is not None and share >= 0.3 and len(self.steps) >= 2:
+            fix = f"dataloader_num_workers={min(2, cores or 2)}" if not workers else "pre-tokenize the data"
+            return (f"dataloader: {share:.0%} of each step waits for its batches"
+                    + (f" (dataloader_num_workers={workers})" if workers is not None else "")
+                    + f". Fix: {fix}")
+        return None
+
+    def _placement_verdict(self) -> Optional[str]:
+        dev = str(self.args.get("device") or "")
+        if self.gpu and (dev.startswith("cpu") or self.args.get("use_cpu")):
+            return (f"placement: the model trains on the CPU although this machine has a GPU ({self.gpu}). "
+                    f"Fix: drop use_cpu=True from TrainingArguments (and any .to(\"cpu\"))")
+        return None
+
+    def _precision_verdict(self) -> Optional[str]:
+        a = self.args
+        if self.gpu_bf16 and str(a.get("device") or "").startswith("cuda") and a.get("dtype") == "float32" \
+                and not a.get("bf16") and not a.get("fp16"):
+            return (f"precision: training in fp32 on a GPU with bf16 ({self.gpu}). Fix: bf16=True in "
+                    f"TrainingArguments (typically 2-3x faster)")
+        return None
+
+    def check(self) -> list[tuple[str, str]]:
+        """(kind, message) for each verdict that is new or whose text changed."""
+        out = []
+        for kind, msg in self.verdicts().items():
+            if self.open.get(kind) != msg and (kind not in self.open or _moved(self.open[kind], msg)):
+                self.open[kind] = msg
+                out.append((kind, msg))
+        return out
+
+    # ---- a finished phase is not a status ----------------------------------------------------
+
+    def quiet_due(self, detector, now: float) -> Optional[str]:
+        """The headline of a 'quiet' warning once nothing was reported for quiet_s after a phase
+        finished (or in a phase without a counter); the agent then looks where the main thread is."""
+        quiet_s = getattr(self.config, "quiet_s", 60.0)
+        if self.quiet_open or detector.last_progress is None or detector.stalled:
+            return None
+        if detector.has_counter and not detector.finished():
+            return None  # a counted phase in flight: the stall detector judges it by its own pace
+        silent = now - detector.last_progress
+        if silent < quiet_s or self.quiet_checked_at == detector.last_progress:
+            return None
+        self.quiet_checked_at = detector.last_progress
+        what = f"'{detector.phase}' finished" if detector.finished() else f"'{detector.phase}' began"
+        msg = f"no progress reported since {what} {_ago(silent)} ago"
+        if self.last_output:
+            msg += f"; last output: {self.last_output}"
+        return msg
+
+    def quiet_message(self, head: str, stack: Optional[str]) -> str:
+        self.quiet_open = True
+        where = waits_in(stack)
+        msg = head + (f"; {where}" if where else "")
+        return (msg + ". Not a hang alert: the process is alive and the stall detector still watches it. Fix: "
+                "report progress (print every N items, wrap the loop or the stream in tqdm, or "
+                "tokenpulse.log(step, ...)) so the job shows what it does")
+
+    def quiet_over(self) -> bool:
+        """Progress again: the quiet warning clears (True once)."""
+        if self.quiet_open:
+            self.quiet_open = False
+            return True
+        return False
+
+
+def _ago(s: float) -> str:
+    return f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
+
+
+def _moved(old: str, new: str) -> bool:
+    """Re-send an open verdict only when its text changed beyond its numbers' noise: the first
+    numbers differ by more than a few percent, or the words changed."""
+    import re
+    num = re.compile(r"[\d,]+(?:\.\d+)?")
+    if num.sub("#", old) != num.sub("#", new):
+        return True
+    a, b = [float(x.replace(",", "") or 0) for x in num.findall(old)], [float(x.replace(",", "") or 0) for x in num.findall(new)]
+    return any(abs(x - y) > 0.1 * max(abs(x), abs(y), 1) for x, y in zip(a, b))
+
+
+LIBRARY_MARKS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+WAIT_KINDS = (  # innermost frames that say what the main thread waits for
+    (("socket.py", "ssl.py", "http/client.py", "urllib3", "requests"), "a socket (a network read)"),
+    (("selectors.py", "select"), "select() on its sockets or pipes"),
+    (("threading.py", "queue.py"), "a lock or a queue (another thread)"),
+    (("multiprocessing/connection.py", "multiprocessing/queues.py"), "a worker process's pipe"),
+    (("dataloader.py",), "the DataLoader's next batch"),
+    (("datasets/iterable_dataset.py", "datasets/", "fsspec", "huggingface_hub"), "the dataset stream's fetch"),
+)
+
+
+def _frames(stack: str) -> list[str]:
+    """The main thread's frames, innermost first, from a py-spy or faulthandler dump."""
+    lines = stack.splitlines()
+    out, on = [], False
+    for line in lines:
+        s = line.strip()
+        if (line.startswith("Thread ") and ("MainThread" in line or not out)) or line.startswith("Current thread "):
+            if out:
+                break
+            on = True
+            continue
+        if on:
+            if not s or line.startswith(("Thread ", "Process ")):
+                if out:
+                    break
+                continue
+            if s.startswith("File "):  # faulthandler: File "path", line N in func
+                try:
+                    path, rest = s.split('"')[1], s.split('"', 2)[2]
+                    s = f"{rest.split(' in ', 1)[1]} ({path}:{rest.split('line ')[1].split()[0]})"
+                except IndexError:
+                    pass
+            out.append(s)
+    return out
+
+
+def waits_in(stack: Optional[str]) -> Optional[str]:
+    """'the main thread waits in <frame>, <what it is>, called from <the script's own frame>'."""
+    if not stack:
+        return None
+    frames = _frames(stack)
+    if not frames:
+        return None
+    inner = frames[0]
+    own = next((f for f in frames if not any(m in f for m in LIBRARY_MARKS)), None)
+    what = next((label for marks, label in WAIT_KINDS if any(m in inner for m in marks)), None)
+    if what is None and own is not None and own != inner:
+        what = next((label for marks, label in WAIT_KINDS if any(m in f for f in frames[:frames.index(own)]
+                                                                 for m in marks)), None)
+    msg = f"the main thread waits in {inner}"
+    if what:
+        msg += f": {what}"
+    if own and own != inner:
+        msg += f", called from the script's {own}"
+    elif own:
+        msg += " (the script's own code)"
+    return msg + ": it is working or waiting on its input, not hung"
