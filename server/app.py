@@ -18,6 +18,7 @@ from server import auth, errors, prometheus, storage_errors
 from server.agent_channel import AgentWrites
 from server.api import agent_ws, agents, alerts, datasets, external, jobs, tokens, ws
 from server.api import ranks as ranks_api
+from server.api import preflight as preflight_api
 from server.db import Database, upgrade_to_head
 from server.context import App, AppDep
 from server.hub import Hub
@@ -110,7 +111,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     # to about a third (710 KB -> 271 KB for 1,500 steps), pages and scripts likewise.
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=5)
 
-    for r in (external.router, jobs.router, ranks_api.router, agents.router, agent_ws.router, alerts.router,
+    for r in (external.router, jobs.router, ranks_api.router, preflight_api.router, agents.router, agent_ws.router, alerts.router,
               datasets.router, tokens.router, ws.router):
         app.include_router(r)
 

@@ -91,7 +91,7 @@ async def run_analysis(spec: JobSpec, settings, timeout: float) -> dict:
 
 
 async def analysis(spec: JobSpec, settings, pool: Optional[AnalysisPool] = None,
-                   who=None) -> tuple[Optional[dict], str]:
+                   who=None, wait_s: Optional[float] = None) -> tuple[Optional[dict], str]:
     """(the analysis or None, how it went: cached | done | pending | failed | busy). The child runs
     in the app's bounded pool (server/analysis_pool.py): a caller over their share, or a full
     queue, gets no analysis this time (busy), never an unbounded pile of children."""
@@ -119,7 +119,7 @@ async def analysis(spec: JobSpec, settings, pool: Optional[AnalysisPool] = None,
         task = _running[key] = asyncio.create_task(go())
     try:
         # shield: a submit that stops waiting leaves the analysis running, for the next submit
-        res = await asyncio.wait_for(asyncio.shield(task), settings.preflight_wait_s)
+        res = await asyncio.wait_for(asyncio.shield(task), settings.preflight_wait_s if wait_s is None else wait_s)
     except asyncio.TimeoutError:
         return None, "pending"
     return res, "busy" if res.get("busy") else "failed" if "error" in res else "done"
@@ -137,8 +137,11 @@ def measured_before(s, spec: JobSpec) -> Optional[tuple[int, dict]]:
     return None
 
 
-async def preflight(spec: JobSpec, settings, db, pool: Optional[AnalysisPool] = None, who=None) -> dict:
-    """{"warnings": [...], "preflight": {"analysis": ..., "seconds": ...}} for a validated spec."""
+async def preflight(spec: JobSpec, settings, db, pool: Optional[AnalysisPool] = None, who=None,
+                    wait_s: Optional[float] = None) -> dict:
+    """{"warnings": [...], "preflight": {"analysis": ..., "seconds": ...}} for a validated spec.
+    wait_s: how long to wait for the data analysis (default: the submit's preflight_wait_s); the job
+    page's and the form's later ask (GET /api/jobs/{id}/preflight) waits longer for a pending one."""
     t0 = time.monotonic()
     warnings = spec_warnings(spec)
     state = "not needed"
@@ -149,8 +152,8 @@ async def preflight(spec: JobSpec, settings, db, pool: Optional[AnalysisPool] = 
         seen = await asyncio.to_thread(look)
         if seen is not None:
             warnings += batch_size_warnings(spec, seen[1], seen[0])
-    if needs_analysis(spec) and settings.preflight_wait_s > 0:
-        res, state = await analysis(spec, settings, pool, who)
+    if needs_analysis(spec) and (settings.preflight_wait_s > 0 or wait_s):
+        res, state = await analysis(spec, settings, pool, who, wait_s)
         if res is not None and "error" not in res:
             # the analysis's own rules (tokenpulse.preflight.analysis_warnings), minus the spec's we have
             warnings += [w for w in res.get("warnings", []) if w["kind"] != "streaming_epochs"]

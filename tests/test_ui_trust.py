@@ -254,3 +254,30 @@ def test_zz_server_gone_banner_with_the_time_of_the_last_data(srv, d, jobs):
     shot(d, "trust-offline-banner")
     srv.start()
     until(d, 60, lambda d: not d.find_element(By.ID, "offline-banner").is_displayed(), "the banner stays after the server is back")
+
+
+def test_pending_data_check_keeps_the_form_until_its_warnings_come(server_factory, d):
+    """Item 8: a submit whose data analysis outlasts the server's wait answers "pending"; the form
+    stays, says it is checking the data, and shows the truncation warning when the analysis is done
+    (GET /api/jobs/{id}/preflight), instead of going to the job page and losing it."""
+    s = server_factory(preflight_wait_s=0.01)
+    login(d, s)
+    d.get(s.url + "/submit")
+    until(d, 20, lambda d: d.find_element(By.ID, "submit").is_enabled(), "no submit form")
+    box = d.find_element(By.NAME, "max_seq_length")
+    box.clear()
+    box.send_keys("16")
+    d.find_element(By.NAME, "name").send_keys("short rows")
+    d.find_element(By.ID, "submit").click()
+    until(d, 20, lambda d: "checking your data" in text(d, "#submit-warnings"), "no 'checking your data'")
+    assert "/submit" in d.current_url
+    shot(d, "trust-submit-checking-data")
+    until(d, 180, lambda d: "max_seq_length" in text(d, "#submit-warnings ul.warnings"), "the pending analysis' warning never shown")
+    assert "/submit" in d.current_url and "would be cut" in text(d, "#submit-warnings")
+    shot(d, "trust-submit-pending-warnings")
+    with s.client() as c:
+        jid = c.get("/api/jobs", params={"q": "short rows"}).json()["jobs"][0]["id"]
+        again = c.get(f"/api/jobs/{jid}/preflight", params={"wait_s": 0}).json()
+        assert again["preflight"]["analysis"] == "cached" and [w["kind"] for w in again["warnings"]] == ["truncation"]
+        assert c.get("/api/jobs/99999/preflight").status_code == 404
+        assert c.get(f"/api/jobs/{jid}/preflight", params={"wait_s": -1}).status_code == 422

@@ -47,9 +47,35 @@
       const j = await TP.api("/api/jobs", { method: "POST", body: spec() });
       // Queued with warnings: we stay here to show them, and the button stays off (a second click
       // would queue a duplicate) until a setting is changed for a new job.
-      if (j.warnings && j.warnings.length) { showWarnings(j); submitted(j); } else location.href = `/jobs/${j.id}`;
+      if (j.preflight && j.preflight.analysis === "pending") { submitted(j); await checkingData(j); }
+      else if (j.warnings && j.warnings.length) { showWarnings(j); submitted(j); } else location.href = `/jobs/${j.id}`;
     } catch (e) { showError(e); btn.disabled = false; }
   });
+  // The data analysis outlasted the submit's wait: the job is queued; stay here saying so, and show
+  // the warnings when the analysis is done (or go to the job if there are none), never drop them.
+  async function checkingData(j) {
+    const box = $("submit-warnings"), t0 = Date.now();
+    const status = TP.el("span", { id: "checking-data", text: "checking your data…" });
+    box.hidden = false;
+    box.replaceChildren(TP.el("p", {}, `Job #${j.id} is queued and runs as asked; `, status, " ",
+      TP.el("a", { href: `/jobs/${j.id}`, id: "open-job", text: `open job #${j.id} now` })));
+    const tick = setInterval(() => { status.textContent = `checking your data… ${Math.round((Date.now() - t0) / 1000)} s`; }, 1000);
+    try {
+      for (let i = 0; i < 5; i++) {
+        const p = await TP.api(`/api/jobs/${j.id}/preflight?wait_s=60`);
+        if (p.preflight.analysis === "pending") continue;
+        const warnings = [...(j.warnings || [])];
+        for (const w of p.warnings) if (!warnings.some((x) => x.kind === w.kind && x.field === w.field)) warnings.push(w);
+        if (warnings.length) { showWarnings({ ...j, warnings }); return; }
+        if (p.preflight.analysis === "failed" || p.preflight.analysis === "busy") {
+          status.textContent = `the data check could not run (${p.preflight.analysis}); the worker checks again at start.`; return;
+        }
+        location.href = `/jobs/${j.id}`; return;
+      }
+      status.textContent = "the data check is still running; its warnings will appear on the job page as alerts.";
+    } catch (e) { status.textContent = `the data check failed: ${e.message}`; }
+    finally { clearInterval(tick); }
+  }
   function submitted(j) {
     const btn = $("submit");
     btn.disabled = true; btn.textContent = `Queued as #${j.id}`;
