@@ -14,6 +14,7 @@ import time
 
 from conftest import wait_for
 from test_detection import Receiver
+from test_ui import browser  # noqa: F401 (a fixture: headless Chromium)
 from worker.agent.headline import folded, gang_headline, stall_headline
 from worker.agent.hysteresis import Latch
 from worker.agent.ranks import RankBoard
@@ -198,3 +199,37 @@ def test_a_real_job_whose_alert_flaps_is_one_alert_row_and_one_open_one_clear(se
         assert got == [("queue", "open"), ("queue", "cleared")], rx.bodies
     finally:
         rx.close()
+
+
+# ---- the job page: the headline, the fold, the user's frames marked ---------------------------------
+
+def test_the_job_page_shows_the_headline_folds_the_rest_and_marks_the_users_frames(server_factory, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from test_ui import shot, until
+    from test_ui_job import FakeRun
+    run = FakeRun(server_factory, browser, tmp_path, "stall-headline")
+    d = run.d
+    stack = ("py-spy dump of pid 4242 (rank 1)\n" + dump(
+        4242, "wait (/usr/lib/python3.11/threading.py:320)", "get (/usr/lib/python3.11/queue.py:171)",
+        "read_shard (/home/u/proj/train.py:41)", "__next__ (/home/u/proj/train.py:60)",
+        f"_next_data ({SITE}/torch/utils/data/dataloader.py:675)", "main (/home/u/proj/train.py:80)"))
+    head = "Stuck 2 min in read_shard (train.py:41), rank 1; rank 0 waits in all_reduce"
+    message = folded(head, "stalled: no progress in 'training' at 14/100 steps for 125 s (timeout 30 s: 10 x this "
+                     "phase's typical progress interval of 3.00 s, within [30, 1800] s); the process is alive (its "
+                     "alive thread still reports) but its work does not move; rank 1 (h, pid 4242) at wait "
+                     "(/usr/lib/python3.11/threading.py:320); rank 0 (h, pid 4241) waiting in all_reduce", stack)
+    run.post([("alert", {"kind": "stalled", "severity": "critical", "message": message, "stack": stack}, time.time())])
+    until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts-live .alert-headline"), "the stall alert")
+    box = d.find_element(By.CSS_SELECTOR, "#alerts-live .alert")
+    assert box.find_element(By.CSS_SELECTOR, ".alert-headline").text == head
+    fold = box.find_element(By.CSS_SELECTOR, "details.alert-more")
+    assert fold.get_attribute("open") is None  # the arithmetic is folded under the headline
+    fold.find_element(By.TAG_NAME, "summary").click()
+    box.find_elements(By.CSS_SELECTOR, "details")[1].find_element(By.TAG_NAME, "summary").click()
+    own = [e.text.strip() for e in box.find_elements(By.CSS_SELECTOR, "pre.stack .frame-own")]
+    lib = [e.text for e in box.find_elements(By.CSS_SELECTOR, "pre.stack .frame-lib")]
+    assert own == ["read_shard (/home/u/proj/train.py:41)", "__next__ (/home/u/proj/train.py:60)",
+                   "main (/home/u/proj/train.py:80)"], own
+    assert len(lib) == 3 and any("dataloader.py" in x for x in lib), lib
+    d.execute_script("arguments[0].scrollIntoView(); window.scrollBy(0, -70)", box)  # below the sticky header
+    shot(d, "job-stall-headline")
