@@ -1,0 +1,127 @@
+"""Issue 26: the five classic "my training hangs" scripts (bench/postmortems/), each run unchanged as
+a command job through a real server and agent at tiny size, get a verdict naming the cause and the
+fix in the script's own terms within their first steps; a fixed version gets none. The full-size
+table is bench/postmortems.py."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, make_server
+
+sys.path.insert(0, str(ROOT / "bench" / "postmortems"))
+import cases  # noqa: E402
+import materials  # noqa: E402
+
+from worker.agent.advice import Advisor, waits_in  # noqa: E402
+from worker.agent.stall import StallConfig  # noqa: E402
+
+DEMO = ROOT / "tokenpulse" / "demo" / "demo.jsonl"
+
+
+@pytest.fixture(scope="module")
+def pm(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("postmortems")
+    model = materials.build_model(tmp / "model", hidden=32, layers=1)
+    data = {"short": materials.short_texts(tmp / "short.jsonl", 200, source=DEMO),
+            "c": materials.long_texts(tmp / "c.jsonl", 64, 60, 250, source=DEMO),
+            "d": materials.long_texts(tmp / "d.jsonl", 64, 100, 350, source=DEMO)}
+    srv = make_server(tmp / "srv").start()
+    srv.start_agent("pm", "--allow-commands")
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp / "hf-datasets"), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    yield tmp, model, data, srv, env
+    for a in srv.agents:
+        a.terminate()
+        a.wait(30)
+    srv.kill()
+
+
+def run_case(pm, key: str, args: list, stall: dict | None = None, fixed: bool = False, timeout: float = 180):
+    tmp, model, data, srv, env = pm
+    out = tmp / f"out-{key}-{int(fixed)}"
+    with srv.client() as c:
+        job = cases.submit(c, key, ["--model", str(model), *args] + ([] if key == "e" else ["--out", str(out)]),
+                           tmp, env, stall or {}, fixed)
+        got = cases.wait_verdict(c, key, job, timeout) if not fixed else None
+        if fixed:
+            srv.wait_job(job, timeout=timeout)
+            got = {"alerts": cases.alerts(c, job), "state": c.get(f"/api/jobs/{job}").json()["state"]}
+        else:
+            c.post(f"/api/jobs/{job}/cancel")
+            srv.wait_job(job, timeout=60)
+    return got
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def test_a_padding_to_max_length_names_the_tokenize_call_and_the_length_that_fits(pm):
+    got = run_case(pm, "a", ["--data", str(pm[2]["short"]), "--max-length", "256", "--max-steps", "200"])
+    assert got["all_kinds"] and got["cause"] and got["fix"], got
+    assert "a_padding.py:" in got["text"] and got["step"] <= 5, got
+
+
+def test_a_fixed_raises_no_verdict(pm):
+    got = run_case(pm, "a", ["--data", str(pm[2]["short"]), "--max-length", "256", "--max-steps", "8"], fixed=True)
+    assert got["state"] == "completed" and got["alerts"] == [], got
+
+
+def test_b_a_crawling_packed_trl_step_names_batch_and_workers(pm):
+    got = run_case(pm, "b", ["--data", str(pm[2]["short"]), "--max-length", "256", "--batch", "8",
+                             "--workers", str(cores() + 2), "--max-steps", "200"], stall={"slow_step_s": 0.2})
+    assert got["all_kinds"] and got["cause"] and got["fix"], got
+    assert f"dataloader_num_workers={cores()}" in got["text"] and "per_device_train_batch_size=2" in got["text"], got
+
+
+def test_c_padding_to_2048_names_the_length_and_the_data_share(pm):
+    got = run_case(pm, "c", ["--data", str(pm[2]["c"]), "--max-length", "512", "--max-steps", "200"])
+    assert got["all_kinds"] and got["cause"] and got["fix"], got
+
+
+def test_d_truncation_is_counted_exactly_with_the_measure_command(pm):
+    got = run_case(pm, "d", ["--data", str(pm[2]["d"]), "--max-length", "256", "--max-steps", "200"])
+    assert got["all_kinds"] and got["cause"] and got["fix"], got
+    from transformers import AutoTokenizer
+    import json
+    tok = AutoTokenizer.from_pretrained(str(pm[1]))
+    lens = [len(tok(json.loads(x)["text"] + tok.eos_token)["input_ids"]) for x in pm[2]["d"].read_text().splitlines()]
+    assert f"{sum(n > 256 for n in lens)} of {len(lens)} examples" in got["text"], got
+
+
+def test_e_a_silent_stream_is_quiet_not_hung_and_names_the_fetch(pm):
+    got = run_case(pm, "e", ["--data", str(DEMO), "--chunk", "1024", "--latency", "0.25", "--steps", "2"],
+                   stall={"quiet_s": 3})
+    assert got["all_kinds"] and got["cause"] and got["fix"], got
+
+
+# ---- the rules alone (pure logic) -------------------------------------------------------------
+
+def test_rows_at_exactly_the_max_length_unpadded_count_as_likely_truncated():
+    adv = Advisor(StallConfig())
+    adv.observe("info", {"script": {"args": {"max_length": 512}, "batches": {
+        "count": 4, "rows": {"n": 32, "p50": 300, "p90": 512, "max": 512, "mean": 320},
+        "widths": {"p50": 512, "max": 512, "mean": 512}, "packed": False, "full_at": {"512": 8}}}}, 0)
+    v = adv.verdicts()
+    assert "8 of the first 32 rows (25%) arrive at exactly max_length=512 with no padding" in v["truncation"], v
+
+
+def test_placement_and_precision_name_the_training_argument():
+    adv = Advisor(StallConfig(), gpu="H100", gpu_bf16=True)
+    adv.observe("info", {"script": {"args": {"use_cpu": True, "device": "cpu"}, "batches": {"count": 1}}}, 0)
+    assert "drop use_cpu=True" in adv.verdicts()["placement"]
+    adv.observe("info", {"script": {"args": {"device": "cuda:0", "dtype": "float32", "bf16": False},
+                                    "batches": {"count": 1}}}, 0)
+    assert "bf16=True in TrainingArguments" in adv.verdicts()["precision"]
+
+
+def test_waits_in_names_the_socket_and_the_scripts_own_frame():
+    stack = ('Thread 7 (idle): "MainThread"\n    readinto (/usr/lib/python3.11/socket.py:706)\n'
+             '    _read (/x/site-packages/urllib3/response.py:800)\n    next_rows (/home/u/train.py:41)\n'
+             '    <module> (/home/u/train.py:60)\n')
+    w = waits_in(stack)
+    assert "readinto" in w and "a socket" in w and "next_rows (/home/u/train.py:41)" in w, w
