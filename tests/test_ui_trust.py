@@ -281,3 +281,27 @@ def test_pending_data_check_keeps_the_form_until_its_warnings_come(server_factor
         assert again["preflight"]["analysis"] == "cached" and [w["kind"] for w in again["warnings"]] == ["truncation"]
         assert c.get("/api/jobs/99999/preflight").status_code == 404
         assert c.get(f"/api/jobs/{jid}/preflight", params={"wait_s": -1}).status_code == 422
+
+
+def test_eval_prompts_one_box_each_and_clone_keeps_a_multiline_prompt_whole(srv, d, jobs):
+    """Item 9: a prompt may span lines in the browser (one box per prompt), and cloning an
+    API-submitted "Q: ...?\\nA:" prompt keeps it one prompt."""
+    want = ["Q: what is 2+2?\nA:", "Once upon a time"]
+    with srv.client() as c:
+        src = c.post("/api/jobs", json={"name": "prompted", "max_steps": 5, "eval_fraction": 0.1, "eval_prompts": want}).json()["id"]
+    d.get(f"{srv.url}/submit?clone={src}")
+    until(d, 20, lambda d: d.find_element(By.ID, "clone-note").is_displayed(), "not cloned")
+    boxes = d.find_elements(By.CSS_SELECTOR, "textarea[name=eval_prompts]")
+    assert [b.get_attribute("value") for b in boxes] == want, [b.get_attribute("value") for b in boxes]
+    assert d.find_element(By.ID, "details-eval").get_attribute("open") is not None  # a set prompt opens its group
+    add = d.find_element(By.CSS_SELECTOR, ".add-prompt")
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", add)  # not under the sticky actions bar
+    add.click()
+    third = d.find_elements(By.CSS_SELECTOR, "textarea[name=eval_prompts]")[2]
+    third.send_keys("Translate:\nhello ->")
+    shot(d, "trust-submit-prompts", full=True)
+    d.find_element(By.ID, "submit").click()
+    until(d, 20, lambda d: "/jobs/" in d.current_url, "the clone was not submitted")
+    with srv.client() as c:
+        spec = c.get(f"/api/jobs/{d.current_url.rsplit('/', 1)[1]}").json()["spec"]
+    assert spec["eval_prompts"] == want + ["Translate:\nhello ->"], spec["eval_prompts"]

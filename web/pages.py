@@ -164,7 +164,7 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("eval_every", "Evaluate every (steps)", "int", "Eval loss and perplexity every N steps; always at the end when evaluating."),
         ("eval_every_min", "… or every (minutes)", "float", "Evaluate every N minutes of training."),
         ("eval_max_examples", "Eval examples (at most)", "int", "Evaluate on at most this many examples (a fixed random choice)."),
-        ("eval_prompts", "Eval prompts", "lines", "One prompt per line (at most 8): greedy generations at each eval, shown on the job page."),
+        ("eval_prompts", "Eval prompts", "lines", "One box per prompt (at most 8; a prompt may span several lines): greedy generations at each eval, shown on the job page."),
         ("eval_max_new_tokens", "Tokens per generation", "int", "New tokens generated for each eval prompt (at most 256)."),
         ("test_run", "Quick test run first", "bool", "Before the full run: load, tokenize a sample, train a few steps, eval, checkpoint, resume, save and reload; a failing check fails the job at once."),
     ]),

@@ -25,7 +25,7 @@
       if (kind === "int" || kind === "float") setPath(s, el.name, isFinite(Number(v)) ? Number(v) : v);
       else if (kind === "auto-int") setPath(s, el.name, v === "auto" ? "auto" : isFinite(Number(v)) ? Number(v) : v);
       else if (kind === "list") setPath(s, el.name, v.split(",").map((x) => x.trim()).filter(Boolean));
-      else if (kind === "lines") setPath(s, el.name, v.split("\n").map((x) => x.trim()).filter(Boolean)); // eval prompts may hold commas
+      else if (kind === "prompt") { const all = prompts(el.name).map((x) => x.value).filter((x) => x.trim()); if (all.length) setPath(s, el.name, all); }
       else setPath(s, el.name, v);
     }
     const extra = $("f-extra").value.trim();
@@ -37,7 +37,32 @@
     return s;
   }
 
-  const { clear: clearErrors, show: showError } = TP.formErrors(form, errBox, (f) => form.elements[f]);
+  // Eval prompts: one box each, so a prompt may hold newlines (and Clone keeps "Q: ...?\nA:" whole).
+  const prompts = (name) => [...form.querySelectorAll(`textarea[data-kind="prompt"][name="${name}"]`)];
+  function setPrompts(name, values) {
+    const list = form.querySelector(`.prompt-list[data-name="${name}"]`), first = prompts(name)[0];
+    for (const x of prompts(name).slice(1)) x.closest(".prompt-row").remove();
+    first.value = values[0] || "";
+    for (const v of values.slice(1)) addPrompt(list, v);
+  }
+  function addPrompt(list, value = "") {
+    const first = list.querySelector("textarea"), n = list.querySelectorAll("textarea").length + 1;
+    if (n > 8) return null; // the API takes at most 8
+    const box = TP.el("textarea", { name: first.name, "data-kind": "prompt", rows: 2, spellcheck: "false", "aria-label": `Prompt ${n}`, id: `${first.id}-${n}` });
+    box.value = value;
+    list.append(TP.el("div", { class: "prompt-row" }, box, TP.el("button", { type: "button", class: "small ghost", text: "Remove", "aria-label": `Remove prompt ${n}`,
+      onclick: (e) => e.target.closest(".prompt-row").remove() })));
+    return box;
+  }
+  for (const b of form.querySelectorAll(".add-prompt")) b.addEventListener("click", () => {
+    const box = addPrompt($(`${b.dataset.for}-list`)); if (box) box.focus();
+  });
+  const { clear: clearErrors, show: showError } = TP.formErrors(form, errBox, (f) => {
+    const m = /^(.*)\.(\d+)$/.exec(f); // eval_prompts.2: that prompt's box
+    if (m && prompts(m[1]).length) return prompts(m[1])[Number(m[2])] || prompts(m[1])[0];
+    const x = form.elements[f];
+    return x && !x.tagName && x.length ? x[0] : x; // several boxes of one name: the first
+  });
 
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -215,7 +240,7 @@
   // ---- clone from an earlier job -----------------------------------------------------------------
   function fill(j) {
     if (j.kind === "command") return; // the Command form fills itself (submit_command.js)
-    form.reset();
+    form.reset(); for (const list of form.querySelectorAll(".prompt-list")) setPrompts(list.dataset.name, []);
     const lora = j.spec.lora;
     form.elements["lora.enabled"].checked = !!lora;
     const extra = {};
@@ -227,6 +252,7 @@
         }
         continue;
       }
+      if (prompts(k).length) { setPrompts(k, Array.isArray(v) ? v : []); continue; }
       const el = form.elements[k];
       if (!el) { if (v !== null) extra[k] = v; continue; }
       if (el.type === "checkbox") el.checked = !!v; else el.value = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(el.dataset.kind === "lines" ? "\n" : ", ") : v;
@@ -258,7 +284,7 @@
     options.replaceChildren(...d.jobs.map((j) => TP.el("option", { value: `#${j.id} ${j.name}`, text: j.state })));
   }
   function defaults() {
-    form.reset(); $("clone-note").hidden = true; $("f-extra").value = ""; pickErr.textContent = "";
+    form.reset(); for (const list of form.querySelectorAll(".prompt-list")) setPrompts(list.dataset.name, []); $("clone-note").hidden = true; $("f-extra").value = ""; pickErr.textContent = "";
     history.replaceState(null, "", "/submit");
   }
   async function pick() {
