@@ -305,3 +305,21 @@ def test_eval_prompts_one_box_each_and_clone_keeps_a_multiline_prompt_whole(srv,
     with srv.client() as c:
         spec = c.get(f"/api/jobs/{d.current_url.rsplit('/', 1)[1]}").json()["spec"]
     assert spec["eval_prompts"] == want + ["Translate:\nhello ->"], spec["eval_prompts"]
+
+
+def test_a_queued_job_says_what_it_waits_for(srv, d, jobs):
+    """Item 16: a queued job's page names its place in the queue and the job it waits behind, says
+    what the workers are doing, and shows no empty charts."""
+    with srv.client() as c:
+        first = c.post("/api/jobs", json={"name": "first in line", "max_steps": 5, "priority": 50}).json()["id"]
+        second = c.post("/api/jobs", json={"name": "second in line", "max_steps": 5, "priority": 49}).json()["id"]
+    d.get(f"{srv.url}/jobs/{second}")
+    until(d, 20, lambda d: "#2 in the queue" in text(d, "#phase-text"), "no place in the queue")
+    assert f"behind #{first} first in line" in text(d, "#phase-text"), text(d, "#phase-text")
+    assert "worker" in text(d, "#phase-text")
+    assert text(d, "#elapsed-label") == "Queued for" and "waiting" not in text(d, "#elapsed")
+    assert not [b for b in d.find_elements(By.CSS_SELECTOR, ".charts .chart-box") if b.is_displayed()], "empty charts shown"
+    shot(d, "trust-job-queued")
+    with srv.client() as c:  # out of the way of the other tests' stand-in agents
+        for j in (first, second):
+            c.post(f"/api/jobs/{j}/cancel").raise_for_status()

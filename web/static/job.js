@@ -313,7 +313,7 @@
       if (charts[id] && (charts[id].keys !== spec.keys.join(",") || charts[id].mode !== `${xMode()}|${logY()}`)) { charts[id].destroy(); delete charts[id]; }
       // A chart with nothing to show: "No points yet" while they may still come; hidden for a command
       // job (it logs what it logs) and once a job is over.
-      const idle = job && (job.kind === "command" || TP.FINAL.includes(job.state));
+      const idle = job && (job.kind === "command" || job.state === "queued" || TP.FINAL.includes(job.state));
       box.closest(".chart-box").hidden = !spec.keys.length && !!idle;
       if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
       const data = chartData(spec);
@@ -372,8 +372,11 @@
 
   function showSummary(j) {
     const wasOver = job && TP.FINAL.includes(job.state);
+    const wasQueued = !!job && job.state === "queued";
     job = { ...(job || {}), ...j };
     if (!wasOver && TP.FINAL.includes(job.state)) scheduleDraw(); // empty charts fold away once it is over
+    if (job.state === "queued" && !queueTimer) explainQueue(); else if (job.state !== "queued") { clearTimeout(queueTimer); queueTimer = null; queueText = null; }
+    if (wasQueued !== (job.state === "queued")) scheduleDraw(); // its empty charts fold away while it waits
     $("job-name").textContent = job.name || `Job ${jobId}`;
     document.title = `${job.name || "Job " + jobId} (${job.state}) · tokenpulse`;
     const st = $("job-state"); st.textContent = job.state; st.className = `badge ${job.state}`;
@@ -506,12 +509,46 @@
     if (active) hb.replaceChildren(TP.rel(job.alive_at, { hb: true, none: "none yet" }));
     else hb.replaceChildren(job.alive_at ? TP.rel(job.alive_at) : "–", job.alive_at ? TP.el("span", { class: "muted", text: ` (${job.state})` }) : "");
     const el = $("elapsed");
-    $("elapsed-label").textContent = active ? "Running for" : job.state === "queued" ? "Queued" : job.started_at ? "Ran for" : "Running for";
+    $("elapsed-label").textContent = active ? "Running for" : job.state === "queued" ? "Queued for" : job.started_at ? "Ran for" : "Running for";
     if (job.started_at) {
       const end = job.finished_at || (active ? null : job.alive_at) || Date.now() / 1000;
       el.textContent = TP.dur((job.finished_at || (active ? Date.now() / 1000 : end)) - job.started_at);
       el.title = `started ${TP.abs(job.started_at)}${job.finished_at ? `, ended ${TP.abs(job.finished_at)}` : ""}`;
-    } else { el.textContent = job.state === "queued" ? "waiting for a worker" : "–"; el.title = `submitted ${TP.abs(job.created_at)}`; }
+    } else if (job.state === "queued") { el.textContent = TP.dur(Date.now() / 1000 - job.created_at); el.title = `submitted ${TP.abs(job.created_at)}`; }
+    else { el.textContent = "–"; el.title = `submitted ${TP.abs(job.created_at)}`; }
+  }
+
+  // A queued job says what it waits for: its place in the queue (the claim's order: priority, then
+  // age), the jobs ahead of it, and what the workers are busy with. Asked again while it waits.
+  let queueTimer = null, queueText = null;
+  async function explainQueue() {
+    clearTimeout(queueTimer);
+    if (!job || job.state !== "queued") { queueText = null; return; }
+    try {
+      const [q, busy, ags] = await Promise.all([TP.api("/api/jobs?state=queued&limit=1000"),
+        TP.api("/api/jobs?state=running&state=starting&limit=100"), TP.api("/api/agents")]);
+      if (!job || job.state !== "queued") return;
+      agents = new Map(ags.map((a) => [a.id, a]));
+      const order = q.jobs.sort((a, b) => b.priority - a.priority || a.id - b.id);
+      const at = order.findIndex((x) => x.id === jobId);
+      const ahead = at > 0 ? order.slice(0, at) : [];
+      const online = ags.filter((a) => a.state === "online");
+      const parts = [`#${at >= 0 ? at + 1 : "?"} in the queue`];
+      if (ahead.length) parts.push(`behind ${ahead.slice(0, 3).map((x) => `#${x.id} ${x.name}`).join(", ")}${ahead.length > 3 ? ` and ${ahead.length - 3} more` : ""}`);
+      const working = new Set(busy.jobs.map((x) => x.agent_id));
+      const idle = online.filter((a) => !working.has(a.id));
+      if (!online.length) parts.push("no worker is online (start one: tokenpulse agent, or tokenpulse up)");
+      else if (idle.length) parts.push(`${idle.map((a) => a.name).slice(0, 3).join(", ")}${idle.length > 3 ? " and others" : ""} ${idle.length === 1 ? "is" : "are"} idle: a claim should come within seconds`);
+      else if (busy.jobs.length) {
+        const b = busy.jobs.sort((x, y) => (x.last && x.last.eta_s || 1e12) - (y.last && y.last.eta_s || 1e12))[0]; // the first to finish
+        const ag = agents.get(b.agent_id);
+        const eta = b.last && b.last.eta_s !== undefined ? `, about ${TP.dur(b.last.eta_s)} left` : "";
+        parts.push(`${online.length === 1 ? "the worker is" : `all ${online.length} workers are`} busy; the first to finish: ${ag ? ag.name : "a worker"} runs #${b.id} ${b.name}${b.step ? ` (step ${TP.num(b.step)}${b.total_steps ? "/" + TP.num(b.total_steps) : ""}${eta})` : ""}`);
+      } else parts.push(`${online.length} worker${online.length === 1 ? "" : "s"} online; it should start in a moment`);
+      queueText = `waiting: ${parts.join("; ")}`;
+      showPhase(job.phase);
+    } catch (e) { /* asked again below */ }
+    queueTimer = setTimeout(explainQueue, 5000);
   }
 
   // While a job runs the phase line is the training process's own ("tokenizing 800/1,500
@@ -519,7 +556,7 @@
   function showPhase(p) {
     const st = job && job.state;
     const ended = st && (TP.FINAL.includes(st) || st === "paused");
-    $("phase-text").textContent = st === "queued" ? "waiting for a worker" : ended ? endText(p) : TP.phaseText(p);
+    $("phase-text").textContent = st === "queued" ? queueText || (job.attempt ? `waiting for a worker (retry ${job.attempt})` : "waiting for a worker") : ended ? endText(p) : TP.phaseText(p);
     const bar = $("phase-progress");
     if (p && p.total && !ended && st !== "queued") { bar.hidden = false; bar.value = Math.min(1, (p.done || 0) / p.total); bar.title = `${Math.round(100 * bar.value)} %`; } else bar.hidden = true;
   }
