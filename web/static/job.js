@@ -538,7 +538,7 @@
       const working = new Set(busy.jobs.map((x) => x.agent_id));
       const idle = online.filter((a) => !working.has(a.id));
       if (!online.length) parts.push("no worker is online (start one: tokenpulse agent, or tokenpulse up)");
-      else if (idle.length) parts.push(`${idle.map((a) => a.name).slice(0, 3).join(", ")}${idle.length > 3 ? " and others" : ""} ${idle.length === 1 ? "is" : "are"} idle: a claim should come within seconds`);
+      else if (idle.length) parts.push(`idle worker${idle.length === 1 ? "" : "s"}: ${idle.map((a) => a.name).slice(0, 3).join(", ")}${idle.length > 3 ? " and others" : ""}; a claim should come within seconds`);
       else if (busy.jobs.length) {
         const b = busy.jobs.sort((x, y) => (x.last && x.last.eta_s || 1e12) - (y.last && y.last.eta_s || 1e12))[0]; // the first to finish
         const ag = agents.get(b.agent_id);
