@@ -17,7 +17,7 @@ from typing import Optional
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from server.models import Agent, Attempt, GangMember, Job
+from server.models import Agent, Attempt, GangMember, Job, Token
 from tokenpulse.protocol import ACTIVE_STATES, JobState
 
 
@@ -79,6 +79,16 @@ def claim(s: Session, agent: Agent, endpoint: Optional[str], timeout_s: float, t
         s.flush()
         return _settle(s, job, agent, now, timeout_s)
     return None
+
+
+def trusted_shortage(s: Session, nnodes: int) -> Optional[str]:
+    """At submit: why a multi-node job would wait, when fewer agents trusted for gangs are online."""
+    online = s.scalar(select(func.count()).select_from(Agent).join(Token, Token.id == Agent.token_id).where(
+        Agent.state == "online", Token.revoked_at.is_(None), Token.scopes.contains("gang"))) or 0
+    if online >= nnodes:
+        return None
+    return (f"waiting for {nnodes} agents trusted for multi-node jobs ({online} online): only agents whose token "
+            "an admin created with --gang join a gang")
 
 
 def _settle(s: Session, job: Job, agent: Agent, now: float, timeout_s: float):

@@ -277,7 +277,8 @@ def test_only_agents_trusted_for_gangs_join_a_multi_node_job(server_factory):
     for _ in range(3):
         assert fake.post(f"/api/agents/{fid}/claim", json={"endpoint": "127.0.0.1:29999"}).status_code == 204
     assert srv.query("SELECT count(*) FROM gang_members")[0][0] == 0
-    assert admin.get(f"/api/jobs/{jid}").json()["state"] == "queued"
+    job = admin.get(f"/api/jobs/{jid}").json()
+    assert job["state"] == "queued" and "agents trusted for multi-node jobs (0 online)" in job["reason"], job
 
     # two trusted agents (the first start's token has the gang right) form the gang and train
     for name in ("g1", "g2"):

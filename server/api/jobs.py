@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, or_, select
 
-from server import store
+from server import gang, store
 from server.errors import error_list, unprocessable
 from server.hub import job_frames
 from server.context import AppDep
@@ -56,6 +56,8 @@ async def submit(tp, spec, caller, parent_id: Optional[int] = None) -> dict:
 
     def create(s):
         job = store.create_job(s, spec, parent_id, owner=caller.principal_id)
+        if job.nnodes > 1:
+            job.reason = gang.trusted_shortage(s, job.nnodes)
         return job_detail(job, [])
     detail = await tp.db.write(create)
     tp.hub.publish("jobs", job_frame({k: v for k, v in detail.items() if k not in ("spec", "info")}),
