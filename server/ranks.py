@@ -55,6 +55,10 @@ def settle(s: Session, job: Job, state: str, exits: Optional[dict[int, str]] = N
                 row.exit = "lost with its agent"
             else:
                 row.exit = state if state in ("completed", "paused") else "stopped by gang"
+        # A job that completed ran every step on every rank; the rows hold each rank's last heartbeat,
+        # a step or two short (297 and 298 of 300): the table ends where the job did.
+        if state == "completed" and job.step is not None and (row.step is None or row.step < job.step):
+            row.step = job.step
 
 
 def gang_agents(s: Session, job: Job) -> set[int]:

@@ -323,3 +323,38 @@ def test_a_queued_job_says_what_it_waits_for(srv, d, jobs):
     with srv.client() as c:  # out of the way of the other tests' stand-in agents
         for j in (first, second):
             c.post(f"/api/jobs/{j}/cancel").raise_for_status()
+
+
+def test_rank_table_keeps_up_ticks_explains_and_ends_where_the_job_did(srv, d, jobs):
+    """Item 5: rank 0's step follows the header (its metrics come before the heartbeat's row); the
+    last-progress ages tick; "own work" is explained on the page; a completed job's ranks end at its
+    last step (not 297 and 298 of 300); on a phone every column is readable."""
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={"name": "two ranks", "max_steps": 300, "nproc_per_node": 2, "priority": 90}).json()["id"]
+    a = StandIn(srv, "box-ranks")
+    assert a.claim() == jid
+    now = time.time()
+    a.http.post(f"/api/agents/{a.id}/heartbeat", json={"jobs": {str(jid): now}, "ranks": {str(jid): [
+        {"rank": r, "host": "box", "pid": 100 + r, "device": "cpu", "step": 120 - r, "step_time_s": 0.5, "busy_s": 0.3 + r / 10,
+         "rss_mb": 500, "alive_at": now, "progress_at": now - 3} for r in (0, 1)]}}).raise_for_status()
+    a.send(jid, ("phase", {"name": "training", "done": 125, "total": 300, "unit": "steps"}),
+           ("metrics", {"step": 125, "values": {"loss": 1.0}}))
+    d.get(f"{srv.url}/jobs/{jid}")
+    until(d, 20, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")) == 2, "no rank rows")
+    cells = lambda: [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")]  # noqa: E731
+    until(d, 10, lambda d: cells()[0][4] == "125", "rank 0 lags the header")
+    assert text(d, "#step").startswith("125")
+    age = cells()[0][7]
+    until(d, 10, lambda d: cells()[0][7] != age, "the last-progress age does not tick")
+    assert "own work" in text(d, "#ranks .help") and "Own work" in text(d, "#ranks thead")
+    d.set_window_size(390, 844)
+    d.execute_script("document.getElementById('ranks').scrollIntoView()")
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+    assert d.execute_script("return [...document.querySelectorAll('#ranks-body tr:first-child td')].every((td) => td.getBoundingClientRect().right <= window.innerWidth + 1)")
+    shot(d, "trust-ranks-phone")
+    d.set_window_size(1280, 800)
+    a.send(jid, ("phase", {"name": "training", "done": 300, "total": 300, "unit": "steps"}),
+           ("state", {"state": "completed", "reason": "done", "ranks": {"0": "exited with code 0", "1": "exited with code 0"}}))
+    until(d, 20, lambda d: [r[4] for r in cells()] == ["300", "300"], "a completed job's ranks end short")
+    d.execute_script("document.getElementById('ranks').scrollIntoView()")
+    shot(d, "trust-ranks-ended")
