@@ -358,3 +358,36 @@ def test_rank_table_keeps_up_ticks_explains_and_ends_where_the_job_did(srv, d, j
     until(d, 20, lambda d: [r[4] for r in cells()] == ["300", "300"], "a completed job's ranks end short")
     d.execute_script("document.getElementById('ranks').scrollIntoView()")
     shot(d, "trust-ranks-ended")
+
+
+def test_generations_as_a_prompt_by_step_table_and_a_long_summary_stays_in_its_panel(srv, d, jobs):
+    """Item 18: generations are a prompt x step table right under the charts (not far down a side
+    column); a continuation that starts with a newline shows where the prompt ends; a trainer's long
+    summary JSON wraps inside its panel."""
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={"name": "generating", "max_steps": 20, "priority": 95}).json()["id"]
+    a = StandIn(srv, "box-gen")
+    assert a.claim() == jid
+    gens = lambda s: [{"prompt": "Q: 2+2?\nA:", "output": f" {s // 10 + 2}"}, {"prompt": "Once upon", "output": f"\na time {s}"}]  # noqa: E731
+    a.send(jid, *[("metrics", {"step": s, "values": {"loss": 3 - s / 10, "eval/loss": 3.1 - s / 10}}) for s in (10, 20)],
+           *[("info", {"eval_step": s, "eval_generations": gens(s)}) for s in (10, 20)],
+           ("info", {"train_summary": {f"metric_{i}_with_a_long_name": 123456.789 * i for i in range(40)}}))
+    d.get(f"{srv.url}/jobs/{jid}")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#generations .gen-table tbody tr"), "no generations table")
+    heads = [th.text for th in d.find_elements(By.CSS_SELECTOR, "#generations thead th")]
+    assert heads == ["Prompt", "step 20", "step 10"], heads
+    assert len(d.find_elements(By.CSS_SELECTOR, "#generations tbody tr")) == 2
+    assert len(d.find_elements(By.CSS_SELECTOR, "#generations .gen-nl")) == 2  # "\na time": the new line is marked
+    gen_top, log_top = d.execute_script("return [document.getElementById('generations').getBoundingClientRect().top, "
+                                        "document.getElementById('log').getBoundingClientRect().top]")
+    assert gen_top < log_top, (gen_top, log_top)
+    until(d, 10, lambda d: "train summary" in text(d, "#info"), "no summary among the choices")
+    assert d.execute_script("const i = document.getElementById('info'); return i.scrollWidth <= i.clientWidth + 1")
+    shot(d, "trust-generations", full=True)
+    d.set_window_size(390, 844)
+    d.refresh()
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#generations .gen-table"), "phone: no generations")
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+    d.execute_script("document.getElementById('generations').scrollIntoView()")
+    shot(d, "trust-generations-phone")
+    d.set_window_size(1280, 800)

@@ -659,15 +659,27 @@
     box.replaceChildren(TP.el("ul", { class: "choices" }, ...rows));
     showGenerations();
   }
-  // The eval prompts' greedy generations, newest eval first (each info event with eval_generations).
+  // The eval prompts' greedy generations as a prompt x step table, newest eval first, full width
+  // under the charts (beside the eval curve, not 2,800 px down a side column). Each cell shows where
+  // the prompt ends and the continuation begins, also when the continuation starts with a newline.
   function showGenerations() {
-    const evs = infoEvents.filter((e) => Array.isArray(e.data.eval_generations));
+    const evs = infoEvents.filter((e) => Array.isArray(e.data.eval_generations)).slice(-5).reverse();
     const box = $("generations");
     box.hidden = !evs.length;
     if (!evs.length) return;
-    $("generations-list").replaceChildren(...evs.slice(-5).reverse().map((e) => TP.el("div", { class: "gen-eval" },
-      TP.el("span", { class: "label", text: `step ${TP.num(e.data.eval_step)}` }),
-      ...e.data.eval_generations.map((g) => TP.el("p", { class: "gen" }, TP.el("code", { text: g.prompt }), TP.el("span", { text: ` → ${g.output || "(nothing)"}` }))))));
+    const prompts = [];
+    for (const e of evs) for (const g of e.data.eval_generations) if (!prompts.includes(g.prompt)) prompts.push(g.prompt);
+    const cell = (prompt, out) => {
+      if (out === undefined) return TP.el("td", { class: "muted", text: "–" });
+      const nl = /^\r?\n/.test(out || "");
+      return TP.el("td", { class: "gen" }, TP.el("span", { class: "gen-prompt", text: prompt }),
+        nl ? TP.el("span", { class: "gen-nl", title: "the continuation starts on a new line", text: "⏎" }) : "",
+        TP.el("span", { class: "gen-out", text: out ? out : " (nothing)" }));
+    };
+    $("generations-list").replaceChildren(TP.el("table", { class: "small gen-table" },
+      TP.el("thead", {}, TP.el("tr", {}, TP.el("th", { text: "Prompt" }), ...evs.map((e) => TP.el("th", { text: `step ${TP.num(e.data.eval_step)}` })))),
+      TP.el("tbody", {}, ...prompts.map((p) => TP.el("tr", {}, TP.el("th", { scope: "row", class: "gen-prompt-head", text: p }),
+        ...evs.map((e) => { const g = e.data.eval_generations.find((x) => x.prompt === p); return cell(p, g ? g.output || "" : undefined); }))))));
   }
   // A command job: what runs where, with which settings; secrets by name only (the server never has them).
   function showCommand(s) {
