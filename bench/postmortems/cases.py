@@ -30,8 +30,8 @@ class Case:
 CAUSES = {
     "a": ("padding", 'padding="max_length"', "a_padding.py:"),
     "b": ("each optimizer step takes", "workers on"),
-    "c": ("padding", "max_length=2048", "data loading is"),
-    "d": ("truncation", "are cut", "max_length=1024"),
+    "c": ("padding", "padding=\"max_length\"", "data loading is"),
+    "d": ("truncation", "are cut", "max_length="),
     "e": ("no progress reported since 'loading model' finished", "the main thread waits in fetch_records"),
 }
 FIXES = {
@@ -78,11 +78,12 @@ def judged(c, key: str, job_id: int) -> dict:
 
 
 def wait_verdict(c, key: str, job_id: int, timeout: float) -> dict:
-    """Until every kind the case needs has an alert, or the job ends, or the timeout."""
+    """Until every kind the case needs has an alert naming the cause, or the job ends, or the timeout
+    (an earlier alert of the kind, e.g. a quiet start before the model loaded, is not the verdict)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         got = judged(c, key, job_id)
-        if got["all_kinds"] or got["state"] in ("completed", "failed", "cancelled"):
+        if (got["all_kinds"] and got["cause"]) or got["state"] in ("completed", "failed", "cancelled"):
             return got
         time.sleep(1)
     return judged(c, key, job_id)
