@@ -587,7 +587,9 @@
     if (job) showNumbers(job.last || {});
     // The first line is the headline a person reads at a glance; the arithmetic and frames fold under it.
     const [headline, ...more] = (a.message || "").split("\n");
-    const rest = more.join("\n").trim();
+    // A verdict's fix (a line "Fix: ...", worker/agent/advice.py) stays in view under the headline.
+    const fixes = more.filter((l) => l.startsWith("Fix: "));
+    const rest = more.filter((l) => !l.startsWith("Fix: ")).join("\n").trim();
     const ack = a.state === "open" ? TP.el("button", { type: "button", class: "small ghost", text: "Acknowledge", onclick: async (e) => {
       e.target.disabled = true;
       try { showAlert(await TP.api(`/api/alerts/${a.id}/ack`, { method: "POST" })); } catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
@@ -597,6 +599,7 @@
         TP.el("span", { class: `sev ${a.severity}`, text: a.severity }), TP.el("strong", { text: ` ${a.kind}` }),
         TP.el("span", { class: "muted", text: ` · ${a.state}` }), " · ", TP.rel(a.updated_at || a.created_at), TP.el("span", { class: "spacer" }), ack),
       TP.el("div", { class: "alert-msg alert-headline", text: headline }),
+      ...fixes.map((f) => TP.el("div", { class: "alert-msg alert-fix", text: f })),
       rest ? TP.el("details", { class: "alert-more" }, TP.el("summary", { text: "Details" }), TP.el("div", { class: "alert-msg", text: rest })) : "",
       a.stack ? TP.el("details", {}, TP.el("summary", { text: `Stack dump (${a.stack.split("\n").length} lines; your code marked)` }), stackPre(a.stack)) : "");
   }

@@ -183,13 +183,13 @@ class Advisor:
             msg = (f"padding: {frac:.0%} of every batch is pad tokens: the tokenizer call at {where} pads every "
                    f"example to max_length={site.get('max_length')} (padding=\"max_length\")"
                    + (f"; {shape}" if shape else "") + data_s +
-                   f". Fix: drop padding=\"max_length\" at {where} and let the data collator pad each batch to "
+                   f"\nFix: drop padding=\"max_length\" at {where} and let the data collator pad each batch to "
                    f"its longest example (DataCollatorWithPadding / DataCollatorForLanguageModeling), with "
                    f"{self._group_arg()} in TrainingArguments so similar lengths share a batch, or pack")
             return msg + (f"; {cover}" if cover else "")
         msg = (f"padding: {frac:.0%} of every batch is pad tokens: batches are padded to their longest row and "
                f"the lengths vary" + (f" ({shape})" if shape else "") + data_s +
-               f". Fix: {self._group_arg()} in TrainingArguments so similar lengths share a batch, "
+               f"\nFix: {self._group_arg()} in TrainingArguments so similar lengths share a batch, "
                f"or pack (packing=True in TRL's SFTConfig)")
         width = (self.script.get("batches") or {}).get("widths", {}).get("max")
         if fit and width and width > fit:
@@ -235,8 +235,8 @@ class Advisor:
             head += f" ({shape})"
         if table:
             head += f"; share cut at each length: {table}"
-        fix = (f". Fix: {arg}={keep} keeps every example" if keep else
-               f". Fix: a larger {arg} keeps them")
+        fix = (f"\nFix: {arg}={keep} keeps every example" if keep else
+               f"\nFix: a larger {arg} keeps them")
         fix += (" (longer rows: fewer tokens/s); to choose, measure length against throughput side by side: "
                 "tokenpulse analyze --dataset <your data> --model " + (self.model or "<your model>") + " --measure 60")
         return head + fix
@@ -260,11 +260,11 @@ class Advisor:
         msg = f"batch: each optimizer step takes {st:.0f} s{shape}{model}: the work per step is far too large{eta}"
         if rows and rows > 1:
             new_rows, new_ga = max(1, rows // 4), ga * 2
-            msg += (f". Fix: per_device_train_batch_size={new_rows}, gradient_accumulation_steps={new_ga} "
+            msg += (f"\nFix: per_device_train_batch_size={new_rows}, gradient_accumulation_steps={new_ga} "
                     f"({new_rows * new_ga} rows a step instead of {rows * ga}: about {st * new_rows * new_ga / (rows * ga):.0f} s "
                     f"a step)")
         else:
-            msg += ". Fix: a shorter max_length, or fewer tokens per step"
+            msg += "\nFix: a shorter max_length, or fewer tokens per step"
         return msg
 
     def _dataloader_verdict(self) -> Optional[str]:
@@ -272,27 +272,27 @@ class Advisor:
         workers, cores = a.get("dataloader_num_workers"), a.get("cores")
         if isinstance(workers, int) and cores and workers > cores:
             return (f"dataloader: {workers} DataLoader workers on {cores} cores: workers beyond the cores only "
-                    f"contend with the training for them. Fix: dataloader_num_workers={cores}")
+                    f"contend with the training for them\nFix: dataloader_num_workers={cores}")
         share = self._data_share()
         if share is not None and share >= 0.3 and len(self.steps) >= 2:
             fix = f"dataloader_num_workers={min(2, cores or 2)}" if not workers else "pre-tokenize the data"
             return (f"dataloader: {share:.0%} of each step waits for its batches"
                     + (f" (dataloader_num_workers={workers})" if workers is not None else "")
-                    + f". Fix: {fix}")
+                    + f"\nFix: {fix}")
         return None
 
     def _placement_verdict(self) -> Optional[str]:
         dev = str(self.args.get("device") or "")
         if self.gpu and (dev.startswith("cpu") or self.args.get("use_cpu")):
-            return (f"placement: the model trains on the CPU although this machine has a GPU ({self.gpu}). "
-                    f"Fix: drop use_cpu=True from TrainingArguments (and any .to(\"cpu\"))")
+            return (f"placement: the model trains on the CPU although this machine has a GPU ({self.gpu})"
+                    f"\nFix: drop use_cpu=True from TrainingArguments (and any .to(\"cpu\"))")
         return None
 
     def _precision_verdict(self) -> Optional[str]:
         a = self.args
         if self.gpu_bf16 and str(a.get("device") or "").startswith("cuda") and a.get("dtype") == "float32" \
                 and not a.get("bf16") and not a.get("fp16"):
-            return (f"precision: training in fp32 on a GPU with bf16 ({self.gpu}). Fix: bf16=True in "
+            return (f"precision: training in fp32 on a GPU with bf16 ({self.gpu})\nFix: bf16=True in "
                     f"TrainingArguments (typically 2-3x faster)")
         return None
 
@@ -329,7 +329,7 @@ class Advisor:
         self.quiet_open = True
         where = waits_in(stack)
         msg = head + (f"; {where}" if where else "")
-        return (msg + ". Not a hang alert: the process is alive and the stall detector still watches it. Fix: "
+        return (msg + ". Not a hang alert: the process is alive and the stall detector still watches it\nFix: "
                 "report progress (print every N items, wrap the loop or the stream in tqdm, or "
                 "tokenpulse.log(step, ...)) so the job shows what it does")
 
