@@ -34,6 +34,8 @@ class Settings(BaseSettings):
                                   "its clear reopens the same alert; webhooks hold a clear this long")
     ws_queue_frames: int = Field(256, description="frames buffered per browser before coalescing")
     analyze_timeout_s: float = 300.0
+    hub_check_timeout_s: float = Field(20.0, gt=0, description="a submit naming a Hub repo waits this long for "
+                                       "the Hub, then 422 (other submits never wait on the Hub)")
     analysis_slots: int = Field(2, ge=1, le=16, description="dataset analyses (preflight, /api/datasets/analyze) "
                                 "run at once; the rest wait")
     analyses_per_user: int = Field(2, ge=1, description="analyses one token may have running or waiting; "

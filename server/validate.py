@@ -206,6 +206,8 @@ async def check_spec_async(spec, settings: Settings, timeout: float = CHECK_TIME
     """check_spec off the event loop, with a time limit (a hung network mount answers 422, not a
     server that stops answering everyone), in its lane (a slow Hub holds only Hub submits)."""
     hub = hub_field(spec)
+    if hub:
+        timeout = min(timeout, getattr(settings, "hub_check_timeout_s", timeout))
     try:
         lane = HUB_LANE if hub else LOCAL_LANE
         return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(lane, check_spec, spec, settings),

@@ -315,3 +315,60 @@ def test_metrics_labels_come_from_a_fixed_set(server):
     rows = [line for line in text.splitlines() if line.startswith("tokenpulse_open_alerts{")]
     kinds = {line.split('kind="')[1].split('"')[0] for line in rows}
     assert kinds == {"other"} and rows[0].endswith(" 50.0"), rows
+
+
+def test_a_dripping_hub_times_out_its_own_submits_and_holds_no_other(server_factory, tmp_path, monkeypatch):
+    """A Hub endpoint that answers one byte a second: each submit naming a Hub repo fails on its own
+    deadline; builtin and command submits, made meanwhile, never wait on it."""
+    import http.server
+    import socketserver
+
+    class Drip(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            try:
+                for _ in range(120):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(1)
+            except OSError:
+                pass
+
+    hub = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Drip)
+    hub.daemon_threads = True
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.server_address[1]}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    srv = server_factory(hub_check_timeout_s=3)
+    results: dict = {}
+
+    def post(key, path, body):
+        t0 = time.monotonic()
+        with srv.client() as c:
+            r = c.post(path, json=body)
+        results[key] = (r.status_code, time.monotonic() - t0, r.text[:300])
+
+    try:
+        hubs = [threading.Thread(target=post, args=(f"hub{i}", "/api/jobs", {"model": f"org/slow-model-{i}"}))
+                for i in range(8)]  # more than any thread pool the checks could share
+        for t in hubs:
+            t.start()
+        time.sleep(0.5)
+        post("builtin", "/api/jobs", {"name": "builtin"})
+        post("command", "/api/jobs/command", {"command": [PY, "-c", "print(1)"]})
+        for t in hubs:
+            t.join(60)
+    finally:
+        hub.shutdown()
+    assert results["builtin"][0] == 201 and results["builtin"][1] < 2.5, results["builtin"]
+    assert results["command"][0] == 201 and results["command"][1] < 2.5, results["command"]
+    for i in range(8):
+        code, took, text = results[f"hub{i}"]
+        assert code == 422 and '"field":"model"' in text.replace(" ", "") and "did not answer" in text, text
+        assert took < 10, (i, took)
