@@ -151,7 +151,7 @@ def test_throughput_falling_5x_raises_slow_then_clears(agent_server):
     with s.client() as c:
         # per-job slow_factor 3 (default 4): a busy machine must not shrink the 5x under the bar
         jid = submit(c, max_steps=45, name=s.plan_fault("slows", slow_after_step=22, slow_factor=5),
-                     stall={**FAST["stall"], "slow_factor": 3})
+                     stall={**FAST["stall"], "slow_factor": 3, "alert_open_s": 3})  # a short slow stretch
         a = wait_for(lambda: alerts(c, jid, "slow"), 120, "a slow alert", every=0.5)[0]
         assert "throughput fell" in a["message"], a["message"]
         assert a["severity"] == "warning"
