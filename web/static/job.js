@@ -605,7 +605,7 @@
   }
   // A stack with the user's own frames marked apart from library frames (site-packages, the standard
   // library, torch): the same rule as worker/agent/headline.py.
-  const LIBRARY = /site-packages\/|dist-packages\/|\/lib\/python3|\/torch\/|<frozen |\/usr\/lib\/python/;
+  const LIBRARY = /site-packages\/|dist-packages\/|\/lib\/python3|\/torch\/|<frozen |\/usr\/lib\/python|tokenpulse\/instrument\//;
   const FRAME = /^\s*(\S.*? \([^()]+:\d+\)|File "[^"]+", line \d+ in .+)\s*$/;
   function stackPre(stack) {
     const pre = TP.el("pre", { class: "stack" });

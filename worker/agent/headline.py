@@ -12,7 +12,8 @@ from typing import Optional
 from worker.agent.ranks import _collective_in, _main_thread, odd_one
 
 # Paths of code that is not the user's (web/static/job.js marks stack lines with the same rule)
-LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "/torch/", "<frozen ", "/usr/lib/python")
+LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "/torch/", "<frozen ", "/usr/lib/python",
+           "tokenpulse/instrument/")  # the startup hook's wrappers are not the user's code either
 PYSPY = re.compile(r"^\s*(?P<func>\S.*?) \((?P<path>[^()]+):(?P<line>\d+)\)\s*$")
 FAULTHANDLER = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 
