@@ -443,9 +443,11 @@ def cmd_tokens(args) -> int:
             console.print(f"token {t['id']} ({t['name']}) revoked")
         else:
             from rich.table import Table
-            table = Table("id", "name", "role", "scopes", "created", "revoked")
+            table = Table("id", "name", "role", "scopes", "made by", "created", "revoked")
             for t in c.tokens():
-                table.add_row(str(t["id"]), t["name"], t["role"], " ".join(t.get("scopes", [])), time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
+                table.add_row(str(t["id"]), t["name"], t["role"], " ".join(t.get("scopes", [])),
+                              str(t["created_by"]) if t.get("created_by") else "",
+                              time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
                               time.strftime("%Y-%m-%d %H:%M", time.localtime(t["revoked_at"])) if t["revoked_at"] else "")
             console.print(table)
     except ApiError as e:
