@@ -19,6 +19,22 @@ from worker.agent.masking import SecretMask
 
 MAX_LINE = 8192  # protocol.LogData.line
 
+# Terminal control sequences: colours, cursor moves (tqdm's nested bars write ESC[A, "cursor up",
+# between their lines), erase-line, window titles. A log is text: they are dropped, never shown raw
+# (ESC[A leaked as "[A"). \r and \n are kept (the folder interprets them), and so is \t.
+ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: ESC [ params final (colours, cursor, erase)
+                    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC: ESC ] ... BEL or ESC \ (titles, links)
+                    r"|\x1b[@-Z\\^_]"  # other two-byte escapes (not ESC [ or ESC ]: their sequences are above)
+                    r"|\x9b[0-?]*[ -/]*[@-~]")  # the 8-bit CSI
+C0 = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # other controls: bell, backspace, a lone ESC
+
+
+def strip_control(text: str) -> str:
+    """Text without terminal control sequences (also applied to stored lines when they are shown)."""
+    if "\x1b" in text or "\x9b" in text:
+        text = ESCAPE.sub("", text)
+    return C0.sub("", text)
+
 
 class LineFolder:
     def __init__(self, snapshot_s: float = 10.0, max_line: int = MAX_LINE, mask: Optional[SecretMask] = None):
@@ -33,10 +49,19 @@ class LineFolder:
         self._redrawing = False  # a \r was seen in the current line
         self._since: Optional[float] = None  # when its redraws started, or it was last snapshotted
         self._shown: Optional[str] = None  # the redraw state last logged as a snapshot
+        self._esc = ""  # the start of an escape sequence cut by a read boundary
 
     def feed(self, data: bytes, now: float) -> list[str]:
         out: list[str] = []
         text = self._decode(data)
+        # An escape sequence cut by a read boundary waits for its end (a few bytes at most).
+        text = self._esc + text
+        cut = text.rfind("\x1b")
+        if cut >= 0 and len(text) - cut < 64 and not ESCAPE.match(text, cut):
+            text, self._esc = text[:cut], text[cut:]
+        else:
+            self._esc = ""
+        text = strip_control(text)
         while text:
             nl = text.find("\n")
             part, text = (text, "") if nl < 0 else (text[:nl], text[nl + 1:])
@@ -74,7 +99,8 @@ class LineFolder:
     def close(self) -> list[str]:
         """End of output: whatever is pending is the last line."""
         out: list[str] = []
-        self._add(self._decode(b"", final=True), None)
+        self._add(strip_control(self._esc + self._decode(b"", final=True)), None)
+        self._esc = ""
         if self._cur or self._redrawing:
             self._end_line(out)
         return out
