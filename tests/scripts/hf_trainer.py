@@ -20,6 +20,7 @@ p.add_argument("--eval-steps", type=int, default=0)
 p.add_argument("--save-steps", type=int, default=0)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--block-at-step", type=int, default=-1)
+p.add_argument("--collator-block-at", type=int, default=-1, help="the collator never returns from this call on")
 args = p.parse_args()
 
 
@@ -47,8 +48,20 @@ training_args = TrainingArguments(
     logging_steps=1, eval_strategy="steps" if args.eval_steps else "no", eval_steps=args.eval_steps or None,
     per_device_eval_batch_size=8, save_strategy="steps" if args.save_steps else "no",
     save_steps=args.save_steps or None, report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0)
+collate_lm = DataCollatorForLanguageModeling(tok, mlm=False)
+collated = [0]
+
+
+def deadlocking_collator(features):
+    """The test's deadlock: from its Nth call on, the collator waits for something that never comes."""
+    collated[0] += 1
+    while args.collator_block_at >= 0 and collated[0] >= args.collator_block_at:
+        time.sleep(1)
+    return collate_lm(features)
+
+
 trainer = Trainer(model=model, args=training_args, train_dataset=split["train"], eval_dataset=split["test"],
-                  data_collator=DataCollatorForLanguageModeling(tok, mlm=False), callbacks=[Pace()])
+                  data_collator=deadlocking_collator, callbacks=[Pace()])
 trainer.train()
 trainer.save_model(args.out + "/final")
 print(f"finished at step {trainer.state.global_step}", flush=True)

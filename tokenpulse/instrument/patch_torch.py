@@ -88,6 +88,9 @@ def _owns_steps() -> bool:
 
 def _after_step(opt, args, kwargs) -> None:
     try:
+        inner = getattr(opt, "optimizer", None)
+        if inner is not None and inner is not opt and hasattr(inner, "param_groups"):
+            return  # a wrapper (Accelerate's): its step() runs every micro-batch, the inner one's only on a real step
         s, key = STATE, id(opt)
         if s.lead is None:
             s.lead = key
@@ -110,6 +113,9 @@ def _after_step(opt, args, kwargs) -> None:
             # an evaluation ran since the last step: its time and its batches are not step anatomy
             s.win_t, s.win_steps, s.data_s, s.comm_s, s.real, s.padded = now, 0, 0.0, 0.0, [], 0
         s.eval_batches = 0
+        em = run._reporter
+        if em is not None and _owns_steps():
+            em.step_done = s.opt_steps  # the alive thread carries it every second: the step, not a second old
         if s.in_eval or now - s.phase_t >= PHASE_EVERY_S or now - s.win_t >= ANATOMY_EVERY_S:
             _report(now)
     except Exception:

@@ -15,6 +15,8 @@ import time
 
 from tokenpulse import run
 
+from . import patch_torch
+
 EVERY_S = 0.5
 _quiet = [0]  # > 0 while a Trainer's train()/evaluate() runs, in any thread: process-wide, because
 _quiet_lock = threading.Lock()  # tqdm's monitor thread redraws the Trainer's bar from another thread
@@ -36,7 +38,6 @@ def is_quiet() -> bool:
 
 def optimizer_steps() -> int:
     """Optimizer steps of this process so far (0 until torch's optimizer hook is installed)."""
-    from . import patch_torch
     return patch_torch.STATE.opt_steps
 
 

@@ -116,6 +116,12 @@ def retry_after(r: httpx.Response) -> Optional[float]:
         return None
 
 
+def is_anatomy(data: dict) -> bool:
+    """A rank's step-anatomy metrics (tokenpulse/instrument/patch_torch.py): stored for every rank."""
+    values = data.get("values")
+    return isinstance(values, dict) and bool(values) and all(str(k).startswith("anatomy/") for k in values)
+
+
 def detail(r: httpx.Response) -> str:
     try:
         return str(r.json().get("detail"))[:300]
@@ -542,8 +548,12 @@ class Agent:
             rj.alive_at = now
             if rank is not None and rj.gang is not None:
                 rj.gang.observe(rank, kind, data, t, now)
-                if rank != 0:  # other ranks: their identity and alerts are stored; the rest is theirs
-                    if kind == "alert":
+                if rank != 0:  # other ranks: their identity, alerts and step anatomy are stored; the rest is theirs
+                    if kind == "metrics" and is_anatomy(data):
+                        if rj.slow is not None:
+                            rj.slow.observe_anatomy(data, now)
+                        self.emit(rj, kind, data, t)
+                    elif kind == "alert":
                         self.emit(rj, kind, {**data, "message": f"rank {rank}: {data.get('message', '')}"[:8192]}, t)
                     elif kind == "info":
                         self.emit(rj, kind, data, t)
@@ -609,6 +619,10 @@ class Agent:
             rj.advice.output(line)
         if rj.stack_lines is not None and name == "stderr":
             rj.stack_lines.append(line)
+        elif rj.stack_lines is None:  # a stack dump we asked for is not the job's own output
+            recovered = rj.detector.observe_output(time.time())  # movement only for a job with no other signal
+            if recovered is not None:
+                self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": recovered.message, "clear": True})
         self.emit(rj, "log", {"line": line[:8192], "stream": name})
 
     async def supervise(self, rj: RunningJob) -> None:
@@ -674,8 +688,7 @@ class Agent:
                                     "clear": kind.endswith("_clear")})
 
     async def detect(self, rj: RunningJob, now: float) -> None:
-        if rj.command is not None and rj.detector.events == 0:
-            return  # a command that reports nothing (not instrumented): no progress to judge it by
+        # A command that reports nothing (not instrumented, not Python) is judged by its output lines.
         v = rj.detector.check(now)
         if v is not None:
             rj.stall_clear = None  # stalled again before its clear was due: the open alert goes on

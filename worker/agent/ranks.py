@@ -29,6 +29,9 @@ class Rank:
     step_time_s: Optional[float] = None
     busy_s: Optional[float] = None
     rss_mb: Optional[float] = None
+    data_s: Optional[float] = None  # its step anatomy (a command job's startup hook): waiting for data,
+    compute_s: Optional[float] = None  # forward+backward+optimizer,
+    comm_s: Optional[float] = None  # and blocked in collectives, seconds per step
     alive_at: Optional[float] = None
     progress_at: Optional[float] = None
     exit: Optional[str] = None  # how it ended, when it did
@@ -60,7 +63,7 @@ class RankBoard:
             step = data.get("step")
             if step is not None and step != rk.step:
                 rk.step, rk.progress_at = int(step), now
-            for k in ("step_time_s", "busy_s", "rss_mb"):
+            for k in ("step_time_s", "busy_s", "rss_mb", "data_s", "compute_s", "comm_s"):
                 if isinstance(data.get(k), (int, float)):
                     setattr(rk, k, float(data[k]))
             if isinstance(data.get("busy_s"), (int, float)):
@@ -136,7 +139,8 @@ def _our_frames(stack: str, n: int = 2) -> Optional[str]:
     """The innermost frames in the job's own code (not torch's or the interpreter's): where the rank
     called the collective from, e.g. "agree (distributed.py:111) < run (loop.py:150)"."""
     own = [x.strip() for x in _main_thread(stack)
-           if "site-packages" not in x and "/torch/" not in x and "/lib/python3" not in x and x.strip()]
+           if "site-packages" not in x and "/torch/" not in x and "/lib/python3" not in x and x.strip()
+           and "tokenpulse/instrument/" not in x]  # the startup hook's timing wrapper is not the job's
     return " < ".join(own[:n]) or None
 
 

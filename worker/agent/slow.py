@@ -27,6 +27,7 @@ from typing import Optional
 
 from tokenpulse.protocol import AlertKind, Phase
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
+from worker.agent.anatomy import Anatomy
 from worker.agent.stall import StallConfig, Verdict
 
 
@@ -105,6 +106,7 @@ class SlowDetector:
     sent_at: float = 0.0  # when the open alert's message was last sent
     fresh: bool = False
     last_step: Optional[int] = None
+    anatomy: Anatomy = field(default_factory=Anatomy)  # every rank's step anatomy (input-bound, memory creep)
     owned: frozenset = frozenset()  # reasons another judge names with their fix (a command job's advice.py)
 
     # ---- feeding -----------------------------------------------------------------------------
@@ -124,6 +126,7 @@ class SlowDetector:
             if name and name != Phase.TRAINING and self.last_step is not None:
                 self.pauses_at.setdefault(self.last_step, set()).add(name)
         elif kind == "metrics":
+            self.observe_anatomy(data, now)
             step, v = int(data.get("step", 0)), data.get("values", {})
             if self.last_step is not None and step <= self.last_step:
                 return
@@ -140,6 +143,10 @@ class SlowDetector:
             if len(self.samples) > 2000:
                 del self.samples[:1000]
             self.fresh = True
+
+    def observe_anatomy(self, data: dict, now: float) -> None:
+        """A rank's step anatomy (any rank's metrics event; rank 0's also carries its memory)."""
+        self.anatomy.observe(data, now)
 
     def observe_sched(self, now: float, run_s: float, wait_s: float) -> None:
         """The training process's scheduler counters (read_schedstat), sampled by the agent."""
@@ -267,6 +274,8 @@ class SlowDetector:
         p = self._periodic()
         if p is not None:
             out.append(("periodic", p))
+
+        out += self.anatomy.reasons(c.slow_input_frac, was_open)  # input-bound, memory creep
         return [r for r in out if r[0] not in self.owned]
 
     def _growth(self) -> Optional[str]:

@@ -2,8 +2,17 @@
 passed in (`now`), so every rule is testable without waiting.
 
 Alive is not progress: the training process's `alive` thread speaks every second whatever its main
-thread does. Progress is forward movement: a new optimizer step (metrics), a phase counter that
-moved (tokenizing 1200/5000, accumulating 234 samples), a new phase, or a phase whose detail changed.
+thread does. Progress is forward movement only: a new optimizer step (metrics, or the step an
+`alive` carries), a phase counter that moved forward (tokenizing 1200/5000) or restarted (a new
+bar), a counter-less phase whose detail changed (accumulating 234 samples), or a switch to another
+phase. Nothing else restarts the clock or an allowance: a phase event repeating its counter (a
+redrawn bar), the same counter under another name (a bar redrawn by another thread than the one
+that reports it), a step not above the highest seen, and phase switches back and forth with
+nothing moving in between (each phase's entry counts once until something moves again).
+
+A job with no progress signal at all (no step, no counter: a shell script, a data-prep script) is
+judged on its output: each new output line is movement, and the timeout is learned from the
+intervals between lines exactly as from steps. Every stalled verdict names the signal it judged by.
 
 The stall timeout is learned from the job's own history, per phase: `factor` x the typical recent
 interval between progress reports in that phase (the median, or half the worst recent interval if
@@ -42,6 +51,7 @@ class StallConfig:
     slow_step_s: float = 120.0  # an optimizer step slower than this crawls (batch too large)
     slow_periodic_frac: float = 0.25  # periodic pauses costing this fraction of the time
     slow_min_samples: int = 3  # speed samples (metrics with step_time_s) before judging slowness
+    slow_input_frac: float = 0.3  # input-bound: this share of each step waits for the next batch
     quiet_s: float = 60.0  # a finished phase and nothing since for this long: a 'quiet' warning (advice.py)
     # ---- alert hysteresis (worker/agent/hysteresis.py): slow reasons, contention, stragglers ----
     alert_open_s: float = 10.0  # a condition must hold this long before its alert opens
@@ -104,6 +114,9 @@ class StallDetector:
     stalled: bool = False
     stalled_at: Optional[float] = None
     events: int = 0  # lines seen from the process (its signal handlers exist once it speaks)
+    counted: bool = False  # a phase counter or a step was ever seen: output lines are then not progress
+    output_lines: int = 0  # output lines seen (the signal of a job that reports no progress)
+    entered: set = field(default_factory=set)  # phases whose entry counted since something last moved
 
     def start(self, now: float) -> None:
         self.last_progress = self.last_event = now
@@ -118,26 +131,38 @@ class StallDetector:
         if kind == "phase":
             name, done, detail = data.get("name"), data.get("done"), data.get("detail")
             unit, total = data.get("unit"), data.get("total")
+            if done is not None:
+                self.counted = True
             if name != self.phase:
+                if done is not None and self.done is not None and done == self.done and total == self.total:
+                    return None  # the same counter under another name: a redraw, not a new phase
                 self.phase, self.moved = name, 0
                 self.done, self.detail, self.unit, self.total = done, detail, unit, total
                 self.has_counter = done is not None
                 if unit == "steps" and done is not None:
-                    self.step = int(done) if self.step is None else max(self.step, int(done))
-                return self._progress(now, interval=False)
+                    if self.step is None or int(done) > self.step:
+                        self.step = int(done)
+                        return self._progress(now, interval=False, moved=True)
+                if name in self.entered:
+                    return None  # back and forth with nothing moving: not movement
+                self.entered.add(name)
+                return self._progress(now, interval=False, moved=False)
             self.unit, self.total = unit, total
             if done is not None:
                 self.has_counter = True
                 if unit == "steps" and self.step is not None and done <= self.step:
                     self.done = done  # the metrics of this step already counted as progress
                     return None
-                if done != self.done:
+                if self.done is not None and done < self.done and unit != "steps":
+                    self.done, self.detail, self.moved = done, detail, 0  # a new bar of the same name
+                    return self._progress(now, interval=False)
+                if self.done is None or done > self.done:
                     self.done, self.detail = done, detail
                     if unit == "steps":
                         self.step = int(done)
                     return self._progress(now, interval=True)
                 return None
-            if detail != self.detail:
+            if detail != self.detail and not self.has_counter:
                 self.detail = detail
                 return self._progress(now, interval=True)
             return None
@@ -145,12 +170,46 @@ class StallDetector:
             step = int(data.get("step", 0))
             if self.step is None or step > self.step:
                 self.step = step
+                self.counted = True
                 if self.unit == "steps":
                     self.done = step
                 return self._progress(now, interval=True)
         return None
 
-    def _progress(self, now: float, interval: bool) -> Optional[Verdict]:
+    def observe_output(self, now: float) -> Optional[Verdict]:
+        """A new output line of the job. Movement only for a job with no other progress signal."""
+        self.output_lines += 1
+        if self.counted:
+            return None
+        last, self.last_progress = self.last_progress, now
+        if self.output_lines > 1 and last is not None:  # the first line may follow setup: not typical
+            self.intervals.setdefault(OUTPUT, deque(maxlen=50)).append(now - last)
+        self.entered.clear()
+        if self.stalled:
+            self.stalled, self.stalled_at = False, None
+            return Verdict("recovered", f"progressing again: output after {now - last:.0f} s without any",
+                           silent_s=now - last, phase=self.phase)
+        return None
+
+    def signal(self) -> str:
+        """What the detector judges this job by, in words for the alert."""
+        if self.step is not None:
+            return "training steps"
+        if self.counted:
+            return "progress counters"
+        if self.output_lines:
+            return "its output lines (it reports no steps or counters)"
+        return "its phases (no steps, counters or output yet)"
+
+    def _history(self):
+        return self.intervals.get(OUTPUT if self.by_output() else self.phase)
+
+    def by_output(self) -> bool:
+        return not self.counted and self.output_lines > 0
+
+    def _progress(self, now: float, interval: bool, moved: bool = True) -> Optional[Verdict]:
+        if moved:
+            self.entered.clear()  # something moved: a later phase switch counts again
         if interval and self.last_progress is not None:
             if self.moved > 0:  # the first movement in a phase may include setup: not typical
                 self.intervals.setdefault(self.phase, deque(maxlen=50)).append(now - self.last_progress)
@@ -171,7 +230,7 @@ class StallDetector:
     def timeout(self) -> float:
         """Seconds without progress after which the current phase counts as stalled."""
         c = self.config
-        hist = self.intervals.get(self.phase)
+        hist = self._history()
         if self.finished():
             limit = c.phase_s  # the counter is complete: the process is between phases
         elif hist is not None and len(hist) >= c.min_intervals:
@@ -187,7 +246,11 @@ class StallDetector:
 
     def explain_timeout(self) -> str:
         c = self.config
-        hist = self.intervals.get(self.phase)
+        hist = self._history()
+        if self.by_output() and hist is not None and len(hist) >= c.min_intervals:
+            recent = list(hist)[-20:]
+            return (f"{c.factor:g} x the typical interval of {statistics.median(recent):.2f} s between its "
+                    f"output lines, within [{c.floor_s:g}, {c.ceiling_s:g}] s")
         if self.finished():
             return f"budget between phases (after {self.where()}), within [{c.floor_s:g}, {c.ceiling_s:g}] s"
         if hist is not None and len(hist) >= c.min_intervals:
@@ -213,10 +276,11 @@ class StallDetector:
         else:
             alive = ALIVE_CLAUSE
         return Verdict(AlertKind.STALLED, f"stalled: no progress in {self.where()} for {silent:.0f} s (timeout "
-                       f"{limit:.0f} s: {self.explain_timeout()}){alive}",
+                       f"{limit:.0f} s: {self.explain_timeout()}; judged by {self.signal()}){alive}",
                        silent_s=silent, timeout_s=limit, phase=self.phase)
 
 
+OUTPUT = "(output)"  # the intervals between output lines, kept beside the phases
 ALIVE_CLAUSE = "; the process is alive (its alive thread still reports) but its work does not move"
 
 
