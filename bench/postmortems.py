@@ -39,7 +39,7 @@ def sizes(tmp: Path) -> dict:
                "--max-steps", "200"], ["--max-steps", "12"]),
         "d": ([*m(small), "--data", str(materials.long_texts(tmp / "d.jsonl", 400, 400, 1400, source=src)),
                "--max-steps", "100"], ["--max-steps", "12"]),
-        "e": (["--model", str(small), "--data", str(src), "--chunk", "4096", "--latency", "0.5", "--steps", "2"], []),
+        "e": (["--model", str(small), "--data", str(src), "--chunk", "4096", "--latency", "2", "--steps", "1"], []),
     }
 
 
