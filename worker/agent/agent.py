@@ -39,6 +39,8 @@ from worker.agent.output import LineFolder, Masker, last_traceback_frame
 from worker.agent.advice import OWNED, Advisor
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
 from worker.agent.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
+from worker.agent import tree
+from worker.agent.tree import JobTree
 from worker.agent.stacks import (can_run_handlers, describe_state, find_py_spy, process_state,
                                   py_spy_dump)
 
@@ -321,6 +323,7 @@ class Agent:
     async def run(self, max_jobs: Optional[int] = None, until_idle: bool = False) -> None:
         """Claim and run jobs until stopped (or after max_jobs, or when the queue is empty)."""
         self.outbox.recover()
+        await asyncio.get_running_loop().run_in_executor(None, tree.sweep)  # trees of agents killed here
         await self.register()
         if self.agent_id is None:
             await self.http.aclose()
@@ -421,6 +424,7 @@ class Agent:
             fifo = job_dir / "events.fifo"
         proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None,
                                command=argv, fifo=fifo)
+        proc.tree = JobTree.for_job(self.server, claim.job_id, claim.attempt)
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16),
                         gang=gangwatch.GangState() if fifo else None)
@@ -455,6 +459,7 @@ class Agent:
                            no_python=True)
         launcher = is_distributed(spec) or launches_ranks(spec.command)
         proc = CommandProcess(argv, cwd, env, launcher=launcher)
+        proc.tree = JobTree.for_job(self.server, claim.job_id, claim.attempt)
         stall = self.stall_config.merged(spec.stall.model_dump())
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16), cwd=cwd,
@@ -492,6 +497,10 @@ class Agent:
     def watch(self, rj: RunningJob) -> None:
         """The process runs: read its events and output, supervise it."""
         proc = rj.process
+        if proc.tree.settled:  # a retry never runs beside a survivor of the attempt before it
+            self.emit(rj, "log", {"line": f"agent: killed {len(proc.tree.settled)} processes of an earlier attempt "
+                                          f"of this job still running here (pids {proc.tree.settled[:20]}) "
+                                          "before starting", "stream": "agent"})
         rj.detector.start(time.time())
         rj.tasks = [asyncio.create_task(self.read_events(rj)),
                     asyncio.create_task(self.read_output(rj, proc.proc.stdout, "stdout")),
@@ -655,6 +664,7 @@ class Agent:
                 for t in pending:
                     t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
+        await proc.release()  # its keeper killed what was left of its tree; its cgroup goes
         verdict = self.judge_exit(rj, proc.proc.returncode)
         if rj.gang is not None and rj.requested is None:
             verdict = gangwatch.judge(rj.gang, verdict, list(proc.tail))

@@ -1,6 +1,8 @@
 """One supervised process (tokenpulse's training process, or a command job's command): started in
-its own session, its event pipe and output read, stopped gracefully (a signal, then SIGKILL of its
-whole process group after a grace period), its exit judged."""
+its own session under its keeper (keeper.py: a subreaper, in the attempt's cgroup where there is
+one, that kills the whole tree when the process ends or the agent dies), its event pipe and output
+read, stopped gracefully (a signal, then SIGKILL of its whole tree after a grace period), its exit
+judged."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +12,8 @@ import sys
 from collections import deque
 from pathlib import Path
 from typing import Optional
+
+from worker.agent.tree import JobTree
 
 
 def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:
@@ -21,20 +25,14 @@ def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:
     return returncode, None, f"exited with code {returncode}"
 
 
-def _die_with_agent() -> None:
-    """In the child, before exec: when the agent dies (kill -9 included) the kernel kills the
-    training process too. Otherwise it trains on as an orphan whose events go nowhere, while the
-    server hands the job to another agent: two processes writing the same job (Linux only)."""
-    try:
-        import ctypes
-        PR_SET_PDEATHSIG, PR_SET_PTRACER = 1, 0x59616D61
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        # Where Yama restricts ptrace to ancestors (ptrace_scope=1), let the agent and its children
-        # (py-spy) read this process's stacks without root: a frozen process cannot dump its own.
-        libc.prctl(PR_SET_PTRACER, os.getppid(), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+def _read_line(fd: int) -> str:
+    out = b""
+    while not out.endswith(b"\n"):
+        chunk = os.read(fd, 256)
+        if not chunk:
+            break
+        out += chunk
+    return out.decode(errors="replace")
 
 
 def children(pid: int) -> list[int]:
@@ -70,6 +68,10 @@ class Supervised:
         self.fifo = fifo
         self.launcher = launcher or fifo is not None  # torchrun: its children are the ranks
         self._hold_fd: Optional[int] = None
+        # The attempt's tree (the agent names the job); the keeper is self.proc, the job's own
+        # process (what is signalled, read by py-spy, judged) is main_pid.
+        self.tree = JobTree(job=f"untracked-{os.getpid()}-{id(self)}", job_id=-1, attempt=0)
+        self.main_pid: Optional[int] = None
 
     @property
     def gang(self) -> bool:
@@ -79,7 +81,43 @@ class Supervised:
         """The ranks: torchrun's children for a gang, else the one process."""
         if self.proc is None:
             return []
-        return children(self.proc.pid) if self.gang else [self.proc.pid]
+        return children(self.pid) if self.gang else [self.pid]
+
+    async def _start_kept(self, args: list[str], env: dict, cwd: Optional[Path],
+                          pass_fds: tuple[int, ...] = ()) -> asyncio.subprocess.Process:
+        """The keeper, starting args in a session of its own; returns once it said the pid (or why
+        the command could not start: an OSError, as a direct start would raise)."""
+        loop = asyncio.get_running_loop()
+        if self.tree.job_id >= 0:  # no survivor of an earlier attempt; this attempt's cgroup
+            await loop.run_in_executor(None, self.tree.prepare)
+        pid_r, pid_w = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.tree.keeper_args(pid_w, pass_fds), "--", *args, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd, pass_fds=(pid_w, *pass_fds),
+                start_new_session=True, limit=1 << 20)
+        except BaseException:
+            os.close(pid_r)
+            raise
+        finally:
+            os.close(pid_w)
+        try:
+            line = await loop.run_in_executor(None, _read_line, pid_r)
+        finally:
+            os.close(pid_r)
+        if not line.strip().isdigit():
+            await proc.wait()
+            await loop.run_in_executor(None, self.tree.release)
+            if line.startswith("error "):
+                _, num, words = line.split(" ", 2)
+                raise OSError(int(num), words.strip())
+            raise OSError(f"its keeper could not start it (exit {proc.returncode}): {line.strip()!r}")
+        self.main_pid = int(line)
+        return proc
+
+    async def release(self) -> None:
+        """After the process ended (its keeper killed the rest of its tree): the attempt's cgroup goes."""
+        await asyncio.get_running_loop().run_in_executor(None, self.tree.release)
 
     async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None) -> None:
         if self.fifo is not None:
@@ -87,12 +125,10 @@ class Supervised:
         read_fd, write_fd = os.pipe()
         env = {**env, "TOKENPULSE_EVENT_FD": str(write_fd)}
         # Own session: a signal for the process never reaches the agent, and SIGKILL of the group
-        # takes its children (dataloader workers, a launcher's ranks) too.
+        # takes its children (dataloader workers, a launcher's ranks) too; what leaves the group
+        # (setsid, a double-forked daemon) is still its keeper's.
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd,
-                pass_fds=(write_fd,), start_new_session=True, limit=1 << 20,
-                preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
+            self.proc = await self._start_kept(args, env, cwd, (write_fd,))
         except BaseException:
             os.close(read_fd)
             raise
@@ -113,10 +149,7 @@ class Supervised:
         self._hold_fd = os.open(self.fifo, os.O_WRONLY)
         env = {k: v for k, v in env.items() if k != "TOKENPULSE_EVENT_FD"}
         env["TOKENPULSE_EVENT_PATH"] = str(self.fifo)
-        self.proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd,
-            start_new_session=True, limit=1 << 20,
-            preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None)
+        self.proc = await self._start_kept(args, env, cwd)
         loop = asyncio.get_running_loop()
         self.events = asyncio.StreamReader(limit=1 << 24)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), os.fdopen(read_fd, "rb"))
@@ -128,20 +161,20 @@ class Supervised:
             self._hold_fd = None
 
     def kill_all(self) -> None:
-        """SIGKILL the launcher's group and every process under it: torchrun puts each rank in a
-        session of its own, so the group alone would miss them."""
+        """SIGKILL the process and every process of its tree (torchrun puts each rank in a session
+        of its own; a daemon may have left it): its cgroup, else everything under its keeper."""
         if self.proc is None:
             return
-        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.tree.kill(self.proc.pid if self.proc.returncode is None else None)
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        """The job's own process (the keeper's child)."""
+        return self.main_pid if self.main_pid is not None else self.proc.pid
 
     def signal(self, sig: int) -> None:
         """To the process; for a gang to every rank directly (torchrun forwards only SIGTERM, as a
@@ -156,12 +189,12 @@ class Supervised:
     def signal_group(self, sig: int) -> None:
         if self.proc is not None and self.proc.returncode is None:
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(self.pid, sig)
             except ProcessLookupError:
                 pass
 
     async def stop(self, sig: int, grace_s: float) -> None:
-        """Ask politely (sig), then SIGKILL the whole process group after grace_s."""
+        """Ask politely (sig), then SIGKILL the whole tree after grace_s."""
         self.signal(sig)
         await self._reap(grace_s)
 
@@ -169,13 +202,7 @@ class Supervised:
         try:
             await asyncio.wait_for(self.proc.wait(), grace_s)
         except asyncio.TimeoutError:
-            if self.gang:
-                self.kill_all()
-                return
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.kill_all()
 
 
 class TrainingProcess(Supervised):
@@ -218,9 +245,7 @@ class CommandProcess(Supervised):
         await self._reap(grace_s)
 
     def kill_leftovers(self) -> None:
-        """The command has exited, but processes it started in its group still hold its output open
-        (a background server, a stray worker): the job is over, so they are killed."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """The command has exited, but processes it started still hold its output open (a
+        background server, a stray worker): the job is over, so they are killed (its keeper does
+        so too)."""
+        self.kill_all()
