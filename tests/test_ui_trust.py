@@ -242,25 +242,20 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     d.set_window_size(1280, 800)
 
 
-def test_zz_server_gone_banner_with_the_time_of_the_last_data(srv, d, jobs):
-    """Item 17: when the server goes away a banner says so and since when; it goes when it is back.
-    (Named to run last: it stops the module's server and starts it again.)"""
-    d.get(f"{srv.url}/jobs/{jobs['done']}")
-    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"), "not live")
-    srv.kill(signal.SIGTERM)
-    until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#offline-banner:not([hidden])"), "no banner when the server is gone")
-    banner = text(d, "#offline-banner")
-    assert "not answering" in banner and "ago" in banner or "just now" in banner, banner
-    shot(d, "trust-offline-banner")
-    srv.start()
-    until(d, 60, lambda d: not d.find_element(By.ID, "offline-banner").is_displayed(), "the banner stays after the server is back")
-
-
-def test_pending_data_check_keeps_the_form_until_its_warnings_come(server_factory, d):
+def test_pending_data_check_keeps_the_form_until_its_warnings_come(server_factory):
     """Item 8: a submit whose data analysis outlasts the server's wait answers "pending"; the form
     stays, says it is checking the data, and shows the truncation warning when the analysis is done
     (GET /api/jobs/{id}/preflight), instead of going to the job page and losing it."""
     s = server_factory(preflight_wait_s=0.01)
+    d = make_driver()  # its own browser: a login here would replace the module browser's session cookie
+    try:
+        pending_check(s, d)
+    finally:
+        d.quit()
+        shutil.rmtree(d.profile_dir, ignore_errors=True)
+
+
+def pending_check(s, d):
     login(d, s)
     d.get(s.url + "/submit")
     until(d, 20, lambda d: d.find_element(By.ID, "submit").is_enabled(), "no submit form")
@@ -391,3 +386,17 @@ def test_generations_as_a_prompt_by_step_table_and_a_long_summary_stays_in_its_p
     d.execute_script("document.getElementById('generations').scrollIntoView()")
     shot(d, "trust-generations-phone")
     d.set_window_size(1280, 800)
+
+
+def test_server_gone_banner_with_the_time_of_the_last_data(srv, d, jobs):
+    """Item 17: when the server goes away a banner says so and since when; it goes when it is back.
+    (Last in this file: it stops the module's server and starts it again.)"""
+    d.get(f"{srv.url}/jobs/{jobs['done']}")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"), "not live")
+    srv.kill(signal.SIGTERM)
+    until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#offline-banner:not([hidden])"), "no banner when the server is gone")
+    banner = text(d, "#offline-banner")
+    assert "not answering" in banner and "ago" in banner or "just now" in banner, banner
+    shot(d, "trust-offline-banner")
+    srv.start()
+    until(d, 60, lambda d: not d.find_element(By.ID, "offline-banner").is_displayed(), "the banner stays after the server is back")
