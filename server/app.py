@@ -18,11 +18,13 @@ from server import auth, errors, prometheus, storage_errors
 from server.agent_channel import AgentWrites
 from server.api import agent_ws, agents, alerts, datasets, external, jobs, tokens, ws
 from server.api import ranks as ranks_api
+from server.api import logs as logs_api
 from server.api import preflight as preflight_api
 from server.db import Database, upgrade_to_head
 from server.context import App, AppDep
 from server.hub import Hub
 from server.ingest import alerts as ingest_alerts
+from server.ingest import logcap
 from server.leader import ReaperLock
 from server.reaper import reaper_loop
 from server.relay import Relay
@@ -78,6 +80,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
                  webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries,
                                    clear_after_s=settings.alert_reopen_s))
         ingest_alerts.REOPEN_S = settings.alert_reopen_s
+        logcap.LIMIT = settings.log_max_bytes
         app.state.tp = tp
         tp.agent_writes = AgentWrites(tp)
         tp.webhooks.start()
@@ -111,7 +114,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     # to about a third (710 KB -> 271 KB for 1,500 steps), pages and scripts likewise.
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=5)
 
-    for r in (external.router, jobs.router, ranks_api.router, preflight_api.router, agents.router, agent_ws.router, alerts.router,
+    for r in (external.router, logs_api.router, jobs.router, ranks_api.router, preflight_api.router, agents.router, agent_ws.router, alerts.router,
               datasets.router, tokens.router, ws.router):
         app.include_router(r)
 

@@ -180,3 +180,5 @@ class AgentOut(Answer):
     created_at: float
     seen_at: float
     jobs: list[int] = Field(description="ids of the jobs it holds")
+    system: Optional[dict] = Field(None, description="its machine's latest sample (protocol.MachineSample): "
+                                                     "CPU %, memory, network, GPUs; None until the first")

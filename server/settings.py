@@ -42,6 +42,8 @@ class Settings(BaseSettings):
                                    "past that 429 (a submit skips its analysis)")
     preflight_wait_s: float = Field(5.0, ge=0, description="a submit waits this long for the data analysis "
                                                             "behind its warnings (0: no analysis)")
+    log_max_bytes: int = Field(64 * 1024 * 1024, ge=65536, description="each job's stored log is kept whole up to "
+                               "this many bytes; past it its oldest lines are dropped")
     session_ttl_s: float = Field(7 * 86400.0, gt=0, description="a browser login lasts this long")
 
     @property

@@ -391,6 +391,37 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_logs(args) -> int:
+    """A job's log (or the lines matching --grep), and with --follow the new lines until it ends."""
+    import time as _time
+    c = client(args)
+    after, first = -1, True
+    try:
+        while True:
+            r = c.logs(args.job, grep=args.grep, regex=args.regex, after_seq=after,
+                       limit=args.tail if first and args.tail else 100_000)
+            for line in r["lines"]:
+                print(f"{line['stream']}: {line['line']}" if args.streams else line["line"], flush=True)
+            after, first = r["last_seq"], False
+            if not args.follow:
+                return 0
+            if c.job(args.job)["state"] in ("completed", "failed", "cancelled", "paused"):
+                r = c.logs(args.job, grep=args.grep, regex=args.regex, after_seq=after, limit=100_000)
+                for line in r["lines"]:
+                    print(f"{line['stream']}: {line['line']}" if args.streams else line["line"], flush=True)
+                return 0
+            _time.sleep(1.0)
+    except ApiError as e:
+        return report_error(e)
+
+
+def cmd_mcp(args) -> int:
+    """Serve the Model Context Protocol over stdio (tokenpulse/mcp_server.py), with the caller's token."""
+    from tokenpulse.mcp_server import serve
+    serve(Client(args.url))
+    return 0
+
+
 def cmd_ranks(args) -> int:
     """A distributed job's ranks: host, pid, device, step, step time, own work, memory, last progress,
     and once the attempt is over how each rank ended."""
@@ -600,6 +631,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = sub.add_parser("show", help="a job's full record as JSON")
     p.add_argument("job", type=int)
     p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("logs", help="a job's log: the whole of it, or the lines matching --grep; --follow for new lines")
+    p.add_argument("job", type=int)
+    p.add_argument("--grep", help="only lines containing this text (case-insensitive)")
+    p.add_argument("--regex", action="store_true", help="--grep is a regular expression")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--tail", type=int, default=0, help="only the last N lines (matches) to start with")
+    p.add_argument("--streams", action="store_true", help="prefix each line with its stream (stdout, stderr, agent)")
+    p.set_defaults(fn=cmd_logs)
+
+    p = sub.add_parser("mcp", help="serve the Model Context Protocol over stdio, for coding agents "
+                                   "(TOKENPULSE_URL, TOKENPULSE_TOKEN: the agent gets this token's rights)")
+    p.set_defaults(fn=cmd_mcp)
 
     p = sub.add_parser("ranks", help="a distributed job's ranks (host, pid, step, step time, memory)")
     p.add_argument("job", type=int)

@@ -503,6 +503,29 @@ class AgentHello(BaseModel):
     accepts_commands: bool = Field(False, description="started with --allow-commands: it runs command jobs")
 
 
+class GpuSample(BaseModel):
+    """One GPU as NVML reads it (a field the board does not report is left out)."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    util_pct: Optional[float] = Field(None, ge=0, le=100)
+    mem_mb: Optional[float] = Field(None, ge=0)
+    power_w: Optional[float] = Field(None, ge=0)
+    temp_c: Optional[float] = None
+
+
+class MachineSample(BaseModel):
+    """An agent's machine now (worker/agent/sysmetrics.py), every few seconds: the workers page."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    cpu_pct: float = Field(ge=0, le=100, description="CPU use, % of all cores")
+    cores: int = Field(ge=1, le=100_000)
+    mem_used_mb: float = Field(ge=0)
+    mem_total_mb: float = Field(ge=0)
+    load1: float = Field(0.0, ge=0)
+    net_recv_mbps: Optional[float] = Field(None, ge=0)
+    net_sent_mbps: Optional[float] = Field(None, ge=0)
+    gpus: list[GpuSample] = Field(default_factory=list, max_length=64)
+    t: float
+
+
 class EventBatch(BaseModel):
     events: list[Event] = Field(max_length=100_000)
 

@@ -17,13 +17,13 @@ from server.reaper import lease_origin
 from server.hub import job_frames
 from server.schemas import AgentOut
 from tokenpulse.protocol import (COMMAND, Action, AgentHello, AgentReply, Claim, ClaimRequest, Command, Heartbeat,
-                                 agent_frame, load_spec)
+                                 MachineSample, agent_frame, load_spec)
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 
 
-def agent_dict(a: Agent, job_ids: list[int]) -> dict:
-    return {"id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
+def agent_dict(a: Agent, job_ids: list[int], system: Optional[dict] = None) -> dict:
+    return {"system": system, "id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
             "accepts_commands": bool(a.accepts_commands), "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
 
 
@@ -55,7 +55,8 @@ def list_agents(tp: AppDep, _: UserDep) -> list[AgentOut]:
         running: dict[int, list[int]] = {}
         for jid, aid in s.execute(select(Job.id, Job.agent_id).where(Job.agent_id.is_not(None))):
             running.setdefault(aid, []).append(jid)
-        return [agent_dict(a, running.get(a.id, [])) for a in s.scalars(select(Agent).order_by(Agent.id))]
+        return [agent_dict(a, running.get(a.id, []), tp.machines.get(a.id) if a.state == "online" else None)
+                for a in s.scalars(select(Agent).order_by(Agent.id))]
 
 
 def known_agent(s, agent_id: int, caller=None) -> Agent:
@@ -87,6 +88,18 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
     commands, frames = await tp.db.write(beat)
     tp.hub.publish_all(frames)
     return AgentReply(commands=commands)
+
+
+@router.post("/{agent_id}/system", status_code=204)
+def machine_sample(agent_id: int, sample: MachineSample, tp: AppDep, caller: AgentDep) -> Response:
+    """The agent's machine now (CPU, memory, network, GPUs), every few seconds: kept in memory for the
+    workers page (a live reading; the jobs' own sys/ series are stored as metrics)."""
+    with tp.db.read() as s:
+        known_agent(s, agent_id, caller)
+    if len(tp.machines) > 10_000:
+        tp.machines.clear()
+    tp.machines[agent_id] = sample.model_dump()
+    return Response(status_code=204)
 
 
 @router.post("/{agent_id}/claim", responses={204: {"description": "no job for this agent now"},

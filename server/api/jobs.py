@@ -194,6 +194,8 @@ async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep
 @router.get("/{job_id}/metrics", response_model=MetricsOut)
 def get_metrics(job_id: int, tp: AppDep, _: UserDep,
                 keys: Optional[list[str]] = Query(None, description="metric names (default: all)"),
+                prefix: Optional[str] = Query(None, max_length=64, description="only names starting with this "
+                                              "(sys/: the system metrics)"),
                 max_points: int = Query(1000, ge=2, le=1_000_000, description="downsample above this"),
                 after_step: Optional[int] = Query(None, description="only points after this step"),
                 before_step: Optional[int] = Query(None, description="only points up to this step (zoom)"),
@@ -203,7 +205,7 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
     with tp.db.read() as s:
         get_job_or_404(s, job_id)
         names = dict(s.execute(select(MetricKey.name, MetricKey.id)).all())
-        wanted = keys or list(names)
+        wanted = keys or [n for n in names if prefix is None or n.startswith(prefix)]
         out: dict = {}
         cur = raw_cursor(s)  # the DBAPI cursor: no per-row SQLAlchemy work
         for name in wanted:

@@ -18,6 +18,7 @@ from server import store
 from server.dialect import dialect_name, raw_cursor
 from server.hub import Frame, job_topic
 from server.ingest.alerts import alert_dict, upsert_alert
+from server.ingest.logcap import BUDGET as LOG_BUDGET
 from server.ingest.metrics import PointBatch
 from server.ingest.parse import INT_LIMIT, Ev
 from server.models import Job
@@ -137,19 +138,26 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
             store.transition(s, job, JobState.running)
         last: Optional[dict] = None
         critical = False
+        log_bytes = 0
         for e in fresh:
             d = e.data
             if e.kind == "metrics":
                 points.add(s, job_id, d["step"], e.t, d["values"])
                 out.stored_points += len(d["values"])
+                if is_system(d["values"]):
+                    continue  # the agent's system samples, keyed by time: not the job's step or its latest metrics
                 if last is None:
                     last = json.loads(job.last) if job.last else {}
                 last.update(d["values"])
                 last["step"] = job.step = d["step"]
             else:
                 event_rows.append((job_id, e.seq, e.t, e.kind, json.dumps(d)))
+                if e.kind == "log":
+                    log_bytes += len(event_rows[-1][4])
                 apply_event(s, job, e, out)
                 critical = critical or e.kind in ("state", "alert")
+        if log_bytes:
+            LOG_BUDGET.add(s, job_id, log_bytes)  # the job's log bounded by log_max_bytes (logcap.py)
         if last is not None:
             job.last = json.dumps({k: v for k, v in last.items() if isinstance(v, (int, float)) and math.isfinite(v)})
         out.live[job_id] = [[{"kind": e.kind, "seq": e.seq, "t": e.t, "data": e.data} for e in fresh],
@@ -161,6 +169,11 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
     elif event_rows:
         store_event_rows(s, event_rows)
     return out
+
+
+def is_system(values: dict) -> bool:
+    """A metrics event of the agent's system samples (worker/agent/sysmetrics.py: every name sys/...)."""
+    return bool(values) and next(iter(values)).startswith("sys/")
 
 
 def store_event_rows(s: Session, rows: list[tuple]) -> None:

@@ -293,3 +293,9 @@ const TP = (() => {
   if (document.readyState !== "loading") askNotifications();
   return { api, formErrors, live, onAlert, openAlerts, num, sig, compact, small, axis, ticks, metricFormat, stallOf, reasonParts, STEP_INCRS, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
 })();
+// Terminal control codes (colours, tqdm's cursor-up ESC[A) out of a log line stored before the agent
+// dropped them (tokenpulse/terminal.py, the same rule).
+// eslint-disable-next-line no-control-regex
+TP.stripControl = (s) => String(s).replace(/\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\^_]|\x9b[0-?]*[ -/]*[@-~]/g, "").replace(/[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]/g, "");
+// A metrics event of the agent's system samples (worker/agent/sysmetrics.py: every name sys/...).
+TP.isSystem = (values) => { for (const k in values) return k.startsWith("sys/"); return false; };

@@ -620,7 +620,7 @@
   function appendLog(e) {
     const log = $("log");
     const follow = $("follow").checked;
-    const line = TP.el("span", { class: `line ${e.data.stream || "stdout"}`, title: TP.abs(e.t), text: e.data.line + "\n" });
+    const line = TP.el("span", { class: `line ${e.data.stream || "stdout"}`, title: TP.abs(e.t), text: TP.stripControl(e.data.line) + "\n" });
     log.append(line);
     while (log.childNodes.length > 2000) log.removeChild(log.firstChild);
     if (follow) log.scrollTop = log.scrollHeight;
@@ -730,6 +730,7 @@
   }
   function onEvent(e) {
     const d = e.data;
+    if (e.kind === "metrics" && TP.isSystem(d.values)) return; // the agent's sys/ samples: system.js charts them by time
     if (e.kind === "metrics" || e.kind === "phase") { lastProgress = Math.max(lastProgress || 0, e.t); showProgressAge(); }
     if (e.kind === "metrics") { addPoint(d.step, d.values, e.t); if (job) { job.last = { ...(job.last || {}), ...d.values, step: d.step }; job.step = d.step; showNumbers(job.last); } }
     else if (e.kind === "phase") {
@@ -759,6 +760,7 @@
     agents = new Map(ags.map((a) => [a.id, a]));
     if (j.attempts.length) lastAgent = j.attempts[j.attempts.length - 1].agent_id;
     for (const [k, s] of Object.entries(m.series)) {
+      if (k.startsWith("sys/")) continue; // keyed by time, not step: the System panels (system.js)
       if (s.t && s.t.length) lastProgress = Math.max(lastProgress || 0, s.t[s.t.length - 1]);
       mergePoints(k, s.step, s.value, s.t);
       if (s.downsampled && first) downsampledInfo[k] = s.total_points;

@@ -11,6 +11,15 @@
     const m = /^(\w+)(.*)$/.exec(d || "");
     return m ? TP.el("span", {}, TP.el("strong", { text: m[1].toUpperCase() }), m[2]) : "–";
   }
+  function machine(m) { // the agent's latest system sample: CPU, memory, each GPU
+    if (!m) return [TP.el("span", { class: "muted", text: "–" })];
+    const gb = (mb) => `${(mb / 1024).toFixed(1)} GiB`;
+    const out = [TP.el("div", { class: "sys-cpu", text: `CPU ${Math.round(m.cpu_pct)} % of ${m.cores} cores · load ${m.load1}` }),
+      TP.el("div", { class: "sys-mem", text: `memory ${gb(m.mem_used_mb)} / ${gb(m.mem_total_mb)}` })];
+    m.gpus.forEach((g, i) => out.push(TP.el("div", { class: "sys-gpu", text: [`GPU ${i}`, g.util_pct != null ? `${Math.round(g.util_pct)} %` : null,
+      g.mem_mb != null ? gb(g.mem_mb) : null, g.power_w != null ? `${Math.round(g.power_w)} W` : null, g.temp_c != null ? `${Math.round(g.temp_c)} °C` : null].filter(Boolean).join(" · ") })));
+    return out;
+  }
   function render() {
     body.replaceChildren(...agents.map((a) => {
       const mine = a.jobs.map((id) => jobs.get(id) || { id, name: `job-${id}` });
@@ -18,6 +27,7 @@
         TP.el("td", { "data-label": "Agent" }, TP.el("strong", { text: a.name }), TP.el("span", { class: "muted", text: ` #${a.id}` })),
         TP.el("td", { "data-label": "Host", text: a.host }),
         TP.el("td", { "data-label": "Device", class: "wrap" }, device(a.device)),
+        TP.el("td", { "data-label": "Machine", class: "wrap machine" }, ...machine(a.system)),
         TP.el("td", { class: "r", "data-label": "Slots", text: `${a.jobs.length} / ${a.capacity}` }),
         TP.el("td", { "data-label": "State" }, TP.el("span", { class: `badge ${a.state}`, text: a.state })),
         TP.el("td", { "data-label": "Current job", class: "wrap" }, ...(mine.length ? mine.map((j) => TP.el("div", {},
@@ -25,7 +35,7 @@
         TP.el("td", { "data-label": "Last heartbeat" }, a.state === "online" ? TP.rel(a.seen_at, { hb: true }) : TP.rel(a.seen_at)),
         TP.el("td", { "data-label": "Registered" }, TP.rel(a.created_at)));
     }));
-    if (!agents.length) body.append(TP.el("tr", {}, TP.el("td", { colspan: 8, class: "empty", text: "No workers registered yet." })));
+    if (!agents.length) body.append(TP.el("tr", {}, TP.el("td", { colspan: 9, class: "empty", text: "No workers registered yet." })));
     const on = agents.filter((a) => a.state === "online").length;
     document.getElementById("worker-counts").textContent = `${on} online · ${agents.length - on} offline`;
   }

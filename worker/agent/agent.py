@@ -36,6 +36,7 @@ from worker.agent.headline import folded, gang_headline, stall_headline
 from worker.agent.launch import Gang, command, free_port, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
+from worker.agent import sysmetrics
 from worker.agent.advice import OWNED, Advisor
 from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
 from worker.agent.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
@@ -222,6 +223,7 @@ class RunningJob:
     cwd: Optional[Path] = None  # a command job's working directory
     pausable: bool = False  # its events said it can checkpoint and pause on SIGUSR2
     stall_clear: Optional[tuple] = None  # (since, message): moving again, the stall alert's clear held
+    sys: Optional[sysmetrics.TreeSampler] = None  # its process tree's CPU, memory, disk, GPU (sys/ series)
 
     @property
     def command(self) -> Optional[CommandSpec]:
@@ -270,6 +272,8 @@ class Agent:
         self.disk_error: Optional[str] = None  # the work dir could not be written (a full disk)
         self.disk_alert: Optional[str] = None  # the disk problem the jobs' alerts name
         self.done_jobs = 0
+        self.host: Optional[sysmetrics.Host] = None  # the machine's readings (system_loop)
+        self.gpus: Optional[sysmetrics.Gpus] = None
 
     # ---- server calls, each retried until the server answers (it may be restarting) ----------
 
@@ -329,7 +333,7 @@ class Agent:
             await self.http.aclose()
             return
         loops = [asyncio.create_task(self.heartbeat_loop()), asyncio.create_task(self.flush_loop()),
-                 asyncio.create_task(self.channel.run())]
+                 asyncio.create_task(self.channel.run()), asyncio.create_task(self.system_loop())]
         try:
             while not self.stopping:
                 if max_jobs is not None and self.done_jobs + len(self.jobs) >= max_jobs:
@@ -502,6 +506,7 @@ class Agent:
                                           f"of this job still running here (pids {proc.tree.settled[:20]}) "
                                           "before starting", "stream": "agent"})
         rj.detector.start(time.time())
+        rj.sys = sysmetrics.TreeSampler(proc.proc.pid)  # the whole tree, from now on (not its first output)
         rj.tasks = [asyncio.create_task(self.read_events(rj)),
                     asyncio.create_task(self.read_output(rj, proc.proc.stdout, "stdout")),
                     asyncio.create_task(self.read_output(rj, proc.proc.stderr, "stderr")),
@@ -979,6 +984,50 @@ class Agent:
                 await asyncio.wait_for(self.beat_now.wait(), max(0.05, due_in))
             except asyncio.TimeoutError:
                 pass
+
+    async def system_loop(self) -> None:
+        """System metrics (sysmetrics.py): each job's process tree a second after it starts, then every
+        5 s, as sys/ metric events; the machine every 5 s to the server (the workers page)."""
+        loop = asyncio.get_running_loop()
+        posted = 0.0
+        while not self.stopping:
+            try:
+                now = time.monotonic()
+                due = [rj for rj in list(self.jobs.values()) if rj.sys is not None and rj.sys.due(now)]
+                machine_due = now - posted >= sysmetrics.EVERY_S and self.agent_id is not None
+                if due or machine_due:
+                    samples, summary = await loop.run_in_executor(None, self.read_system, due, now)
+                    t = time.time()
+                    for rj, values, gpu_util in samples:
+                        if rj.process.proc is None or rj.process.proc.returncode is not None:
+                            continue  # it ended while we read: its last sample says nothing
+                        self.emit(rj, "metrics", {"step": int(t), "values": values}, t)
+                        if gpu_util is not None and rj.slow is not None:
+                            rj.slow.observe_gpu(t, gpu_util)
+                    if machine_due:
+                        posted = now
+                        try:
+                            await self.http.post(f"/api/agents/{self.agent_id}/system", json=summary, timeout=5)
+                        except httpx.HTTPError:
+                            pass  # a live reading: the next one replaces it
+            except Exception:  # system metrics must never take the agent down
+                log.exception("system metrics failed")
+            try:
+                await asyncio.wait_for(self.stopped.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    def read_system(self, due: list, now: float) -> tuple[list, dict]:
+        """(job, sys/ values, its GPUs' utilisation) per due job, and the machine's summary (a thread)."""
+        if self.host is None:
+            self.host, self.gpus = sysmetrics.Host(), sysmetrics.Gpus()
+        gpus = self.gpus.read()
+        host = self.host.read(now)
+        out = []
+        for rj in due:
+            values = rj.sys.sample(now, host, gpus)
+            out.append((rj, values, sysmetrics.job_gpu_util(gpus, rj.sys.pids)))
+        return out, self.host.summary(gpus)
 
     async def take_reply(self, data: dict) -> None:
         """The server's answer to an event batch (socket or HTTP): drop what it stored, act on commands."""

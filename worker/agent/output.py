@@ -19,21 +19,8 @@ from worker.agent.masking import SecretMask
 
 MAX_LINE = 8192  # protocol.LogData.line
 
-# Terminal control sequences: colours, cursor moves (tqdm's nested bars write ESC[A, "cursor up",
-# between their lines), erase-line, window titles. A log is text: they are dropped, never shown raw
-# (ESC[A leaked as "[A"). \r and \n are kept (the folder interprets them), and so is \t.
-ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: ESC [ params final (colours, cursor, erase)
-                    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC: ESC ] ... BEL or ESC \ (titles, links)
-                    r"|\x1b[@-Z\\^_]"  # other two-byte escapes (not ESC [ or ESC ]: their sequences are above)
-                    r"|\x9b[0-?]*[ -/]*[@-~]")  # the 8-bit CSI
-C0 = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # other controls: bell, backspace, a lone ESC
-
-
-def strip_control(text: str) -> str:
-    """Text without terminal control sequences (also applied to stored lines when they are shown)."""
-    if "\x1b" in text or "\x9b" in text:
-        text = ESCAPE.sub("", text)
-    return C0.sub("", text)
+# Terminal control codes are dropped from every line (tokenpulse/terminal.py): a log is text.
+from tokenpulse.terminal import ESCAPE, strip_control  # noqa: E402
 
 
 class LineFolder:

@@ -71,6 +71,9 @@ def read_schedstat(pid: int) -> Optional[tuple[float, float]]:
     return run / 1e9, wait / 1e9
 
 
+GPU_IDLE_PCT = 10.0  # a training job's GPUs below this utilisation (median of a minute) are idle
+
+
 @dataclass
 class Sample:
     t: float
@@ -108,6 +111,7 @@ class SlowDetector:
     last_step: Optional[int] = None
     anatomy: Anatomy = field(default_factory=Anatomy)  # every rank's step anatomy (input-bound, memory creep)
     owned: frozenset = frozenset()  # reasons another judge names with their fix (a command job's advice.py)
+    gpu_util: list = field(default_factory=list)  # (t, utilisation %) of the job's GPUs (sysmetrics.py)
 
     # ---- feeding -----------------------------------------------------------------------------
 
@@ -147,6 +151,27 @@ class SlowDetector:
     def observe_anatomy(self, data: dict, now: float) -> None:
         """A rank's step anatomy (any rank's metrics event; rank 0's also carries its memory)."""
         self.anatomy.observe(data, now)
+
+    def observe_gpu(self, now: float, util: float) -> None:
+        """The job's GPUs' utilisation (NVML, sampled by the agent every few seconds)."""
+        self.gpu_util.append((now, util))
+        if len(self.gpu_util) > 200:
+            del self.gpu_util[:100]
+
+    def _gpu_idle(self, was_open: frozenset) -> Optional[str]:
+        """The GPU mostly idle while steps go by: the work is elsewhere (data loading, the CPU, a
+        sync). Judged on the last minute's samples; clears at twice the bar."""
+        if not self.samples:
+            return None
+        recent = [u for t, u in self.gpu_util if t >= self.gpu_util[-1][0] - 60] if self.gpu_util else []
+        if len(recent) < 3:
+            return None
+        u = statistics.median(recent)
+        bar = GPU_IDLE_PCT * (2 if "gpu_idle" in was_open else 1)
+        if u >= bar:
+            return None
+        return (f"the GPU sits idle while the job trains: {u:.0f} % utilisation over the last "
+                f"{len(recent)} samples; the time goes to data loading, the CPU or waiting (see the System charts)")
 
     def observe_sched(self, now: float, run_s: float, wait_s: float) -> None:
         """The training process's scheduler counters (read_schedstat), sampled by the agent."""
@@ -276,6 +301,9 @@ class SlowDetector:
             out.append(("periodic", p))
 
         out += self.anatomy.reasons(c.slow_input_frac, was_open)  # input-bound, memory creep
+        idle = self._gpu_idle(was_open)
+        if idle is not None:
+            out.append(("gpu_idle", idle))
         return [r for r in out if r[0] not in self.owned]
 
     def _growth(self) -> Optional[str]:

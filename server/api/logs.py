@@ -1,0 +1,117 @@
+"""A job's whole log: searched (GET /api/jobs/{id}/logs) and downloaded as text
+(GET /api/jobs/{id}/logs.txt). Lines are shown without terminal control codes, also those stored
+before the agent dropped them."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Iterator, Optional
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from server.api.jobs import get_job_or_404
+from server.context import AppDep
+from server.dialect import raw_cursor
+from server.errors import unprocessable
+from server.security import UserDep
+from tokenpulse.terminal import strip_control
+
+router = APIRouter(prefix="/api/jobs", tags=["logs"])
+PAGE = 5000  # rows read per query while scanning
+
+
+def matcher(grep: Optional[str], regex: bool, case: bool):
+    """grep -> a predicate on a line (a substring, or a regular expression); 422 naming `grep`."""
+    if not grep:
+        return lambda line: True
+    if regex:
+        try:
+            rx = re.compile(grep, 0 if case else re.IGNORECASE)
+        except re.error as e:
+            raise unprocessable([{"field": "grep", "message": f"not a regular expression: {e}"}]) from None
+        return lambda line: rx.search(line) is not None
+    if case:
+        return lambda line: grep in line
+    low = grep.lower()
+    return lambda line: low in line.lower()
+
+
+def scan(tp, job_id: int, after_seq: int, before_seq: Optional[int]) -> Iterator[dict]:
+    """Every stored log line of a job after after_seq, oldest first, read a page at a time."""
+    while True:
+        with tp.db.read() as s:
+            sql = "SELECT seq, t, data FROM events WHERE job_id = ? AND kind = 'log' AND seq > ?"
+            params: list = [job_id, after_seq]
+            if before_seq is not None:
+                sql += " AND seq < ?"
+                params.append(before_seq)
+            rows = raw_cursor(s).execute(sql + f" ORDER BY seq LIMIT {PAGE}", params).fetchall()
+        for seq, t, data in rows:
+            d = json.loads(data)
+            yield {"seq": seq, "t": t, "stream": d.get("stream", "stdout"), "line": strip_control(d.get("line", ""))}
+        if len(rows) < PAGE:
+            return
+        after_seq = rows[-1][0]
+
+
+def checked(tp, job_id: int) -> None:
+    with tp.db.read() as s:
+        get_job_or_404(s, job_id)
+
+
+@router.get("/{job_id}/logs")
+def search_logs(job_id: int, tp: AppDep, _: UserDep,
+                grep: Optional[str] = Query(None, max_length=1000, description="lines containing this text"),
+                regex: bool = Query(False, description="grep is a regular expression"),
+                case: bool = Query(False, description="grep is case-sensitive"),
+                after_seq: int = Query(-1, ge=-1, description="only lines after this event (follow)"),
+                limit: int = Query(1000, ge=1, le=100_000),
+                tail: bool = Query(True, description="the last `limit` matches (else the first)")) -> dict:
+    """A job's log lines, all of them or those matching `grep`: {"lines": [{seq, t, stream, line}],
+    "matched": how many matched in all, "scanned": lines read, "last_seq"}."""
+    checked(tp, job_id)
+    match = matcher(grep, regex, case)
+    out: list[dict] = []
+    matched = scanned = 0
+    last_seq = after_seq
+    for row in scan(tp, job_id, after_seq, None):
+        scanned += 1
+        last_seq = row["seq"]
+        if match(row["line"]):
+            matched += 1
+            out.append(row)
+            if tail and len(out) > limit:
+                del out[:len(out) - limit]
+            elif not tail and len(out) >= limit:
+                break
+    return {"job_id": job_id, "lines": out, "matched": matched, "scanned": scanned, "last_seq": last_seq}
+
+
+@router.get("/{job_id}/logs.txt", response_class=StreamingResponse,
+            responses={200: {"content": {"text/plain": {}}, "description": "the log as text, one line each"}})
+def download_logs(job_id: int, tp: AppDep, _: UserDep,
+                  grep: Optional[str] = Query(None, max_length=1000), regex: bool = False, case: bool = False,
+                  timestamps: bool = Query(False, description="each line prefixed with its time (UTC) and stream")
+                  ) -> StreamingResponse:
+    """The whole stored log as a text file (or the lines matching grep)."""
+    checked(tp, job_id)
+    match = matcher(grep, regex, case)
+
+    def body() -> Iterator[bytes]:
+        import time as _t
+        buf = []
+        for row in scan(tp, job_id, -1, None):
+            if match(row["line"]):
+                line = row["line"]
+                if timestamps:
+                    stamp = _t.strftime("%Y-%m-%dT%H:%M:%S", _t.gmtime(row["t"])) + f".{int(row['t'] % 1 * 1000):03d}Z"
+                    line = f"{stamp} {row['stream']}: {line}"
+                buf.append(line)
+                if len(buf) >= 2000:
+                    yield ("\n".join(buf) + "\n").encode()
+                    buf = []
+        if buf:
+            yield ("\n".join(buf) + "\n").encode()
+    return StreamingResponse(body(), media_type="text/plain; charset=utf-8",
+                             headers={"Content-Disposition": f'attachment; filename="job-{job_id}.log"'})
