@@ -93,9 +93,10 @@ def build(api: Client) -> MCPServer:
                 "stack": (a.get("stack") or "")[-20000:], "since": a["created_at"]}
 
     @app.tool()
-    def ranks(job_id: int) -> list:
-        """A distributed job's ranks: host, pid, device, step, step time, own work, memory, exit."""
-        return _call(api.ranks, job_id)
+    def ranks(job_id: int) -> dict:
+        """A distributed job's ranks: host, pid, device, step, step time, own work, memory, exit
+        (none for a one-process job)."""
+        return {"ranks": _call(api.ranks, job_id)}
 
     @app.tool()
     def job_logs(job_id: int, grep: Optional[str] = None, limit: int = 200) -> dict:
