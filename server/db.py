@@ -19,6 +19,7 @@ import concurrent.futures
 import gc
 import itertools
 import queue
+import sqlite3
 import sys
 import threading
 import time
@@ -141,23 +142,43 @@ class Database:
             with self.Session() as s:  # closing without commit rolls back
                 s.info["yield"] = lambda: self._yield(s)
                 result = fn(s)
+                wrote = self._wrote(s)
                 s.commit()
         except BaseException as e:  # noqa: BLE001 - handed to the caller
-            self._note_stall(fut, failed=isinstance(e, OperationalError))
+            # raw cursors (heartbeats, ingest) raise the driver's own error, not SQLAlchemy's
+            self._note_stall(fut, failed=isinstance(e, (OperationalError, sqlite3.OperationalError)), wrote=False)
             fut.set_exception(e)
         else:
-            self._note_stall(fut, failed=False)
+            self._note_stall(fut, failed=False, wrote=wrote)
             fut.set_result(result)
 
-    def _note_stall(self, fut, failed: bool) -> None:
+    def _wrote(self, s: Session) -> bool:
+        """Whether this transaction took SQLite's write lock (pysqlite begins a transaction at the
+        first INSERT/UPDATE/DELETE only): a read-only one goes through another process's lock and
+        proves nothing about writing. Always True elsewhere."""
+        if self.dialect != "sqlite":
+            return True
+        if s.get_transaction() is None:
+            return False
+        try:
+            return bool(s.connection().connection.dbapi_connection.in_transaction)
+        except AttributeError:
+            return True
+
+    def _note_stall(self, fut, failed: bool, wrote: bool = True) -> None:
         """A write that waited past STALL_S (another process's lock, a slow disk) or failed in the
         database (locked past the busy timeout, a full disk) means heartbeats could not be stored
-        meanwhile: the reaper counts agents' leases from the end of such a stall."""
+        meanwhile: the reaper counts agents' leases from the end of such a stall. Only a transaction
+        that wrote ends a stall: read-only ones (a reaper pass with nothing to do) go through a
+        foreign lock, and taking them for the end made the outage clear and reopen every pass."""
         now = time.time()
         if failed:
             self.in_stall, self.stalled_at = True, now
-        elif self.in_stall or now - getattr(fut, "queued_at", now) > STALL_S:
-            self.in_stall, self.stalled_at = False, now
+        elif self.in_stall:
+            if wrote:
+                self.in_stall, self.stalled_at = False, now
+        elif now - getattr(fut, "queued_at", now) > STALL_S:
+            self.stalled_at = now
 
     def stall_ended_at(self) -> float:
         """When the latest write stall ended: now while the last write failed (the stall goes on,

@@ -16,6 +16,7 @@ from typing import Optional
 from sqlalchemy import select
 
 from server import store
+from server.dialect import raw_cursor
 from server.gang import lost_gangs
 from server.hub import job_frames
 from server.ingest.alerts import alert_dict, upsert_alert
@@ -53,6 +54,16 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
     return frames
 
 
+def reaper_pass(s, tp, started_at: float) -> list[tuple]:
+    """One pass. During a database write stall it also tries a write (which touches nothing): only a
+    write ends a stall (server/db.py), so leases restart and the outage clears exactly when the
+    database takes writes again, never on a read that slipped past another process's lock."""
+    frames = reap(s, tp.settings.agent_lost_after_s, lease_origin(tp.db, started_at))
+    if tp.db.in_stall:
+        raw_cursor(s).execute("UPDATE agents SET seen_at = seen_at WHERE id = -1")
+    return frames
+
+
 def lease_origin(db, started_at: float) -> float:
     """Where leases count from: the server's start, or the end of the latest database write stall
     (another process's lock, a full disk) if later. Heartbeats that arrived but could not be stored
@@ -69,9 +80,8 @@ async def reaper_loop(tp, lock=None) -> None:
         if lock is not None and not await lock.acquire():
             continue
         try:
-            frames = await tp.db.write(lambda s: reap(s, tp.settings.agent_lost_after_s,
-                                                      lease_origin(tp.db, started_at)))
-            clear_outages(tp)  # this pass was written: a full disk or a lock is over
+            frames = await tp.db.write(lambda s: reaper_pass(s, tp, started_at))
+            clear_outages(tp)  # a write went through (else in_stall holds it open): the outage is over
             tp.hub.publish_all(frames)
             for _, payload, _ in frames:
                 if payload["type"] == ALERT_FRAME and tp.webhooks is not None:

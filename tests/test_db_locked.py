@@ -89,3 +89,65 @@ def test_a_write_stall_restarts_leases_instead_of_losing_agents(tmp_path):
         assert db.write_sync(lambda s: reap(s, lease, started))  # without the stall's grace: lost
     finally:
         db.close()
+
+
+def test_reads_past_a_long_foreign_lock_neither_end_the_stall_nor_lose_agents_nor_clear_the_outage(tmp_path):
+    """Issue 25, items 20 and 23, deterministically: during another process's write lock three
+    leases long, the reaper's passes keep going through (they only read when nobody is due), which
+    used to end the stall: the outage cleared every pass and reopened at the next failed write, and a
+    lease after such a read the agent whose heartbeats could not be stored was declared lost. Now
+    only a write ends a stall: nobody is lost, the outage stays open, and it clears once a write
+    went through after the lock."""
+    import sqlite3
+
+    from sqlalchemy import select
+    from sqlalchemy.exc import OperationalError
+
+    from server.context import App
+    from server.db import Database, upgrade_to_head
+    from server.hub import Hub
+    from server.models import Agent
+    from server.reaper import reaper_pass
+    from server.settings import Settings
+    from server.storage_errors import clear_outages, open_outage
+    path = tmp_path / "r.db"
+    url = f"sqlite:///{path}"
+    upgrade_to_head(url)
+    lease = 1.0
+    db = Database(url, busy_timeout_s=0.2)
+    tp = App(settings=Settings(agent_lost_after_s=lease), db=db, hub=Hub())
+    try:
+        started = time.time() - 100  # the server has run for a while
+        db.write_sync(lambda s: s.add(Agent(name="a", host="h", device="cpu", capacity=1, state="online",
+                                            created_at=time.time(), seen_at=time.time())))
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path), str(5 * lease)],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        try:  # a heartbeat cannot be stored: the outage opens
+            db.write_sync(lambda s: s.execute(Agent.__table__.update().values(seen_at=time.time())))
+            raise AssertionError("the write went through a held exclusive lock")
+        except OperationalError as e:
+            assert "locked" in str(e)
+            open_outage(tp, "locked", "locked")
+        reads = 0
+        while time.monotonic() - t0 < 3 * lease:  # reaper passes through three leases of the lock
+            assert db.write_sync(lambda s: s.scalars(select(Agent.state)).one()) == "online"  # a read goes through
+            reads += 1
+            assert db.in_stall, "a read-only transaction ended the stall"
+            try:
+                db.write_sync(lambda s: reaper_pass(s, tp, started))
+            except (OperationalError, sqlite3.OperationalError):
+                pass  # its write probe waits out the busy timeout and fails: still locked
+            clear_outages(tp)
+            assert "locked" in db.outages, "the outage cleared while nothing could be written"
+        assert reads >= 3 and holder.poll() is None
+        assert holder.wait(30) == 0
+        # the lock is gone: the next pass writes (its probe), ends the stall, and the outage clears
+        assert db.write_sync(lambda s: reaper_pass(s, tp, started)) == []
+        assert not db.in_stall
+        clear_outages(tp)
+        assert not db.outages
+        assert db.write_sync(lambda s: s.scalars(select(Agent.state)).one()) == "online"
+    finally:
+        db.close()
