@@ -197,7 +197,9 @@ class Bench:
         alerts = self.alerts(jid)
         self.stop(jid)
         if not a:
-            seen = "; ".join(f"{x['kind']}: {x['message'].splitlines()[0][:70]}" for x in alerts) or "no alert"
+            j = self.job(jid)
+            seen = "; ".join(f"{x['kind']}: {x['message'].splitlines()[0][:70]}" for x in alerts) or \
+                f"no alert (job {j['state']}, step {j.get('step')}, phase {(j.get('phase') or {}).get('name')})"
             return Row(f.name, kind, False, None, limit, False, seen)
         text = f"{a['message']}\n{a.get('stack') or ''}"
         named = any(c in text for c in f.cause)
