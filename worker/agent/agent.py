@@ -29,7 +29,7 @@ from tokenpulse.protocol import (Action, AgentHello, AgentReply, AlertKind, Clai
 from worker.agent.channel import Channel
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 from worker.agent.child import CommandProcess, Supervised, TrainingProcess, describe_exit
-from worker.agent.disk import disk_words, probe_writable
+from worker.agent.disk import disk_words, low_space, probe_writable
 from worker.agent import gangstacks, gangwatch
 from worker.agent.ranks import diagnose
 from worker.agent.headline import folded, gang_headline, stall_headline
@@ -271,6 +271,7 @@ class Agent:
         self.unreachable_since: Optional[float] = None  # the server has not answered since then
         self.disk_error: Optional[str] = None  # the work dir could not be written (a full disk)
         self.disk_alert: Optional[str] = None  # the disk problem the jobs' alerts name
+        self.disk_probe_at = 0.0  # monotonic time of the next probe while the disk is full
         self.done_jobs = 0
         self.host: Optional[sysmetrics.Host] = None  # the machine's readings (system_loop)
         self.gpus: Optional[sysmetrics.Gpus] = None
@@ -513,16 +514,27 @@ class Agent:
                     asyncio.create_task(self.supervise(rj))]
 
     def disk_blocked(self) -> bool:
-        """No claims while this agent cannot write its work dir: a job would fail for want of space.
-        Each call while blocked probes the disk again, so claims resume once space returns."""
-        if self.disk_error is not None and probe_writable(self.work_dir):
-            log.warning("work dir %s is writable again: claiming jobs", self.work_dir)
-            self.disk_error = None
-        return self.disk_error is not None or self.outbox.disk_error is not None
+        """No claims while this agent's work dir is full or cannot be written: a job would fail for
+        want of space, and a command job with a cwd of its own would run without its journal."""
+        return self.check_disk() is not None
+
+    def check_disk(self) -> Optional[str]:
+        """Why the work dir cannot take a job now, or None. A problem holds until a probe write
+        succeeds with space to spare: the journal rewriting an empty file is not space returning."""
+        if self.disk_error is None:
+            self.disk_error = self.outbox.disk_error or low_space(self.work_dir)
+            if self.disk_error is not None:
+                log.error("%s: no claims until space returns", self.disk_error)
+        elif time.monotonic() >= self.disk_probe_at:
+            self.disk_probe_at = time.monotonic() + 1.0  # a 64 KiB write and fsync, at most each second
+            if self.outbox.disk_error is None and low_space(self.work_dir) is None and probe_writable(self.work_dir):
+                log.warning("work dir %s is writable again: claiming jobs", self.work_dir)
+                self.disk_error = None
+        return self.disk_error
 
     def watch_disk(self) -> None:
         """Name a full disk on every job this agent runs (an alert), and say when it is over."""
-        problem = self.outbox.disk_error or self.disk_error
+        problem = self.check_disk()
         if problem and self.disk_alert is None:
             self.disk_alert = problem
             for rj in self.jobs.values():
