@@ -198,6 +198,9 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("stall.slow_padding_frac", "Slow: padding share", "float", "Slow when more than this fraction (0–1) of batch tokens is padding."),
         ("stall.slow_step_s", "Slow: step time (s)", "float", "An optimizer step slower than this counts as crawling."),
         ("stall.slow_periodic_frac", "Slow: periodic pauses share", "float", "Periodic pauses costing this share (0–1) of the time."),
+        ("stall.quiet_s", "Quiet warning after (s)", "float", "Warn (with where the main thread waits) when a phase ended and nothing was reported for this long."),
+        ("stall.alert_open_s", "Alert opens after (s)", "float", "A slow or straggler condition must hold this long before its alert opens."),
+        ("stall.alert_clear_s", "Alert clears after (s)", "float", "An alert's condition must stay away this long before the alert clears."),
     ]),
 ]
 
