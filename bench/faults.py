@@ -37,6 +37,7 @@ SCRIPTS = ROOT / "bench" / "faults"
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from conftest import make_server  # noqa: E402  (the tests' real-process fixtures)
+from detection import wait_for  # noqa: E402  (poll until truthy, else None)
 
 BIN = Path(sys.executable).parent
 STEPS = 400
@@ -90,16 +91,6 @@ class Row:
     limit: float
     cause: bool
     note: str
-
-
-def wait_for(fn, timeout, every=0.5):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(every)
-    return None
 
 
 class Bench:
