@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 
 from tokenpulse.protocol import BUILTIN_DATASET, JobSpec
 
-from .errors import SpecError
+from .errors import SpecError, root_cause
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "tokenpulse" / "demo"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
@@ -132,7 +132,7 @@ def load_rows(path: Path, cache_dir: Optional[Path] = None, streaming: bool = Fa
     except SpecError:
         raise
     except Exception as e:  # a malformed file is the user's to fix, not a crash to retry
-        raise SpecError(f"cannot read dataset {path}: {type(e).__name__}: {e}", "dataset") from e
+        raise SpecError(f"cannot read dataset {path}: {root_cause(e)}", "dataset") from e
 
 
 ALPACA_COLUMNS = ("instruction", "input", "output")
@@ -182,7 +182,7 @@ def open_stream(spec: JobSpec, em=None, cache_dir: Optional[Path] = None):
     except SpecError:
         raise
     except Exception as e:  # not found, no such config, unreadable files: the user's to fix
-        raise SpecError(f"cannot stream dataset {repo} from the Hub: {type(e).__name__}: {e}", "dataset") from e
+        raise SpecError(f"cannot stream dataset {repo} from the Hub: {root_cause(e)}", "dataset") from e
     return _pick_split(ds, spec.dataset_split)
 
 
@@ -195,7 +195,7 @@ def peek_columns(path: Path, cache_dir: Optional[Path] = None, config: Optional[
     except StopIteration:
         raise SpecError(f"dataset {path} is empty", "dataset")
     except Exception as e:
-        raise SpecError(f"cannot read dataset {path}: {type(e).__name__}: {e}", "dataset") from e
+        raise SpecError(f"cannot read dataset {path}: {root_cause(e)}", "dataset") from e
     return list(first.keys())
 
 

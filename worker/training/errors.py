@@ -11,6 +11,19 @@ def clip(text: str, limit: int = 8000) -> str:
     return text if len(text) <= limit else f"{text[:limit - 60]} ... ({len(text) - limit + 60:,} more characters)"
 
 
+def root_cause(e: BaseException) -> str:
+    """An exception's root cause first: libraries wrap the words a person needs (datasets'
+    DatasetGenerationError hides pyarrow's "JSON parse error ... in row 1200" in its __cause__).
+    Follows the explicit chain (`raise ... from`) to its end; the wrappers follow in brackets."""
+    chain = [e]
+    while chain[-1].__cause__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__cause__)
+    root = chain[-1]
+    words = f"{str(root).strip() or type(root).__name__} ({type(root).__name__}"
+    wrappers = [f"{type(x).__name__}: {str(x).strip()}" for x in reversed(chain[:-1])]
+    return words + (f"; reported as {' <- '.join(wrappers)})" if wrappers else ")")
+
+
 class SpecError(Exception):
     """Bad input the user can fix (missing file, unknown column, unreadable model): never retried."""
 
