@@ -156,6 +156,27 @@ class Alert(Base):
     cleared_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
 
 
+class AlertRule(Base):
+    """A rule a person wrote (server/rules.py evaluates it on ingest): its alerts are kind 'rule:<id>'."""
+    __tablename__ = "alert_rules"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    owner_token_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True, index=True)
+    scope: Mapped[str] = mapped_column(String(8))  # all, name, job
+    pattern: Mapped[Optional[str]] = mapped_column(String(200), nullable=True)
+    job_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    condition: Mapped[str] = mapped_column(String(16))  # above, below, no_improvement, jump, nonfinite, state
+    metric: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
+    threshold: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    steps: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    sigmas: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    mode: Mapped[Optional[str]] = mapped_column(String(4), nullable=True)
+    state: Mapped[Optional[str]] = mapped_column(String(16), nullable=True)
+    severity: Mapped[str] = mapped_column(String(16))
+    channels: Mapped[str] = mapped_column(Text)  # JSON: [{"url": ..., "format": "slack" | "discord" | "json"}]
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class Token(Base):
     __tablename__ = "tokens"
     id: Mapped[int] = mapped_column(Int, primary_key=True)
