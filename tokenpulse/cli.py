@@ -383,9 +383,23 @@ def cmd_jobs(args) -> int:
     return 0
 
 
+def _anatomy(c: Client, job_id: int) -> dict:
+    """Each rank's newest step anatomy ({rank: {part: s}}), from the job's anatomy/ metrics."""
+    from tokenpulse import anatomy_view
+    r = c.request("GET", f"/api/jobs/{job_id}/metrics", params={"prefix": anatomy_view.PREFIX, "max_points": 2})
+    return anatomy_view.latest(r.get("series") or {})
+
+
 def cmd_show(args) -> int:
+    """The job's record as JSON, with each rank's step anatomy (the share of a step waiting for data,
+    computing, in collectives) and the verdicts still open (slow reasons, stragglers, stalls)."""
+    from tokenpulse import anatomy_view
+    c = client(args)
     try:
-        print(json.dumps(client(args).job(args.job), indent=2))
+        job = c.job(args.job)
+        job["step_anatomy"] = {str(r): anatomy_view.shares(p) for r, p in _anatomy(c, args.job).items()}
+        job["verdicts"] = [a["message"] for a in c.alerts(job_id=args.job, limit=100) if a["state"] != "cleared"]
+        print(json.dumps(job, indent=2))
     except ApiError as e:
         return report_error(e)
     return 0
@@ -426,19 +440,23 @@ def cmd_ranks(args) -> int:
     """A distributed job's ranks: host, pid, device, step, step time, own work, memory, last progress,
     and once the attempt is over how each rank ended."""
     from rich.table import Table
+    c = client(args)
     try:
-        rows = client(args).ranks(args.job)
+        rows = c.ranks(args.job)
+        parts = _anatomy(c, args.job) if rows else {}
     except ApiError as e:
         return report_error(e)
     if not rows:
         _console().print(f"job {args.job} has no ranks (one process, or not started)")
         return 0
-    table = Table("rank", "host", "pid", "device", "step", "step time", "busy", "memory", "last progress",
-                  "exit", title=f"job {args.job}: {len(rows)} ranks")
+    table = Table("rank", "host", "pid", "device", "step", "step time", "busy", "data", "compute", "comm",
+                  "memory", "last progress", "exit", title=f"job {args.job}: {len(rows)} ranks")
     s = (lambda v: "" if v is None else f"{v:.3g} s")
     for r in rows:
+        a = parts.get(r["rank"], {})  # seconds per step waiting for data, computing, in collectives
         table.add_row(str(r["rank"]), r.get("host") or "", str(r.get("pid") or ""), r.get("device") or "",
                       str(r["step"]) if r.get("step") is not None else "", s(r.get("step_time_s")), s(r.get("busy_s")),
+                      s(a.get("data_s")), s(a.get("compute_s")), s(a.get("comm_s")),
                       f"{r['rss_mb']:,.0f} MiB" if r.get("rss_mb") is not None else "",
                       f"{r['progress_age_s']:.1f} s ago" if r.get("progress_age_s") is not None else "",
                       r.get("exit") or "")
@@ -628,7 +646,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--limit", type=int, default=30)
     p.set_defaults(fn=cmd_jobs)
 
-    p = sub.add_parser("show", help="a job's full record as JSON")
+    p = sub.add_parser("show", help="a job's full record as JSON, with its step anatomy and open verdicts")
     p.add_argument("job", type=int)
     p.set_defaults(fn=cmd_show)
 
@@ -645,7 +663,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                    "(TOKENPULSE_URL, TOKENPULSE_TOKEN: the agent gets this token's rights)")
     p.set_defaults(fn=cmd_mcp)
 
-    p = sub.add_parser("ranks", help="a distributed job's ranks (host, pid, step, step time, memory)")
+    p = sub.add_parser("ranks", help="a distributed job's ranks (host, pid, step, step time, data/compute/comm, memory)")
     p.add_argument("job", type=int)
     p.set_defaults(fn=cmd_ranks)
 

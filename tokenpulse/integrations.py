@@ -61,7 +61,7 @@ class TokenPulseCallback(TrainerCallback):
         self._phase_t = 0.0
         self._eval_k = 0
         self._max_steps = 0
-        self._step_t, self._step_real, self._step_padded, self._data_s, self._step_sent = None, [], 0, 0.0, 0.0
+        self._step_t, self._step_real, self._step_padded, self._step_sent = None, [], 0, 0.0
 
     @property
     def em(self):
@@ -95,23 +95,19 @@ class TokenPulseCallback(TrainerCallback):
             self._samples.append(ids.shape[0])
         self._step_real.append(self._real[-1])
 
-    def data_wait(self, seconds: float) -> None:
-        """Time the Trainer waited for this step's batches (the patched get_batch_samples)."""
-        self._data_s += seconds
-
     def _step_speed(self, step: int) -> None:
         """One optimizer step's own speed, for the first steps and then now and then: the verdicts
         (padding, batch size, data loading) come from step 1, not from the script's logging interval."""
         now = time.perf_counter()
         t0, self._step_t = self._step_t, now
-        real, padded, data_s = self._step_real, self._step_padded, self._data_s
-        self._step_real, self._step_padded, self._data_s = [], 0, 0.0
+        real, padded = self._step_real, self._step_padded
+        self._step_real, self._step_padded = [], 0
         FACTS.maybe_send(force=step <= FIRST_STEPS)  # the first batches' rows, before any verdict
         if t0 is None or now <= t0 or not (step <= FIRST_STEPS or now - self._step_sent >= STEP_EVERY_S):
             return
         self._step_sent = now
         dt = now - t0
-        values = {"step_time_s": dt, "eta_s": max(0, self._max_steps - step) * dt, "data_wait_s": data_s}
+        values = {"step_time_s": dt, "eta_s": max(0, self._max_steps - step) * dt}
         if padded:
             r = self._total(real)
             values.update(tokens_per_s=r / dt, padded_tokens_per_s=padded / dt, padding_frac=1 - r / padded)
@@ -165,7 +161,7 @@ class TokenPulseCallback(TrainerCallback):
         em.phase("training", done=state.global_step, total=state.max_steps, unit="steps")
         self._reset_window(time.perf_counter(), state.global_step)
         self._phase_t = time.monotonic()
-        self._step_t, self._step_real, self._step_padded, self._data_s = time.perf_counter(), [], 0, 0.0
+        self._step_t, self._step_real, self._step_padded = time.perf_counter(), [], 0
 
     def on_step_end(self, args, state, control, **kw):
         if not self.active:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import time
 
 from tokenpulse import run
 
@@ -44,7 +43,6 @@ def install_trainer_class(Trainer, auto_callback: bool) -> None:
     if not Trainer.__dict__.get("_tp_patched"):
         Trainer._tp_patched = True
         _patch_counting(Trainer)
-        _patch_data_wait(Trainer)
         _patch_train(Trainer)
     if auto_callback and not Trainer.__dict__.get("_tp_auto"):
         Trainer._tp_auto = True
@@ -83,24 +81,6 @@ def _patch_counting(Trainer) -> None:
             cb.count_batch(inputs)
         return orig_step(self, model, inputs, *a, **k)
     Trainer.training_step = training_step
-
-
-def _patch_data_wait(Trainer) -> None:
-    """The time each step waits for its batches (the DataLoader, its workers, the collator)."""
-    orig = getattr(Trainer, "get_batch_samples", None)
-    if orig is None:
-        return
-
-    @functools.wraps(orig)
-    def get_batch_samples(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return orig(self, *a, **k)
-        finally:
-            cb = find_callback(self)
-            if cb is not None and hasattr(cb, "data_wait"):
-                cb.data_wait(time.perf_counter() - t0)
-    Trainer.get_batch_samples = get_batch_samples
 
 
 def resume_path():

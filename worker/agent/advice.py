@@ -24,6 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
+from worker.agent import anatomy
 from worker.agent.stall import StallConfig
 
 FIRST_STEPS = 3  # steps judged on; a verdict comes by the third optimizer step at the latest
@@ -51,7 +52,6 @@ class StepSample:
     step: int
     step_time: float
     padding: Optional[float]
-    data_s: Optional[float]
     eta_s: Optional[float]
 
 
@@ -63,6 +63,9 @@ class Advisor:
     script: dict = field(default_factory=dict)  # the latest info {"script": ...} from the process
     info: dict = field(default_factory=dict)  # other info (the Trainer callback's max_steps...)
     steps: list = field(default_factory=list)  # StepSample of the first steps
+    # the share of a step waiting for data, from the startup hook's step anatomy (every few seconds,
+    # per rank: the DataLoader's __next__ timed, the one data-wait signal), its first windows
+    data_shares: list = field(default_factory=list)
     model: Optional[str] = None  # what from_pretrained loaded (its 'loading model' phase)
     last_output: Optional[str] = None
     open: dict = field(default_factory=dict)  # kind -> message sent
@@ -80,16 +83,23 @@ class Advisor:
             self.model = str(data["detail"]).split(": ")[0][:500]
         elif kind == "metrics":
             v = data.get("values") or {}
+            self._observe_anatomy(v)
             st = v.get("step_time_s")
             step = int(data.get("step", 0))
             if not isinstance(st, (int, float)) or st <= 0 or len(self.steps) >= 50:
                 return
             if self.steps and step <= self.steps[-1].step:
                 return
-            data_s = v.get("data_wait_s")
-            if data_s is None and v.get("anatomy/r0/data_s") is not None and v.get("anatomy/r0/step_s"):
-                data_s = v["anatomy/r0/data_s"] / v["anatomy/r0/step_s"] * st
-            self.steps.append(StepSample(step, float(st), v.get("padding_frac"), data_s, v.get("eta_s")))
+            self.steps.append(StepSample(step, float(st), v.get("padding_frac"), v.get("eta_s")))
+
+    def _observe_anatomy(self, values: dict) -> None:
+        """The worst rank's data-wait share of a step from one anatomy window (anatomy.parse)."""
+        if len(self.data_shares) >= FIRST_STEPS + 2:
+            return
+        shares = [p["data_s"] / p["step_s"] for p in anatomy.parse(values).values()
+                  if p.get("data_s") is not None and p.get("step_s")]
+        if shares:
+            self.data_shares.append(max(shares))
 
     def output(self, line: str) -> None:
         if line.strip():
@@ -128,10 +138,7 @@ class Advisor:
         return max(sites, key=lambda s: s.get("cut", 0)) if sites else None
 
     def _data_share(self) -> Optional[float]:
-        xs = [(s.data_s, s.step_time) for s in self.steps[:FIRST_STEPS + 2] if s.data_s is not None]
-        if not xs:
-            return None
-        return statistics.median(d / t for d, t in xs if t > 0)
+        return statistics.median(self.data_shares) if self.data_shares else None
 
     def _step_time(self) -> Optional[float]:
         xs = [s.step_time for s in self.steps[:FIRST_STEPS]]
