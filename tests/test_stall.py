@@ -125,8 +125,9 @@ def test_returning_to_a_phase_keeps_its_history():
     d.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c())
     train_steps(d, c, 6, 1.0)
     d.observe("phase", {"name": "saving", "detail": "checkpoint at step 6"}, c.tick(0.1))
-    assert d.timeout() == 40  # phase_s: saving reports no counter
-    c.tick(30)
+    # saving reports no counter and has no history: judged by the job's learned step interval
+    assert d.timeout() == 5 and "job's typical 1.00 s per step" in d.explain_timeout()
+    c.tick(4)
     assert d.check(c()) is None
     d.observe("phase", {"name": "training", "done": 6, "total": 100, "unit": "steps"}, c())
     assert d.timeout() == 5  # training's learned timeout, not the first-step allowance again
@@ -358,3 +359,34 @@ def test_stuck_at_finds_the_main_thread_by_pid_when_unnamed():
     spy = ('py-spy dump (--nonblocking; process 7349 state: T (stopped)):\nProcess 7349: python -c\n\n'
            'Thread 7360 (idle)\n    wait (/x/threading.py:331)\nThread 7349 (idle)\n    stuck (/x/a.py:4)\n')
     assert stuck_at(spy) == "stuck (/x/a.py:4)"
+
+
+def test_step_interval_learned_from_the_alive_step_counter():
+    """A plain loop's steps arrive at most once a second (alive, a rate-limited phase): one report
+    covering 13 steps is 13 steps of history, so a hang at step 15 is judged by the floor, not by
+    a first-step allowance of minutes (fault benchmark: deadlock in a plain loop)."""
+    cfg = StallConfig(floor_s=30, alert_open_s=0, alert_clear_s=0)  # the defaults a user gets
+    d, c = started(cfg)
+    d.observe("phase", {"name": "training", "done": 1, "unit": "steps"}, c.tick(2))
+    d.observe("alive", {"step": 14}, c.tick(0.9))  # the first report after entry: 13 steady steps
+    assert d.timeout() == 30 and "13 steps" in d.explain_timeout()
+    for _ in range(29):
+        d.observe("alive", {"step": 14}, c.tick(1))
+        assert d.check(c()) is None
+    v = d.check(c.tick(1.5))
+    assert v is not None and v.kind == "stalled" and "training steps" in v.message
+
+
+def test_a_new_phase_after_steps_is_judged_by_the_step_interval():
+    """An evaluation that never ends (its first batch hangs) after steps were learned: the job's
+    step timeout, not the 600 s first-step allowance; before any steps the allowance holds."""
+    cfg = StallConfig(alert_open_s=0, alert_clear_s=0)
+    d, c = started(cfg)
+    d.observe("phase", {"name": "evaluating", "done": 0, "unit": "batches"}, c())
+    assert d.timeout() == cfg.first_step_s
+    d.observe("phase", {"name": "training", "done": 1, "unit": "steps"}, c.tick(1))
+    for k in range(2, 40):
+        d.observe("alive", {"step": k}, c.tick(1))
+    d.observe("phase", {"name": "evaluating", "done": 0, "unit": "batches"}, c.tick(1))
+    assert d.timeout() == cfg.floor_s
+    assert d.check(c.tick(cfg.floor_s + 1)).kind == "stalled"

@@ -117,6 +117,8 @@ class StallDetector:
     counted: bool = False  # a phase counter or a step was ever seen: output lines are then not progress
     output_lines: int = 0  # output lines seen (the signal of a job that reports no progress)
     entered: set = field(default_factory=set)  # phases whose entry counted since something last moved
+    units: dict = field(default_factory=dict)  # phase -> units of movement its history was learned from
+    step_phase: Optional[str] = None  # the phase whose history holds the job's step interval
 
     def start(self, now: float) -> None:
         self.last_progress = self.last_event = now
@@ -142,6 +144,8 @@ class StallDetector:
                 if unit == "steps" and done is not None:
                     if self.step is None or int(done) > self.step:
                         self.step = int(done)
+                        # a step reported at entry ends that step: the steps after it are steady work
+                        self.moved = 1 if done >= 1 else 0
                         return self._progress(now, interval=False, moved=True)
                 if name in self.entered:
                     return None  # back and forth with nothing moving: not movement
@@ -157,10 +161,12 @@ class StallDetector:
                     self.done, self.detail, self.moved = done, detail, 0  # a new bar of the same name
                     return self._progress(now, interval=False)
                 if self.done is None or done > self.done:
-                    self.done, self.detail = done, detail
+                    units = 1.0
                     if unit == "steps":
+                        units = max(1, int(done) - (self.step if self.step is not None else int(done) - 1))
                         self.step = int(done)
-                    return self._progress(now, interval=True)
+                    self.done, self.detail = done, detail
+                    return self._progress(now, interval=True, units=units, steps=unit == "steps")
                 return None
             if detail != self.detail and not self.has_counter:
                 self.detail = detail
@@ -169,11 +175,12 @@ class StallDetector:
         if kind == "metrics" or (kind == "alive" and data.get("step") is not None):
             step = int(data.get("step", 0))
             if self.step is None or step > self.step:
+                units = step - self.step if self.step is not None else 1
                 self.step = step
                 self.counted = True
                 if self.unit == "steps":
                     self.done = step
-                return self._progress(now, interval=True)
+                return self._progress(now, interval=True, units=units, steps=True)
         return None
 
     def observe_output(self, now: float) -> Optional[Verdict]:
@@ -204,15 +211,40 @@ class StallDetector:
     def _history(self):
         return self.intervals.get(OUTPUT if self.by_output() else self.phase)
 
+    def _learned(self, phase) -> bool:
+        """Enough movement seen in `phase` to judge it by its own typical interval."""
+        hist = self.intervals.get(phase)
+        return bool(hist) and self.units.get(phase, len(hist)) >= self.config.min_intervals
+
+    def _typical(self, phase) -> float:
+        recent = list(self.intervals[phase])[-20:]
+        return max(statistics.median(recent), max(recent) / 2)
+
+    def _fallback(self) -> Optional[str]:
+        """The phase whose history judges a phase that has none of its own yet: once the job's step
+        interval is learned, an evaluation or a checkpoint save is judged by it (a first-step
+        allowance of minutes there would hide an evaluation that never ends)."""
+        if self.by_output() or self.step_phase is None or self.step_phase == self.phase:
+            return None
+        return self.step_phase if self._learned(self.step_phase) else None
+
     def by_output(self) -> bool:
         return not self.counted and self.output_lines > 0
 
-    def _progress(self, now: float, interval: bool, moved: bool = True) -> Optional[Verdict]:
+    def _progress(self, now: float, interval: bool, moved: bool = True, units: float = 1.0,
+                  steps: bool = False) -> Optional[Verdict]:
+        """Movement. `units`: steps (or counts) this report moved by. The training process reports its
+        step at most once a second (alive, a rate-limited phase), so one report may cover many steps:
+        the history keeps seconds per unit, and counts units, not reports, towards min_intervals."""
         if moved:
             self.entered.clear()  # something moved: a later phase switch counts again
         if interval and self.last_progress is not None:
             if self.moved > 0:  # the first movement in a phase may include setup: not typical
-                self.intervals.setdefault(self.phase, deque(maxlen=50)).append(now - self.last_progress)
+                units = max(1.0, float(units))
+                self.intervals.setdefault(self.phase, deque(maxlen=50)).append((now - self.last_progress) / units)
+                self.units[self.phase] = self.units.get(self.phase, 0) + units
+                if steps:
+                    self.step_phase = self.phase
             self.moved += 1
         silent = now - self.last_progress if self.last_progress is not None else 0.0
         self.last_progress = now
@@ -230,13 +262,13 @@ class StallDetector:
     def timeout(self) -> float:
         """Seconds without progress after which the current phase counts as stalled."""
         c = self.config
-        hist = self._history()
+        key = OUTPUT if self.by_output() else self.phase
         if self.finished():
             limit = c.phase_s  # the counter is complete: the process is between phases
-        elif hist is not None and len(hist) >= c.min_intervals:
-            recent = list(hist)[-20:]
-            typical = max(statistics.median(recent), max(recent) / 2)
-            limit = c.factor * typical
+        elif self._learned(key):
+            limit = c.factor * self._typical(key)
+        elif self._fallback() is not None:
+            limit = c.factor * self._typical(self._fallback())
         else:
             limit = c.first_step_s if self.has_counter else c.phase_s
         return max(c.floor_s, min(c.ceiling_s, limit))
@@ -246,17 +278,19 @@ class StallDetector:
 
     def explain_timeout(self) -> str:
         c = self.config
-        hist = self._history()
-        if self.by_output() and hist is not None and len(hist) >= c.min_intervals:
-            recent = list(hist)[-20:]
-            return (f"{c.factor:g} x the typical interval of {statistics.median(recent):.2f} s between its "
+        key = OUTPUT if self.by_output() else self.phase
+        if self.by_output() and self._learned(key):
+            return (f"{c.factor:g} x the typical interval of {self._typical(key):.2f} s between its "
                     f"output lines, within [{c.floor_s:g}, {c.ceiling_s:g}] s")
         if self.finished():
             return f"budget between phases (after {self.where()}), within [{c.floor_s:g}, {c.ceiling_s:g}] s"
-        if hist is not None and len(hist) >= c.min_intervals:
-            recent = list(hist)[-20:]
-            return (f"{c.factor:g} x this phase's typical progress interval of "
-                    f"{statistics.median(recent):.2f} s, within [{c.floor_s:g}, {c.ceiling_s:g}] s")
+        per = "step" if key == self.step_phase else "unit"
+        if self._learned(key):
+            return (f"{c.factor:g} x this phase's typical {self._typical(key):.2f} s per {per} (learned from "
+                    f"{self.units.get(key, 0):g} {per}s), within [{c.floor_s:g}, {c.ceiling_s:g}] s")
+        if self._fallback() is not None:
+            return (f"{c.factor:g} x the job's typical {self._typical(self._fallback()):.2f} s per step "
+                    f"(this phase has no history yet), within [{c.floor_s:g}, {c.ceiling_s:g}] s")
         what = "first-step allowance" if self.has_counter else "budget for a phase without a counter"
         return f"{what}, within [{c.floor_s:g}, {c.ceiling_s:g}] s"
 
