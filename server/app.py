@@ -19,6 +19,7 @@ from server.agent_channel import AgentWrites
 from server.api import agent_ws, agents, alerts, datasets, external, jobs, tokens, ws
 from server.api import ranks as ranks_api
 from server.api import logs as logs_api
+from server.api import rules as rules_api
 from server.api import preflight as preflight_api
 from server.db import Database, upgrade_to_head
 from server.context import App, AppDep
@@ -27,6 +28,7 @@ from server.ingest import alerts as ingest_alerts
 from server.ingest import logcap
 from server.leader import ReaperLock
 from server.reaper import reaper_loop
+from server.rules import RULES
 from server.relay import Relay
 from server.schemas import Health
 from server.security import MetricsDep
@@ -83,6 +85,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         logcap.LIMIT = settings.log_max_bytes
         app.state.tp = tp
         tp.agent_writes = AgentWrites(tp)
+        tp.webhooks.channels_for = RULES.channels_for  # a rule's own webhooks (server/rules.py)
         tp.webhooks.start()
         lock = None
         if db.dialect == "postgresql":  # maybe one of several server processes on this database
@@ -115,6 +118,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=5)
 
     for r in (external.router, logs_api.router, jobs.router, ranks_api.router, preflight_api.router, agents.router, agent_ws.router, alerts.router,
+              rules_api.router,
               datasets.router, tokens.router, ws.router):
         app.include_router(r)
 
@@ -143,6 +147,6 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from web.pages import not_found, router as pages_router
     app.include_router(pages_router)
-    app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
     app.add_exception_handler(StarletteHTTPException, not_found)  # a browser's unknown route: our 404 page
+    app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
     return app

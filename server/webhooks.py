@@ -7,6 +7,8 @@ with a timeout and retries, from background tasks: ingest never waits on a recei
   condition that flickers reaches a receiver as one open and one clear.
 - One queue and one task per URL: a receiver that is down delays only itself, and each receiver
   sees an alert's changes in order (opened before cleared).
+- A rule's own channels (server/rules.py, `channels_for`): the same open/clear life, its own queue per
+  URL, and the body its receiver reads: Slack `{"text"}`, Discord `{"content"}`, or the whole alert.
 - Retries on connection errors, timeouts, 429 and 5xx, with exponential backoff; a 4xx other than
   429 is the receiver refusing the payload: retrying would not help.
 """
@@ -37,6 +39,8 @@ class Webhooks:
         self.sent: OrderedDict = OrderedDict()  # alert id -> the last state sent ("open" / "cleared")
         self.delivered = 0
         self.failed = 0
+        self.channels_for = lambda alert: []  # a rule alert's own channels (set by create_app)
+        self.channel_queues: dict[str, asyncio.Queue] = {}
 
     def start(self) -> None:
         for url in self.urls:
@@ -46,7 +50,7 @@ class Webhooks:
     def send(self, alert: dict) -> None:
         """An alert as stored now: queued for every URL when it opened or cleared (never blocks;
         drops with a log line when full)."""
-        if not self.urls:
+        if not self.urls and not self.channels_for(alert):
             return
         key = alert.get("id")
         state = "cleared" if alert.get("state") == "cleared" else "open"  # acked: still open
@@ -84,11 +88,21 @@ class Webhooks:
     def _queue(self, alert: dict) -> None:
         key = alert.get("id")
         body = self.body(alert)
-        for url, q in self.queues.items():
+        targets = [(url, q, body) for url, q in self.queues.items()]
+        for ch in self.channels_for(alert):
+            targets.append((ch["url"], self._channel_queue(ch["url"]), channel_body(body, ch.get("format", "slack"))))
+        for url, q, body in targets:
             try:
                 q.put_nowait(body)
             except asyncio.QueueFull:
                 log.error("webhook queue for %s full; alert %s not delivered", url, key)
+
+    def _channel_queue(self, url: str) -> asyncio.Queue:
+        q = self.channel_queues.get(url)
+        if q is None:
+            q = self.channel_queues[url] = asyncio.Queue(maxsize=10_000)
+            self.tasks.append(asyncio.create_task(self._run(url, q)))
+        return q
 
     @staticmethod
     def body(alert: dict) -> dict:
@@ -101,8 +115,8 @@ class Webhooks:
             text += "\nStack attached (see the job page)."
         return {**alert, "text": text[:3900]}
 
-    async def _run(self, url: str) -> None:
-        q = self.queues[url]
+    async def _run(self, url: str, q: asyncio.Queue = None) -> None:
+        q = q or self.queues[url]
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             while True:
                 body = await q.get()
@@ -137,3 +151,13 @@ class Webhooks:
         for t in self.tasks:
             t.cancel()
         self.tasks = []
+        self.channel_queues = {}
+
+
+def channel_body(body: dict, fmt: str) -> dict:
+    """What a rule's channel receives: Slack reads "text", Discord "content" (at most 2,000 characters)."""
+    if fmt == "discord":
+        return {"content": body["text"][:2000]}
+    if fmt == "slack":
+        return {"text": body["text"]}
+    return body

@@ -475,6 +475,64 @@ def make_action(action: str):
     return run
 
 
+def rule_body(args) -> dict:
+    """`tokenpulse rules add` flags -> a POST /api/rules body (the server checks and names what is missing)."""
+    body: dict = {"name": args.name, "severity": args.severity}
+    if args.jobs:
+        body.update(scope="name", pattern=args.jobs)
+    elif args.job:
+        body.update(scope="job", job_id=args.job)
+    conditions = {"above": args.above is not None, "below": args.below is not None,
+                  "no_improvement": args.no_improvement is not None, "jump": args.jump is not None,
+                  "nonfinite": args.nonfinite, "state": args.state is not None}
+    chosen = [k for k, on in conditions.items() if on]
+    if len(chosen) != 1:
+        raise SystemExit("say one condition: --above, --below, --no-improvement, --jump, --nonfinite or --state")
+    body["condition"] = chosen[0]
+    for key, value in (("metric", args.metric), ("threshold", args.above if args.above is not None else args.below),
+                       ("steps", args.no_improvement), ("sigmas", args.jump), ("state", args.state)):
+        if value is not None:
+            body[key] = value
+    if args.no_improvement is not None:
+        body["mode"] = "max" if args.higher_is_better else "min"
+    body["channels"] = ([{"url": u, "format": "slack"} for u in args.slack or []]
+                        + [{"url": u, "format": "discord"} for u in args.discord or []]
+                        + [{"url": u, "format": "json"} for u in args.webhook or []])
+    return body
+
+
+def rule_when(r: dict) -> str:
+    c = r["condition"]
+    return {"above": f"{r['metric']} > {r['threshold']:g}" if c == "above" else "",
+            "below": f"{r['metric']} < {r['threshold']:g}" if c == "below" else "",
+            "no_improvement": f"{r['metric']} not better ({r['mode']}) for {r['steps']} steps" if c == "no_improvement" else "",
+            "jump": f"{r['metric']} jumps {r['sigmas']:g} sigma" if c == "jump" else "",
+            "nonfinite": f"{r['metric']} NaN or infinite", "state": f"job {r['state']}"}[c]
+
+
+def cmd_rules(args) -> int:
+    """Alert rules: list yours (an admin: all), add one, remove one (its open alerts clear)."""
+    from rich.table import Table
+    c, console = client(args), _console()
+    try:
+        if args.rules_cmd == "add":
+            r = c.request("POST", "/api/rules", json=rule_body(args))
+            console.print(f"rule {r['id']} ({r['name']}): alerts as 'rule:{r['id']}' when {rule_when(r)}")
+        elif args.rules_cmd == "rm":
+            out = c.request("DELETE", f"/api/rules/{args.id}")
+            console.print(f"rule {args.id} removed ({out['cleared_alerts']} open alerts cleared)")
+        else:
+            table = Table("id", "name", "jobs", "when", "severity", "channels")
+            for r in c.request("GET", "/api/rules"):
+                jobs = {"all": "all", "name": r.get("pattern"), "job": f"job {r.get('job_id')}"}[r["scope"]]
+                table.add_row(str(r["id"]), r["name"], jobs, rule_when(r), r["severity"],
+                              ", ".join(ch["format"] for ch in r["channels"]))
+            console.print(table)
+    except ApiError as e:
+        return report_error(e)
+    return 0
+
+
 def cmd_tokens(args) -> int:
     """Tokens for people (admin, user), agents and Prometheus (metrics): list, create (shown once),
     revoke. An admin manages every token; a user creates user tokens for itself and sees its own."""
@@ -676,6 +734,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("job", type=int)
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_clone)
+
+    p = sub.add_parser("rules", help="alert rules: list, add, rm (a metric above/below, no improvement, a jump, "
+                                     "NaN, a job state; Slack/Discord webhooks)")
+    rsub = p.add_subparsers(dest="rules_cmd")
+    rsub.add_parser("list", help="your rules (an admin: all)")
+    a = rsub.add_parser("add", help="add a rule, e.g. `rules add plateau --metric eval/loss --no-improvement 500`")
+    a.add_argument("name")
+    a.add_argument("--metric", help="the logged metric it watches (eval/loss, loss, grad_norm, ...)")
+    a.add_argument("--above", type=float, metavar="VALUE")
+    a.add_argument("--below", type=float, metavar="VALUE")
+    a.add_argument("--no-improvement", type=int, metavar="STEPS", help="no new best for this many steps")
+    a.add_argument("--higher-is-better", action="store_true", help="with --no-improvement: best is the highest")
+    a.add_argument("--jump", type=float, metavar="SIGMAS", help="a value this many standard deviations from the recent mean")
+    a.add_argument("--nonfinite", action="store_true", help="the metric is NaN or infinite")
+    a.add_argument("--state", choices=["failed", "completed", "cancelled", "stalled"])
+    a.add_argument("--jobs", metavar="GLOB", help="only jobs whose name matches (sft-*); default all jobs")
+    a.add_argument("--job", type=int, help="only this job")
+    a.add_argument("--severity", choices=["info", "warning", "critical"], default="warning")
+    a.add_argument("--slack", action="append", metavar="URL", help="a Slack incoming webhook (repeatable)")
+    a.add_argument("--discord", action="append", metavar="URL", help="a Discord webhook (repeatable)")
+    a.add_argument("--webhook", action="append", metavar="URL", help="any receiver of the alert as JSON (repeatable)")
+    r = rsub.add_parser("rm", help="remove a rule (its open alerts clear)")
+    r.add_argument("id", type=int)
+    p.set_defaults(fn=cmd_rules)
 
     p = sub.add_parser("tokens", help="list, create or revoke access tokens (admin, user, agent, metrics)")
     tsub = p.add_subparsers(dest="tokens_cmd")

@@ -142,7 +142,18 @@ class Emitter:
     def metrics(self, step: int, **values: float) -> None:
         import math
         clean = {k: float(v) for k, v in values.items() if v is not None}
-        # NaN/inf cannot travel in JSON; the loop raises its own alert for a non-finite loss.
+        # NaN/inf cannot travel in JSON: said as an alert 'non_finite:<name>' instead (alert rules
+        # watch it, server/rules.py), cleared when the metric is finite again.
+        bad = getattr(self, "_non_finite", None)
+        if bad is None:
+            bad = self._non_finite = set()
+        for k, v in clean.items():
+            if not math.isfinite(v) and k not in bad:
+                bad.add(k)
+                self.alert(f"non_finite:{k}"[:64], f"{k} is {v} at step {step}", severity="critical")
+            elif math.isfinite(v) and k in bad:
+                bad.discard(k)
+                self.alert(f"non_finite:{k}"[:64], f"{k} is finite again at step {step}", clear=True)
         clean = {k: v for k, v in clean.items() if math.isfinite(v)}
         self.emit("metrics", step=step, values=clean)
 

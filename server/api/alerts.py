@@ -21,6 +21,7 @@ router = APIRouter(prefix="/api/alerts", tags=["alerts"])
 def list_alerts(tp: AppDep, _: UserDep, job_id: Optional[int] = None,
                 state: Optional[Literal["open", "acked", "cleared"]] = None,
                 kind: Optional[str] = Query(None, max_length=64),
+                severity: Optional[Literal["info", "warning", "critical"]] = None,
                 limit: int = Query(100, ge=1, le=10_000)) -> list[AlertOut]:
     with tp.db.read() as s:
         where = []
@@ -28,8 +29,10 @@ def list_alerts(tp: AppDep, _: UserDep, job_id: Optional[int] = None,
             where.append(Alert.job_id == job_id)
         if state is not None:
             where.append(Alert.state == state)
-        if kind is not None:
-            where.append(Alert.kind == kind)
+        if kind is not None:  # 'rule:' alone: every rule's alerts
+            where.append(Alert.kind.startswith(kind) if kind.endswith(":") else Alert.kind == kind)
+        if severity is not None:
+            where.append(Alert.severity == severity)
         return [alert_dict(a) for a in s.scalars(select(Alert).where(*where).order_by(Alert.id.desc()).limit(limit))]
 
 

@@ -22,6 +22,7 @@ from server.ingest.logcap import BUDGET as LOG_BUDGET
 from server.ingest.metrics import PointBatch
 from server.ingest.parse import INT_LIMIT, Ev
 from server.models import Job
+from server.rules import NON_FINITE_ALERT, RULES
 from tokenpulse.protocol import (ACTIVE_STATES, Action, Command, JobState, Phase, alert_frame, events_frame,
                                  job_frame)
 
@@ -110,6 +111,7 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
     points = PointBatch()
     event_rows: list[tuple] = []
     pg = dialect_name(s) == "postgresql"
+    RULES.refresh(s)  # alert rules people wrote (server/rules.py): in memory, reloaded after a change
     for job_id, evs in by_job.items():
         # PostgreSQL: the row stays locked to this transaction, so two server processes storing
         # batches of one job (an agent that switched servers) never both pass its watermark.
@@ -134,6 +136,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
             continue
         job.next_seq = fresh[-1].seq + 1
         out.stored_events += len(fresh)
+        state_before = job.state
+        by_metric, state_rules = RULES.for_job(job) if RULES.rules else (None, None)
         if job.state == JobState.starting.value:
             store.transition(s, job, JobState.running)
         last: Optional[dict] = None
@@ -144,6 +148,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
             if e.kind == "metrics":
                 points.add(s, job_id, d["step"], e.t, d["values"])
                 out.stored_points += len(d["values"])
+                if by_metric:
+                    RULES.on_metrics(s, job, d["step"], d["values"], by_metric, out)
                 if is_system(d["values"]):
                     continue  # the agent's system samples, keyed by time: not the job's step or its latest metrics
                 if last is None:
@@ -156,6 +162,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                     log_bytes += len(event_rows[-1][4])
                 apply_event(s, job, e, out)
                 critical = critical or e.kind in ("state", "alert")
+        if state_rules and job.state != state_before:
+            RULES.on_state(s, job, job.state, out)
         if log_bytes:
             LOG_BUDGET.add(s, job_id, log_bytes)  # the job's log bounded by log_max_bytes (logcap.py)
         if last is not None:
@@ -214,6 +222,10 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
         info.update(d)
         job.info = json.dumps(info)
     elif e.kind == "alert":
+        if RULES.rules and d["kind"] == "stalled":
+            RULES.on_state(s, job, "not stalled" if d.get("clear") else "stalled", out)
+        elif RULES.rules and d["kind"].startswith(NON_FINITE_ALERT):
+            RULES.on_non_finite_alert(s, job, d["kind"][len(NON_FINITE_ALERT):], bool(d.get("clear")), out)
         alert = upsert_alert(s, job.id, job.agent_id, d)
         if alert is not None:
             payload = alert_dict(alert)
