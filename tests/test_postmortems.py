@@ -97,6 +97,12 @@ def test_e_a_silent_stream_is_quiet_not_hung_and_names_the_fetch(pm):
     got = run_case(pm, "e", ["--data", str(DEMO), "--chunk", "1024", "--latency", "0.25", "--steps", "2"],
                    stall={"quiet_s": 3})
     assert got["all_kinds"] and got["cause"] and got["fix"], got
+    # the job's own phase line (the jobs list, the job page) said it too, not "loading model 1/1"
+    with pm[3].client() as c:
+        phases = [e["data"] for e in c.get(f"/api/jobs/{got['job']}/events", params={"kinds": "phase"}).json()["events"]]
+    quiet = [p for p in phases if p.get("quiet") and "since 'loading model' finished" in p["name"]]
+    assert quiet and quiet[-1]["name"].startswith("no progress reported since"), phases
+    assert "last output: Dataset loaded" in quiet[-1]["name"], quiet
 
 
 # ---- the rules alone (pure logic) -------------------------------------------------------------
@@ -125,3 +131,18 @@ def test_waits_in_names_the_socket_and_the_scripts_own_frame():
              '    <module> (/home/u/train.py:60)\n')
     w = waits_in(stack)
     assert "readinto" in w and "a socket" in w and "next_rows (/home/u/train.py:41)" in w, w
+
+
+def test_the_submit_analysis_and_the_job_say_what_they_counted_the_truncation_on():
+    """Issue 25 item 7: 224 at submit and 240 in the job's alert for the same data: the submit-time
+    analysis tokenizes a sample, the job all the data, with the same rule; each says which."""
+    import numpy as np
+    from tokenpulse.preflight import analysis_warnings
+    from tokenpulse.protocol import JobSpec
+    from worker.training.analysis import analyze_lengths
+    lengths = np.random.default_rng(0).integers(40, 250, 40_000)
+    a = analyze_lengths(lengths[:2000], 99.9, max_seq_length=128, n_total=40_000)
+    spec = JobSpec.model_validate({"model": "m", "dataset": "d.jsonl", "max_seq_length": 128})
+    w = [x for x in analysis_warnings(spec, a) if x["kind"] == "truncation"][0]
+    text = w["message"] + " " + w["fix"]
+    assert "in a sample of 2,000" in text and "the job recounts on all its data" in text, w

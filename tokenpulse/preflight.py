@@ -37,10 +37,14 @@ def analysis_warnings(spec: JobSpec, a: dict) -> list[dict]:
     frac = a.get("truncated_frac", 0.0)
     L, rec = a.get("max_seq_length"), a.get("recommended_max_seq_length")
     if frac > TRUNCATION_WARN:
-        sample = " (in a sample)" if a.get("sampled") else ""
+        # The submit-time analysis tokenizes a sample; the job counts all the data at its start with the
+        # same rule, so its number can differ a little: each says what it measured.
+        n = a.get("sample_size")
+        sample = f" (in a sample of {n:,})" if a.get("sampled") and n else (" (in a sample)" if a.get("sampled") else "")
         field = "max_seq_length" if spec.max_seq_length != "auto" else "length_coverage"
-        fix = (f"max_seq_length={rec} (covers {a.get('length_coverage', spec.length_coverage):g}% of examples whole)"
-               if rec and L and rec > L else "shorten or split the longest examples (the model's limit)")
+        fix = (f"max_seq_length={rec} (covers {a.get('length_coverage', spec.length_coverage):g}% of examples whole"
+               + (f" in a sample of {n:,}; the job recounts on all its data at start" if a.get("sampled") and n else "")
+               + ")" if rec and L and rec > L else "shorten or split the longest examples (the model's limit)")
         if field == "length_coverage" and rec and L and rec <= L:
             fix = "length_coverage=99.9 (the default)"
         out.append(warning("truncation", field, f"{frac:.1%} of examples{sample} are longer than "

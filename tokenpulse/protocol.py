@@ -420,6 +420,7 @@ class PhaseData(BaseModel):
     total: Optional[float] = None
     unit: Optional[str] = None  # examples, steps, samples, tokens...
     detail: Optional[str] = None
+    quiet: Optional[bool] = None  # the agent's line "no progress reported since ...": not progress
 
 
 class MetricsData(BaseModel):

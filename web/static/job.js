@@ -47,6 +47,7 @@
     const known = new Set(Object.values(CHARTS).flatMap((c) => c.keys));
     for (const k of Object.keys(series).sort()) {
       if (known.has(k) || SHOWN_ELSEWHERE.has(k) || !series[k].step.length) continue;
+      if (k.startsWith("anatomy/")) continue; // the Step anatomy panel's (anatomy.js), not a chart each
       const id = chartId(k), group = groupOf(k);
       let sec = $(`charts-${group}`);
       if (!sec) {
@@ -731,7 +732,7 @@
   function onEvent(e) {
     const d = e.data;
     if (e.kind === "metrics" && TP.isSystem(d.values)) return; // the agent's sys/ samples: system.js charts them by time
-    if (e.kind === "metrics" || e.kind === "phase") { lastProgress = Math.max(lastProgress || 0, e.t); showProgressAge(); }
+    if (e.kind === "metrics" || (e.kind === "phase" && !d.quiet)) { lastProgress = Math.max(lastProgress || 0, e.t); showProgressAge(); }
     if (e.kind === "metrics") { addPoint(d.step, d.values, e.t); if (job) { job.last = { ...(job.last || {}), ...d.values, step: d.step }; job.step = d.step; showNumbers(job.last); } }
     else if (e.kind === "phase") {
       if (job) { job.phase = d; if (d.name === "training" && d.total) job.total_steps = d.total; }

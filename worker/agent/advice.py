@@ -71,6 +71,9 @@ class Advisor:
     open: dict = field(default_factory=dict)  # kind -> message sent
     quiet_open: bool = False
     quiet_checked_at: Optional[float] = None  # the last progress time a quiet verdict was judged for
+    quiet_since: Optional[tuple] = None  # (what finished or began, when): the quiet phase line's facts
+    quiet_line_at: float = 0.0  # when the quiet phase line was last sent
+    phase: Optional[dict] = None  # the process's latest phase event: the job's line again once it moves
 
     # ---- feeding -----------------------------------------------------------------------------
 
@@ -79,8 +82,10 @@ class Advisor:
             if isinstance(data.get("script"), dict):
                 self.script = data["script"]
             self.info.update({k: v for k, v in data.items() if k != "script"})
-        elif kind == "phase" and data.get("name") == "loading model" and data.get("detail"):
-            self.model = str(data["detail"]).split(": ")[0][:500]
+        elif kind == "phase":
+            self.phase = data
+            if data.get("name") == "loading model" and data.get("detail"):
+                self.model = str(data["detail"]).split(": ")[0][:500]
         elif kind == "metrics":
             v = data.get("values") or {}
             self._observe_anatomy(v)
@@ -327,10 +332,24 @@ class Advisor:
             return None
         self.quiet_checked_at = detector.last_progress
         what = f"'{detector.phase}' finished" if detector.finished() else f"'{detector.phase}' began"
-        msg = f"no progress reported since {what} {_ago(silent)} ago"
+        self.quiet_since = (what, detector.last_progress)
+        return self._quiet_head(now)
+
+    def _quiet_head(self, now: float) -> str:
+        what, since = self.quiet_since
+        msg = f"no progress reported since {what} {_ago(now - since)} ago"
         if self.last_output:
             msg += f"; last output: {self.last_output}"
         return msg
+
+    def quiet_phase(self, now: float) -> Optional[dict]:
+        """While the quiet warning is open, the job's own phase line (the jobs list, the job page) says
+        so, its age refreshed each minute, instead of the finished phase. `quiet` marks it as the
+        agent's line, not progress."""
+        if not self.quiet_open or self.quiet_since is None or now - self.quiet_line_at < 60:
+            return None
+        self.quiet_line_at = now
+        return {"name": self._quiet_head(now)[:500], "quiet": True}
 
     def quiet_message(self, head: str, stack: Optional[str]) -> str:
         self.quiet_open = True
@@ -343,7 +362,7 @@ class Advisor:
     def quiet_over(self) -> bool:
         """Progress again: the quiet warning clears (True once)."""
         if self.quiet_open:
-            self.quiet_open = False
+            self.quiet_open, self.quiet_line_at = False, 0.0
             return True
         return False
 

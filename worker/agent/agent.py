@@ -598,6 +598,8 @@ class Agent:
                 if rj.detector.last_progress == now and rj.advice.quiet_over():
                     self.emit(rj, "alert", {"kind": AlertKind.QUIET, "clear": True,
                                             "message": f"progress reported again: {rj.detector.where()}"})
+                    if kind != "phase" and rj.advice.phase:  # the quiet line gives way to the process's own
+                        self.emit(rj, "phase", rj.advice.phase)
             if rj.command is not None:
                 data = self.masked(rj, kind, data)
                 if kind == "info" and data.get("pausable") is not None:
@@ -773,6 +775,9 @@ class Agent:
                 self.emit(rj, "alert", {"kind": AlertKind.QUIET, "severity": "warning",
                                         "message": rj.advice.quiet_message(head, stack)[:8192],
                                         "stack": stack[-199_000:] if stack else None})
+        line = rj.advice.quiet_phase(now)
+        if line is not None:  # a finished phase is never the job's status: the phase line says it is quiet
+            self.emit(rj, "phase", line)
 
     async def gang_verdict(self, rj: RunningJob) -> tuple[str, str, dict]:
         """The stuck rank named across the gang: this node's stacks, and on a multi-node job every

@@ -114,7 +114,7 @@ class Session:
                     truncated_frac=tr / max(1, len(lengths)), reason=reason)
         frac = tr / max(1, len(lengths))
         if frac > TRUNCATION_ALERT_FRAC:  # cutting many examples silently changes what the model learns
-            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% whole" if rec > L else
+            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% of all {len(lengths):,} examples whole" if rec > L else
                    f"the model takes at most {model_max} tokens: split or shorten the longest examples")
             em.alert("truncation", f"{tr:,} of {len(lengths):,} examples ({frac:.1%}) are longer than "
                      f"max_seq_length={L} and are cut; {fix}", severity="warning")
