@@ -281,6 +281,11 @@ def compare_page(request: Request):
     return page(request, "compare.html")
 
 
+@router.get("/alerts", response_class=HTMLResponse)
+def alerts_page(request: Request):
+    return page(request, "alerts.html")
+
+
 @router.get("/workers", response_class=HTMLResponse)
 def workers_page(request: Request):
     return page(request, "workers.html")

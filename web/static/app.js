@@ -104,8 +104,7 @@ const TP = (() => {
     b.textContent = `⚠ ${n}`;
     b.title = n ? [...openAlerts.values()].slice(0, 10).map((a) => `job ${a.job_id ?? "–"}: ${a.kind} — ${a.message.split("\n")[0]}`).join("\n") : "";
     b.setAttribute("aria-label", `${n} open alert${n === 1 ? "" : "s"}`);
-    const first = [...openAlerts.values()].sort((x, y) => x.id - y.id).find((a) => a.job_id);
-    b.href = first ? `/jobs/${first.job_id}#alerts` : "/";
+    b.href = "/alerts?state=open"; // every open alert, across jobs (the Alerts page)
   }
 
   function notify(a) {
