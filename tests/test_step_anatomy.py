@@ -117,3 +117,37 @@ def test_cli_ranks_and_show_print_each_ranks_step_anatomy_and_the_verdicts(serve
     assert shown["step_anatomy"]["1"] == {"step_s": 0.4, "data": "5%", "compute": "92%", "collectives": "2%"}, shown
     assert shown["step_anatomy"]["0"]["collectives"] == "70%", shown
     assert shown["verdicts"] == ["straggler: rank 1 (h, pid 101) works 0.39 s per step against 0.12 s"], shown
+
+
+# ---- the overhead cut: the tokenizer hook takes itself off after the first steps ---------------------
+
+def test_the_tokenizer_hook_measures_the_first_steps_then_takes_itself_off():
+    import transformers.tokenization_utils_base as tub
+    from transformers import AutoTokenizer
+
+    from tokenpulse.instrument import firststeps, patch_torch
+    from conftest import ROOT
+    cls = tub.PreTrainedTokenizerBase
+    saved_call, saved_flag, saved_steps = cls.__call__, cls.__dict__.get("_tp_patched"), patch_torch.STATE.opt_steps
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenpulse" / "demo"))
+    try:
+        if saved_flag:
+            del cls._tp_patched
+        firststeps.install_tokenizer(tub)
+        hooked = cls.__call__
+        assert hooked is not saved_call
+        patch_torch.STATE.opt_steps = 0
+        n = sum(s["calls"] for s in firststeps.FACTS.sites.values())
+        tok(["one text", "another text"], truncation=True, max_length=8)
+        assert sum(s["calls"] for s in firststeps.FACTS.sites.values()) == n + 1  # measured in the first steps
+        patch_torch.STATE.opt_steps = firststeps.TOKENIZER_UNTIL_STEPS
+        out = tok(["one text"], truncation=True, max_length=8)
+        assert out["input_ids"] and cls.__call__ is saved_call  # off: the script's own call again
+        tok(["one text"])
+        assert sum(s["calls"] for s in firststeps.FACTS.sites.values()) == n + 1
+    finally:
+        cls.__call__, patch_torch.STATE.opt_steps = saved_call, saved_steps
+        if saved_flag:
+            cls._tp_patched = saved_flag
+        elif "_tp_patched" in cls.__dict__:
+            del cls._tp_patched

@@ -23,6 +23,10 @@ from typing import Optional
 from tokenpulse import run
 
 FIRST_BATCHES = 64  # micro-batches whose rows are measured (the first steps)
+# Tokenizer calls are measured until the script has made this many optimizer steps; then the hook
+# takes itself off (a loop that tokenizes in its collate function would pay for it every step, and
+# the verdicts are made on the first steps).
+TOKENIZER_UNTIL_STEPS = 16
 MAX_LENGTHS = 200_000  # example lengths kept per process
 MAX_RECHECK = 5_000  # cut examples tokenized again without truncation to learn their length
 SEND_EVERY_S = 2.0
@@ -216,6 +220,12 @@ class Facts:
 FACTS = Facts()
 
 
+def _optimizer_steps() -> int:
+    """The script's optimizer steps so far (patch_torch's count; 0 before torch's optimizer loaded)."""
+    pt = sys.modules.get("tokenpulse.instrument.patch_torch")
+    return pt.STATE.opt_steps if pt is not None else 0
+
+
 def install_tokenizer(module) -> None:
     """transformers.tokenization_utils_base: every tokenizer call of the script is seen."""
     cls = module.PreTrainedTokenizerBase
@@ -228,6 +238,11 @@ def install_tokenizer(module) -> None:
     def __call__(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
         if getattr(_busy, "on", False):
+            return out
+        if _optimizer_steps() >= TOKENIZER_UNTIL_STEPS:
+            if cls.__call__ is __call__:
+                cls.__call__ = orig  # measured enough: the script's later calls cost nothing
+                FACTS.maybe_send(force=True)
             return out
         try:
             FACTS.tokenized(self, orig, args, kwargs, out, user_site())
