@@ -48,6 +48,14 @@ PY = sys.executable
 CLK = os.sysconf("SC_CLK_TCK")
 ANCHOR = ROOT.parent / "shared" / "bench" / "mlflow_ingest_anchor.py"
 MLFLOW_VENV = Path(os.environ.get("MLFLOW_VENV", "/tmp/mlflow-venv"))
+# --rules: ten alert rules over the load's metrics (server/rules.py), every condition that reads a value
+RULES = [{"name": f"bench-{i}", **r} for i, r in enumerate([
+    {"condition": "above", "metric": "loss", "threshold": 1e9}, {"condition": "below", "metric": "lr", "threshold": -1},
+    {"condition": "no_improvement", "metric": "loss", "steps": 10**8}, {"condition": "jump", "metric": "grad_norm", "sigmas": 1e6},
+    {"condition": "nonfinite", "metric": "mfu"}, {"condition": "above", "metric": "rss_mb", "threshold": 1e12},
+    {"condition": "no_improvement", "metric": "tokens_per_s", "steps": 10**8, "mode": "max"},
+    {"condition": "jump", "metric": "step_time_s", "sigmas": 1e6}, {"condition": "below", "metric": "epoch", "threshold": -1},
+    {"condition": "state", "state": "failed"}])]
 KEYS = ("loss", "lr", "grad_norm", "rss_mb", "epoch", "tokens_per_s", "step_time_s", "mfu")
 # The issue's anchors (2 cores, measured earlier): printed only when the anchor cannot run here.
 ISSUE_ANCHORS = {"ingest": 15900, "sqlite_ingest": 434000, "calls": 19, "cpu_us": 90, "read100k": 3.46,
@@ -402,6 +410,8 @@ class Bench:
         start_at = time.time() + 10  # agents import and register meanwhile
         end_at = start_at + a.duration
         ws_end = end_at + 1.0
+        for body in RULES[:a.rules]:  # alert rules on the load's own metrics, evaluated on every batch
+            self.http.post("/api/rules", json=body).raise_for_status()
         probe = self.submit("probe", priority=100)
         pr = self.child("_probe", "--url", self.url, "--token", self.agent_token, "--start-at", str(start_at),
                         "--duration", str(a.duration), "--every", "0.02")
@@ -757,6 +767,8 @@ def main():
         p.add_argument("--servers", type=int, default=1, choices=(1, 2),
                        help="2: a second server process on the same PostgreSQL serves the websocket clients")
         p.add_argument("--skip-anchor", action="store_true")
+        p.add_argument("--rules", type=int, default=0, choices=range(0, 11),
+                       help="alert rules defined (0-10, on every job and the load's metrics) during ingest")
         p.add_argument("--phases", default="probe,ingest,hb,reads")
         p.add_argument("--no-table", action="store_true")
         p.add_argument("--render", help="print the table of an earlier run's results JSON")
