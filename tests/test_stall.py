@@ -390,3 +390,18 @@ def test_a_new_phase_after_steps_is_judged_by_the_step_interval():
     d.observe("phase", {"name": "evaluating", "done": 0, "unit": "batches"}, c.tick(1))
     assert d.timeout() == cfg.floor_s
     assert d.check(c.tick(cfg.floor_s + 1)).kind == "stalled"
+
+
+def test_memory_blowup_from_the_agents_memory_readings():
+    """A job whose memory grows 64 MiB a step (fault benchmark: memory) gets a memory verdict from the
+    agent's own RSS readings, before the Trainer's few speed samples would allow any slow reason."""
+    s = SlowDetector(CFG)
+    for k, mb in enumerate([120, 300, 310, 305]):  # imports, then a steady job
+        s.observe_memory(1000 + 5 * k, mb)
+    assert s.reasons() == []
+    for k, mb in enumerate([1500, 2900, 4100]):
+        s.observe_memory(1020 + 5 * k, mb)
+    (key, text), = s.reasons()
+    assert key == "memory" and "memory blow-up" in text and "from 300 MiB to 4,100 MiB" in text
+    v = s.check(1040)
+    assert v is not None and v.kind == "slow" and "memory blow-up" in v.message

@@ -28,6 +28,7 @@ EVAL_BASE = 1_000_000  # example indices of the held-out set
 _lock = threading.Lock()
 _leak: list = []
 _struck: list = []
+_reads = [0]  # training examples read by this process (a DataLoader worker: by this worker)
 _step = [0]  # the optimizer step the user's loop is at (after_step keeps it)
 _step_times: list[float] = []
 # The healthy runs' irregular steps: a long first step, slow evaluations, slow checkpoint saves.
@@ -96,7 +97,10 @@ class Examples(torch.utils.data.Dataset):
 
 def read_example(i: int, length: int) -> dict:
     """Reads one example (a DataLoader worker calls this)."""
-    step = i // BATCH + 1  # sequential sampling: example i belongs to step i // BATCH + 1
+    if i < EVAL_BASE:
+        _reads[0] += 1
+    # the step this read belongs to, counted by reads (a Trainer shuffles: the index says nothing)
+    step = (_reads[0] - 1) // BATCH + 1
     if i < EVAL_BASE and striking(step, "worker_hang"):
         threading.Event().wait()  # the worker hangs: the main process waits in the DataLoader
     if i < EVAL_BASE and striking(step, "worker_dies"):

@@ -29,6 +29,7 @@ def parse(values: dict) -> dict[int, dict[str, float]]:
 class Anatomy:
     recent: dict = field(default_factory=dict)  # rank -> deque of its last windows ({part: s})
     rss: deque = field(default_factory=lambda: deque(maxlen=240))  # (t, step, MiB) of the job's process
+    tree_rss: deque = field(default_factory=lambda: deque(maxlen=120))  # (t, MiB) of the job's process tree
 
     def observe(self, data: dict, now: float) -> None:
         values = data.get("values") or {}
@@ -52,7 +53,7 @@ class Anatomy:
         inp = self.input_bound(input_frac * (0.8 if "input" in was_open else 1.0))
         if inp:
             out.append(("input", inp))
-        mem = self.memory_creep()
+        mem = self.memory_blowup() or self.memory_creep()
         if mem:
             out.append(("memory", mem))
         return out
@@ -71,6 +72,28 @@ class Anatomy:
         return (f"input-bound: {who}{share:.0%} of each step waits for data ({t['data_s']:.3g} s of "
                 f"{t['step_s']:.3g} s): set num_workers (and pin_memory) on the DataLoader, or pre-tokenize "
                 f"the dataset instead of tokenizing in the collate function")
+
+    def observe_tree_rss(self, now: float, mb: float) -> None:
+        """The job's process tree's resident memory as the agent samples it from the job's start
+        (sysmetrics.py, every few seconds): the baseline from before the first step."""
+        self.tree_rss.append((now, mb))
+
+    def memory_blowup(self, min_mb: float = 1024.0, factor: float = 2.0) -> Optional[str]:
+        """The job's memory more than doubled, by at least min_mb, within its last minutes: a blow-up
+        (a list that keeps every batch, a leak per step), seen before it takes the machine down."""
+        pts = list(self.tree_rss)
+        if len(pts) < 3:
+            return None
+        t1, last = pts[-1]
+        window = [(t, m) for t, m in pts[1:-1] if t1 - t <= 300]  # the first sample may precede the imports
+        if not window:
+            return None
+        t0, low = min(window, key=lambda p: p[1])
+        if last - low < max(min_mb, (factor - 1) * low):
+            return None
+        return (f"memory blow-up: the job's memory (RSS) grew from {low:,.0f} MiB to {last:,.0f} MiB in "
+                f"{t1 - t0:.0f} s: something keeps every batch or step alive (tensors kept with their graph, "
+                f"a growing list or cache); it will run out of memory")
 
     def memory_creep(self, min_span_s: float = 60.0, min_growth: float = 0.25, min_mb: float = 256.0) -> Optional[str]:
         """The process's memory grows steadily step after step (not one jump after the first steps)."""

@@ -152,6 +152,11 @@ class SlowDetector:
         """A rank's step anatomy (any rank's metrics event; rank 0's also carries its memory)."""
         self.anatomy.observe(data, now)
 
+    def observe_memory(self, now: float, mb: float) -> None:
+        """The job's process tree's RSS, as the agent samples it (the memory blow-up rule)."""
+        self.anatomy.observe_tree_rss(now, mb)
+        self.fresh = True
+
     def observe_gpu(self, now: float, util: float) -> None:
         """The job's GPUs' utilisation (NVML, sampled by the agent every few seconds)."""
         self.gpu_util.append((now, util))
@@ -222,7 +227,10 @@ class SlowDetector:
         out: list[tuple[str, str]] = []
         n = len(self.samples)
         if n < c.slow_min_samples:
-            return out
+            # input-bound and memory are judged on their own samples (anatomy windows, the agent's
+            # memory readings): a Trainer's speed samples come only every logging_steps
+            was_open = self.open_keys or frozenset()
+            return [r for r in self.anatomy.reasons(c.slow_input_frac, was_open) if r[0] not in self.owned]
         rates = self._rates()
         recent = self.samples[-3:]
         now_rate = statistics.median(rates[-3:])
