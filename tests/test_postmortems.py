@@ -105,6 +105,12 @@ def test_e_a_silent_stream_is_quiet_not_hung_and_names_the_fetch(pm):
     assert "last output: Dataset loaded" in quiet[-1]["name"], quiet
 
 
+def test_e_fixed_reports_its_stream_and_raises_nothing(pm):
+    got = run_case(pm, "e", ["--data", str(DEMO), "--chunk", "1024", "--latency", "0.25", "--steps", "2"],
+                   fixed=True)  # the default quiet period: 3 s would catch the imports
+    assert got["state"] == "completed" and got["alerts"] == [], got
+
+
 # ---- the rules alone (pure logic) -------------------------------------------------------------
 
 def test_rows_at_exactly_the_max_length_unpadded_count_as_likely_truncated():

@@ -33,7 +33,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 stream = fetch_records(args.data)
 if args.fixed:
     from tqdm import tqdm
-    stream = tqdm(stream, desc="streaming records", unit="records")
+    stream = iter(tqdm(stream, desc="streaming records", unit="records"))
 buf = []
 for step in range(args.steps):
     while len(buf) < args.chunk:
