@@ -51,10 +51,10 @@ MLFLOW_VENV = Path(os.environ.get("MLFLOW_VENV", "/tmp/mlflow-venv"))
 # --rules: ten alert rules over the load's metrics (server/rules.py), every condition that reads a value
 RULES = [{"name": f"bench-{i}", **r} for i, r in enumerate([
     {"condition": "above", "metric": "loss", "threshold": 1e9}, {"condition": "below", "metric": "lr", "threshold": -1},
-    {"condition": "no_improvement", "metric": "loss", "steps": 10**8}, {"condition": "jump", "metric": "grad_norm", "sigmas": 1e6},
+    {"condition": "no_improvement", "metric": "loss", "steps": 10**8}, {"condition": "jump", "metric": "grad_norm", "sigmas": 1000},
     {"condition": "nonfinite", "metric": "mfu"}, {"condition": "above", "metric": "rss_mb", "threshold": 1e12},
     {"condition": "no_improvement", "metric": "tokens_per_s", "steps": 10**8, "mode": "max"},
-    {"condition": "jump", "metric": "step_time_s", "sigmas": 1e6}, {"condition": "below", "metric": "epoch", "threshold": -1},
+    {"condition": "jump", "metric": "step_time_s", "sigmas": 1000}, {"condition": "below", "metric": "epoch", "threshold": -1},
     {"condition": "state", "state": "failed"}])]
 KEYS = ("loss", "lr", "grad_norm", "rss_mb", "epoch", "tokens_per_s", "step_time_s", "mfu")
 # The anchors (2 cores, measured earlier): printed only when the anchor cannot run here.
