@@ -28,7 +28,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
-from conftest import make_server  # noqa: E402  (the tests' real-process fixtures)
+from conftest import is_training, make_server  # noqa: E402  (the tests' real-process fixtures)
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 BASE = {"batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32", "max_retries": 0,
@@ -114,7 +114,7 @@ class Bench:
     def training_pid(self) -> int:
         for _ in range(50):
             for p in psutil.Process(self.agent.pid).children(recursive=True):
-                if "worker.training.train" in " ".join(p.cmdline()):
+                if is_training(p.cmdline()):
                     return p.pid
             time.sleep(0.1)
         raise RuntimeError("no training process")

@@ -72,6 +72,8 @@ class Agent(Base):
     token_id: Mapped[Optional[int]] = mapped_column(Int, nullable=True)
     # Started with --allow-commands: only such agents are handed command jobs (code execution).
     accepts_commands: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # A stable id of the agent's work dir on its host: a restarted agent registers under the same row.
+    instance: Mapped[Optional[str]] = mapped_column(String(64), nullable=True, index=True)
 
 
 class Attempt(Base):

@@ -34,6 +34,13 @@ def wait_for(pred, timeout: float, what: str, every: float = 0.2, show=None):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {show()}" if show else ""))
 
 
+def is_training(cmdline: list[str]) -> bool:
+    """The training process itself, not the keeper that starts it (worker/agent/keeper.py carries the
+    training command line after its own)."""
+    line = " ".join(cmdline)
+    return "worker.training.train" in line and "keeper" not in line
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

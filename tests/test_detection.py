@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psutil
 import pytest
 
-from conftest import wait_for
+from conftest import is_training, wait_for
 
 FAST = {"max_steps": 400, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
         "max_retries": 0, "stall": {"floor_s": 3, "first_step_s": 30}}
@@ -48,8 +48,7 @@ def wait_step(c, job_id: int, step: int, timeout: float = 90) -> dict:
 
 
 def training_pids(agent: "psutil.Popen") -> list[int]:
-    return [p.pid for p in psutil.Process(agent.pid).children(recursive=True)
-            if "worker.training.train" in " ".join(p.cmdline())]
+    return [p.pid for p in psutil.Process(agent.pid).children(recursive=True) if is_training(p.cmdline())]
 
 
 def last_progress_t(c, job_id: int) -> float:

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import wait_for
+from conftest import is_training, wait_for
 
 # Tiny and fast: builtin model, fixed shapes (no autotune), fp32 on CPU, one metric point per step.
 SPEC = dict(max_steps=12, batch_size=2, grad_accum=1, max_seq_length=64, precision="fp32", device="cpu", seed=3,
@@ -55,7 +55,7 @@ def training_pids(agent) -> list[int]:
         kids = psutil.Process(agent.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p.pid for p in kids if "worker.training.train" in " ".join(p.cmdline())]
+    return [p.pid for p in kids if is_training(p.cmdline())]
 
 
 def step_of(path: str) -> int:
@@ -219,9 +219,12 @@ def test_kill9_server_mid_run_every_point_stored_exactly_once(server_factory):
     assert list(losses) == list(range(1, 17))
     events = srv.query("SELECT count(*) FROM events WHERE job_id = ?", (jid,))[0][0]
     next_seq = srv.query("SELECT next_seq FROM jobs WHERE id = ?", (jid,))[0][0]
+    # the agent's system samples: one metrics event every 5 s, its step the Unix second
+    sys_events = srv.query("SELECT count(DISTINCT m.step) FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
+                           "WHERE m.job_id = ? AND k.name LIKE 'sys/%'", (jid,))[0][0]
     # Every event the agent numbered (0..next_seq-1) is stored exactly once: one metrics event per
-    # step in the metrics table, everything else in the events table.
-    assert events + len(losses) == next_seq, (events, len(losses), next_seq)
+    # step and per system sample in the metrics table, everything else in the events table.
+    assert events + len(losses) + sys_events == next_seq, (events, len(losses), sys_events, next_seq)
     fault_line("kill -9 server for 3 s mid-run", "1 running", points_before, "1 completed (1 attempt)",
                point_count(srv, jid), f"nothing ({next_seq} events, each stored once)")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from worker.agent.tree import cgroup_base
+from worker.agent.tree import JobTree, cgroup_base
 
 WRAPPED = """\
 #!/bin/sh
@@ -141,6 +141,7 @@ def test_the_whole_tree_dies_with_cancel_end_and_agent_and_no_retry_runs_beside_
         # kill -9 of the agent: its keeper kills the tree at once (well within the lease)
         d = proj / "orphaned"
         jid = job(d, "run", retries=2)
+        stem = JobTree.for_job(srv.url.rstrip("/"), jid, 0).cgroup_stem  # this server's job, not another's
         got = started(d)
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
@@ -166,7 +167,7 @@ def test_the_whole_tree_dies_with_cancel_end_and_agent_and_no_retry_runs_beside_
         assert checks == [[], [], []], checks  # no attempt started beside a process of the one before
         assert not any(alive(p) for p in survivors.values()), survivors
         if mode == "cgroup":  # the new agent's first act: the cgroups of agents that died here
-            assert f"left in tokenpulse-job{jid}-a2-" in (srv.data_dir.parent / "agent-a3.log").read_text()
+            assert f"left in {stem}-a2-" in (srv.data_dir.parent / "agent-a3.log").read_text()
         else:  # found by the tag in their environment, before the attempt started
             wait_for(lambda: any("processes of an earlier attempt" in e["data"]["line"] for e in c.get(
                 f"/api/jobs/{jid}/events", params={"kinds": "log", "limit": 1000}).json()["events"]), 30,
@@ -176,4 +177,5 @@ def test_the_whole_tree_dies_with_cancel_end_and_agent_and_no_retry_runs_beside_
         srv.wait_job(jid, timeout=60)
         all_dead(got, 10, "the last attempt's tree to die")
         if mode == "cgroup":  # every attempt's cgroup is gone with it
-            wait_for(lambda: not list(cgroup_base().glob(f"tokenpulse-job{jid}-*")), 10, "the cgroups to go")
+            wait_for(lambda: not list(cgroup_base().glob(f"{stem}-*")), 30, "the cgroups to go",
+                     show=lambda: list(cgroup_base().glob(f"{stem}-*")))

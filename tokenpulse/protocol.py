@@ -502,6 +502,9 @@ class AgentHello(BaseModel):
     device: str = Field("cpu", max_length=500)
     capacity: int = Field(1, ge=1, le=64)
     accepts_commands: bool = Field(False, description="started with --allow-commands: it runs command jobs")
+    instance: Optional[str] = Field(None, pattern=r"^[0-9a-f]{16,64}$",
+                                    description="a stable id of the agent's work dir on its host: an agent that "
+                                                "restarts with the same token and work dir keeps its identity")
 
 
 class GpuSample(BaseModel):

@@ -38,10 +38,15 @@ async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> AgentOut:
 
     def add(s):
         now = time.time()
-        a = Agent(name=hello.name, host=hello.host, device=hello.device, capacity=hello.capacity,
-                  accepts_commands=hello.accepts_commands, state="online", created_at=now, seen_at=now,
-                  token_id=caller.token_id)
-        s.add(a)
+        # A restart (same token, same work dir on the same host) keeps the agent's identity: the jobs
+        # the old process held are settled by reconcile like any job the agent no longer reports.
+        a = s.scalar(select(Agent).where(Agent.token_id == caller.token_id, Agent.instance == hello.instance)
+                     .order_by(Agent.id.desc()).limit(1)) if hello.instance else None
+        if a is None:
+            a = Agent(created_at=now, token_id=caller.token_id, instance=hello.instance)
+            s.add(a)
+        a.name, a.host, a.device, a.capacity = hello.name, hello.host, hello.device, hello.capacity
+        a.accepts_commands, a.state, a.seen_at = hello.accepts_commands, "online", now
         s.flush()
         return agent_dict(a, [])
     d = await tp.db.write(add)

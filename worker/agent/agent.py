@@ -6,6 +6,7 @@ It talks to the server only over HTTP, so it can run on any machine that reaches
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -310,8 +311,10 @@ class Agent:
             delay = min(delay * 2, 5.0)
 
     async def register(self) -> None:
-        hello = AgentHello(name=self.name, host=socket.gethostname(), device=describe_device(),
-                           capacity=self.capacity, accepts_commands=self.allow_commands)
+        host = socket.gethostname()
+        hello = AgentHello(name=self.name, host=host, device=describe_device(), capacity=self.capacity,
+                           accepts_commands=self.allow_commands,
+                           instance=hashlib.sha256(f"{host}:{self.work_dir.resolve()}".encode()).hexdigest()[:32])
         r = await self.call("POST", "/api/agents", json=hello.model_dump(), until_stopped=True)
         if r is None:
             return  # stopped before the server ever answered

@@ -109,7 +109,9 @@ def exit_as(st: int) -> None:
     if os.WIFSIGNALED(st):
         sig = os.WTERMSIG(st)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the job's crash, not a core of the keeper
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset (OSError)
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)
     os._exit(os.WEXITSTATUS(st) if os.WIFEXITED(st) else 1)

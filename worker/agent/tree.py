@@ -132,6 +132,11 @@ class JobTree:
     cgroup: Optional[Path] = None
     settled: list[int] = field(default_factory=list)  # survivors of earlier attempts killed at start
 
+    @property
+    def cgroup_stem(self) -> str:
+        """`tokenpulse-job<id>-s<server hash>`: job ids of two servers' agents on one machine collide."""
+        return f"{PREFIX}{self.job.replace('@', '-s')}"
+
     @classmethod
     def for_job(cls, server: str, job_id: int, attempt: int) -> "JobTree":
         return cls(job_tag(server, job_id), job_id, attempt)
@@ -141,7 +146,7 @@ class JobTree:
         process of an earlier attempt of this job still alive here, then make this attempt's cgroup."""
         base = cgroup_base()
         if base is not None:
-            for old in base.glob(f"{PREFIX}{self.job_id}-a*"):
+            for old in base.glob(f"{self.cgroup_stem}-a*"):
                 pid = old.name.rsplit("-p", 1)[-1]
                 if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
                     continue  # another live agent's: its own to end
@@ -164,7 +169,7 @@ class JobTree:
                               f"(pids {', '.join(map(str, left))}): not starting beside them")
             time.sleep(0.05)
         if base is not None:
-            path = base / f"{PREFIX}{self.job_id}-a{self.attempt}-p{os.getpid()}"
+            path = base / f"{self.cgroup_stem}-a{self.attempt}-p{os.getpid()}"
             try:
                 path.mkdir(exist_ok=True)
                 self.cgroup = path
