@@ -152,3 +152,14 @@ def test_the_submit_analysis_and_the_job_say_what_they_counted_the_truncation_on
     w = [x for x in analysis_warnings(spec, a) if x["kind"] == "truncation"][0]
     text = w["message"] + " " + w["fix"]
     assert "in a sample of 2,000" in text and "the job recounts on all its data" in text, w
+
+
+def test_a_padding_free_packed_step_counts_its_tokens_once():
+    """TRL's padding-free packing hands the model one flattened row: 32 rows of 1,024 are 32,768
+    tokens a step, not 32 x 32,768."""
+    adv = Advisor(StallConfig())
+    adv.observe("info", {"script": {"args": {"per_device_train_batch_size": 32, "device": "cpu"}, "batches": {
+        "count": 2, "rows": {"n": 2}, "widths": {"p50": 32761}, "packed": True}}}, 0)
+    adv.observe("metrics", {"step": 1, "values": {"step_time_s": 250.0}}, 0)
+    v = adv.verdicts()["batch"]
+    assert "packed into 1 row of 32,761 tokens: 32,761 tokens a step" in v, v

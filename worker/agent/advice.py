@@ -259,11 +259,18 @@ class Advisor:
             return None
         a = self.args
         rows, ga = a.get("per_device_train_batch_size"), a.get("gradient_accumulation_steps") or 1
-        width = ((self.script.get("batches") or {}).get("widths") or {}).get("p50")
+        b = self.script.get("batches") or {}
+        width = (b.get("widths") or {}).get("p50")
+        # rows the model is handed per micro-batch: padding-free packing (TRL) flattens the rows into one
+        per_batch = round(b["rows"]["n"] / b["count"]) if b.get("count") and (b.get("rows") or {}).get("n") else rows
         shape = ""
         if rows:
-            shape = f" ({rows} rows" + (f" x {ga} accumulation" if ga > 1 else "") + \
-                (f" x {width:,} tokens = {rows * ga * width:,} tokens a step" if width else "") + ")"
+            acc = f" x {ga} accumulation" if ga > 1 else ""
+            if width and per_batch and per_batch < rows:
+                shape = (f" ({rows} rows{acc}, packed into {per_batch} row{'s' if per_batch > 1 else ''} of {width:,} "
+                         f"tokens: {per_batch * ga * width:,} tokens a step)")
+            else:
+                shape = f" ({rows} rows{acc}" + (f" x {width:,} tokens = {rows * ga * width:,} tokens a step" if width else "") + ")"
         params = a.get("parameters")
         dev = a.get("device")
         model = (f" for a {params / 1e6:.1f}M-parameter model" if params else "") + (f" on the {dev.split(':')[0].upper()}" if dev else "")
