@@ -233,3 +233,21 @@ def test_the_job_page_shows_the_headline_folds_the_rest_and_marks_the_users_fram
     assert len(lib) == 3 and any("dataloader.py" in x for x in lib), lib
     d.execute_script("arguments[0].scrollIntoView(); window.scrollBy(0, -70)", box)  # below the sticky header
     shot(d, "job-stall-headline")
+
+
+def test_a_throughput_drop_that_lasts_opens_although_its_samples_outnumber_the_earlier_ones():
+    """The baseline is frozen while a drop waits out its hold time: before, 22 fast steps then slow
+    ones moved the median baseline onto the slow pace within the hold, and the drop never opened."""
+    from worker.agent.slow import SlowDetector
+    from worker.agent.stall import StallConfig
+    s = SlowDetector(StallConfig(slow_factor=3, alert_open_s=3))
+    t, opened = 0.0, []
+    for step in range(3, 120):
+        st = 0.025 if step < 25 else 0.125
+        t += st
+        s.observe("metrics", {"step": step, "values": {"step_time_s": st, "tokens_per_s": 100 / st}}, t)
+        v = s.check(t)
+        if v is not None:
+            opened.append((v.kind, v.message))
+    assert [k for k, _ in opened] == ["slow"], opened
+    assert "throughput fell 5.0x" in opened[0][1]

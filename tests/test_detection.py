@@ -149,9 +149,10 @@ def test_throughput_falling_5x_raises_slow_then_clears(agent_server):
     s = agent_server
     with s.client() as c:
         # per-job slow_factor 3 (default 4): a busy machine must not shrink the 5x under the bar
-        jid = submit(c, max_steps=45, name=s.plan_fault("slows", slow_after_step=22, slow_factor=5),
+        jid = submit(c, max_steps=90, name=s.plan_fault("slows", slow_after_step=22, slow_factor=5),
                      stall={**FAST["stall"], "slow_factor": 3, "alert_open_s": 3})  # a short slow stretch
-        a = wait_for(lambda: alerts(c, jid, "slow"), 120, "a slow alert", every=0.5)[0]
+        a = wait_for(lambda: alerts(c, jid, "slow"), 120, "a slow alert", every=0.5,
+                     show=lambda: (alerts(c, jid), c.get(f"/api/jobs/{jid}").json()))[0]
         assert "throughput fell" in a["message"], a["message"]
         assert a["severity"] == "warning"
         job = s.wait_job(jid, timeout=120)
@@ -163,11 +164,13 @@ def test_throughput_falling_5x_raises_slow_then_clears(agent_server):
 def test_padding_to_a_max_length_far_above_the_data_is_slow_and_named(agent_server):
     s = agent_server
     with s.client() as c:
-        jid = submit(c, max_steps=8, batch_size=2, padding="max_length", max_seq_length=1024)
+        # the padding figure holds from the first step: a 1 s hold (default 10 s) fits in the run
+        jid = submit(c, max_steps=30, batch_size=2, padding="max_length", max_seq_length=1024,
+                     stall={**FAST["stall"], "alert_open_s": 1})
         job = s.wait_job(jid, timeout=120)
         assert job["state"] == "completed", job
         a = alerts(c, jid, "slow")
-        assert a, alerts(c, jid)
+        assert a, [(x["kind"], x["message"][:300]) for x in alerts(c, jid)]
         msg = a[0]["message"]
         assert "padding waste" in msg and "padding=max_length to max_seq_length=1024" in msg, msg
         info = c.get(f"/api/jobs/{jid}").json().get("info") or {}

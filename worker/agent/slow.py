@@ -242,7 +242,10 @@ class SlowDetector:
         # slow stretch does not become the new normal. Hysteresis: clears at half the factor.
         w = 5 if n >= 10 else 3
         cur = statistics.median(rates[-w:])
-        held = "fell" in was_open or bool(self.contention_open)
+        # frozen too while the drop waits out its hold time: else the slow samples become the baseline
+        # before the alert may open, and a drop that lasts is never reported
+        pending = [x for x in (self.latches.get("fell"), self.contention_latch) if x is not None and x.since is not None]
+        held = "fell" in was_open or bool(self.contention_open) or bool(pending)
         if not held and n >= w + 5:
             self.baseline = statistics.median(rates[:-w][-500:])
         if self.baseline and cur > 0:
