@@ -31,7 +31,9 @@ def accepted(e: dict) -> Optional[str]:
     kind, ctx = e.get("type", ""), e.get("ctx") or {}
     if kind in ("int_parsing", "int_type", "int_from_float"):
         return "a whole number"
-    if kind in ("float_parsing", "float_type", "finite_number"):
+    if kind == "finite_number":
+        return "a finite number (not NaN or infinity)"
+    if kind in ("float_parsing", "float_type"):
         return "a number"
     if kind in ("bool_parsing", "bool_type"):
         return "true or false"
