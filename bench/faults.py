@@ -60,6 +60,7 @@ class Fault:
     cause: tuple[str, ...]  # any of these in the alert's message or stack: the user's function
     rank: int = 0
     env: dict = field(default_factory=dict)
+    steps: int = STEPS  # long enough for the fault to show
 
 
 ALL = ("plain", "accelerate", "trainer", "ddp")
@@ -76,7 +77,7 @@ FAULTS = [
     Fault("worker_dies", "a DataLoader worker that dies", ("accelerate", "trainer"), "failed",
           ("DataLoader worker",), env={"NUM_WORKERS": "1"}),
     Fault("eval_hang", "an evaluation that never ends", ALL, "stalled", ("evaluate", "read_example", "evaluation")),
-    Fault("memory", "CPU memory grows 64 MiB a step", ALL, "memory", ("memory", "RSS", "rss")),
+    Fault("memory", "CPU memory grows 128 MiB/s to ~4 GiB", ALL, "memory", ("memory", "RSS", "rss"), steps=4000),
 ]
 # A rank other than 0 for the distributed script's faults: the alert must name it.
 DDP_RANK = 1
@@ -155,7 +156,7 @@ class Bench:
         name = f"{f.name}-{kind}-{time.monotonic_ns()}"
         out = self.tmp / name
         jid = self.submit(name, kind, {"FAULT": f.name, "FAULT_STEP": str(FAULT_STEP), "FAULT_RANK": str(rank),
-                                       "STEP_LOG": str(out / "steps.json"), **f.env})
+                                       "STEP_LOG": str(out / "steps.json"), **f.env}, steps=f.steps)
         typical = self.typical.get(kind, 0.1)
         limit = max(10 * typical, 30) + 5
         marks = lambda: sorted(out.glob("mark.*"))  # noqa: E731

@@ -405,3 +405,17 @@ def test_memory_blowup_from_the_agents_memory_readings():
     assert key == "memory" and "memory blow-up" in text and "from 300 MiB to 4,100 MiB" in text
     v = s.check(1040)
     assert v is not None and v.kind == "slow" and "memory blow-up" in v.message
+
+
+def test_memory_that_grows_within_the_first_step_is_the_working_set_not_a_blowup():
+    """Post-mortem case b: 8 DataLoader workers and the first step's activations took the job from
+    443 MiB to 9 GiB during its first step, then memory held: no leak, no memory verdict. Growth
+    across steps still is one."""
+    s = SlowDetector(CFG)
+    for k, (mb, step) in enumerate([(120, None), (443, 0), (2000, 0), (6000, 0), (9041, 1), (9050, 2)]):
+        s.observe_memory(1000 + 5 * k, mb, step)
+    assert s.reasons() == []
+    for k, (mb, step) in enumerate([(300, 1), (310, 5), (1500, 20), (4100, 40)]):
+        s.observe_memory(2000 + 5 * k, mb, step)
+    (key, text), = s.reasons()
+    assert key == "memory" and "from 300 MiB to 4,100 MiB" in text

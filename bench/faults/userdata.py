@@ -27,6 +27,7 @@ STEP_S = float(os.environ.get("STEP_S", "0.05"))  # the "I/O" of reading a batch
 EVAL_BASE = 1_000_000  # example indices of the held-out set
 _lock = threading.Lock()
 _leak: list = []
+_leak_t = [0.0]  # when the memory fault last grew
 _struck: list = []
 _reads = [0]  # training examples read by this process (a DataLoader worker: by this worker)
 _step = [0]  # the optimizer step the user's loop is at (after_step keeps it)
@@ -164,7 +165,10 @@ def after_step(step: int) -> None:
     if FAULT == "slow_rank" and RANK == FAULT_RANK and (striking(step, FAULT) or _struck):
         time.sleep(2 * STEP_S + 0.1)  # this rank is about 3x slower than the others
     if FAULT == "memory" and RANK == FAULT_RANK and (striking(step, FAULT) or _struck):
-        if len(_leak) < 60:  # grows by 64 MiB a step up to ~4 GiB, then holds
+        # 64 MiB every half second (a cache that keeps every batch), up to ~4 GiB, then it holds:
+        # paced by the clock, not the step, so a fast loop does not finish it between two samples
+        if len(_leak) < 60 and time.time() - _leak_t[0] >= 0.5:
+            _leak_t[0] = time.time()
             _leak.append(torch.ones(16 * 1024 * 1024))
 
 

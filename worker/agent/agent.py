@@ -1023,7 +1023,7 @@ class Agent:
                             continue  # it ended while we read: its last sample says nothing
                         self.emit(rj, "metrics", {"step": int(t), "values": values}, t)
                         if rj.slow is not None and isinstance(values.get("sys/rss_mb"), (int, float)):
-                            rj.slow.observe_memory(t, values["sys/rss_mb"])  # memory blow-up
+                            rj.slow.observe_memory(t, values["sys/rss_mb"], rj.detector.step)  # memory blow-up
                         if gpu_util is not None and rj.slow is not None:
                             rj.slow.observe_gpu(t, gpu_util)
                     if machine_due:

@@ -73,24 +73,26 @@ class Anatomy:
                 f"{t['step_s']:.3g} s): set num_workers (and pin_memory) on the DataLoader, or pre-tokenize "
                 f"the dataset instead of tokenizing in the collate function")
 
-    def observe_tree_rss(self, now: float, mb: float) -> None:
+    def observe_tree_rss(self, now: float, mb: float, step: Optional[int] = None) -> None:
         """The job's process tree's resident memory as the agent samples it from the job's start
         (sysmetrics.py, every few seconds): the baseline from before the first step."""
-        self.tree_rss.append((now, mb))
+        self.tree_rss.append((now, mb, step))
 
-    def memory_blowup(self, min_mb: float = 1024.0, factor: float = 2.0) -> Optional[str]:
+    def memory_blowup(self, min_mb: float = 1024.0, factor: float = 2.0, min_steps: int = 3) -> Optional[str]:
         """The job's memory more than doubled, by at least min_mb, within its last minutes: a blow-up
         (a list that keeps every batch, a leak per step), seen before it takes the machine down."""
         pts = list(self.tree_rss)
         if len(pts) < 3:
             return None
-        t1, last = pts[-1]
-        window = [(t, m) for t, m in pts[1:-1] if t1 - t <= 300]  # the first sample may precede the imports
+        t1, last, step1 = pts[-1]
+        window = [p for p in pts[1:-1] if t1 - p[0] <= 300]  # the first sample may precede the imports
         if not window:
             return None
-        t0, low = min(window, key=lambda p: p[1])
+        t0, low, step0 = min(window, key=lambda p: p[1])
         if last - low < max(min_mb, (factor - 1) * low):
             return None
+        if step0 is not None and step1 is not None and step1 - step0 < min_steps:
+            return None  # grown within the first step or two: the working set (workers, activations), not a leak
         return (f"memory blow-up: the job's memory (RSS) grew from {low:,.0f} MiB to {last:,.0f} MiB in "
                 f"{t1 - t0:.0f} s: something keeps every batch or step alive (tensors kept with their graph, "
                 f"a growing list or cache); it will run out of memory")

@@ -152,9 +152,10 @@ class SlowDetector:
         """A rank's step anatomy (any rank's metrics event; rank 0's also carries its memory)."""
         self.anatomy.observe(data, now)
 
-    def observe_memory(self, now: float, mb: float) -> None:
-        """The job's process tree's RSS, as the agent samples it (the memory blow-up rule)."""
-        self.anatomy.observe_tree_rss(now, mb)
+    def observe_memory(self, now: float, mb: float, step: Optional[int] = None) -> None:
+        """The job's process tree's RSS, as the agent samples it (the memory blow-up rule), with the
+        optimizer step the job had reached (None: unknown)."""
+        self.anatomy.observe_tree_rss(now, mb, step)
         self.fresh = True
 
     def observe_gpu(self, now: float, util: float) -> None:
