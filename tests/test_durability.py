@@ -221,7 +221,7 @@ def test_kill9_server_mid_run_every_point_stored_exactly_once(server_factory):
     next_seq = srv.query("SELECT next_seq FROM jobs WHERE id = ?", (jid,))[0][0]
     # the agent's system samples: one metrics event every 5 s, its step the Unix second
     sys_events = srv.query("SELECT count(DISTINCT m.step) FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-                           "WHERE m.job_id = ? AND k.name LIKE 'sys/%'", (jid,))[0][0]
+                           "WHERE m.job_id = ? AND k.name LIKE ?", (jid, "sys/%"))[0][0]
     # Every event the agent numbered (0..next_seq-1) is stored exactly once: one metrics event per
     # step and per system sample in the metrics table, everything else in the events table.
     assert events + len(losses) + sys_events == next_seq, (events, len(losses), sys_events, next_seq)
