@@ -419,3 +419,14 @@ def test_memory_that_grows_within_the_first_step_is_the_working_set_not_a_blowup
         s.observe_memory(2000 + 5 * k, mb, step)
     (key, text), = s.reasons()
     assert key == "memory" and "from 300 MiB to 4,100 MiB" in text
+
+
+def test_a_memory_blowup_of_a_distributed_job_names_the_rank_that_grows():
+    s = SlowDetector(CFG)
+    for k in range(8):
+        t = 1000 + 5 * k
+        s.observe("metrics", {"step": 10 * (k + 1), "values": {
+            "anatomy/r0/rss_mb": 500.0, "anatomy/r1/rss_mb": 500.0 + 600 * k}}, t)
+        s.observe_memory(t, 1000.0 + 600 * k, 10 * (k + 1))
+    (key, text), = [r for r in s.reasons() if r[0] == "memory"]
+    assert "rank 1 (500 -> 4,700 MiB)" in text, text

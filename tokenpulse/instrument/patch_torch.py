@@ -159,6 +159,8 @@ def _emit_window(em, now: float, own: bool) -> None:
     values = {f"anatomy/r{r}/step_s": step_s, f"anatomy/r{r}/data_s": data_s,
               f"anatomy/r{r}/comm_s": comm_s, f"anatomy/r{r}/compute_s": compute_s}
     rss = _rss_mb()
+    if rss is not None:
+        values[f"anatomy/r{r}/rss_mb"] = rss  # each rank's own memory: a blow-up names its rank
     s.last = {"step_time_s": step_s, "busy_s": step_s - comm_s, "data_s": data_s, "comm_s": comm_s,
               "compute_s": compute_s, **({"rss_mb": rss} if rss is not None else {})}
     if own and r == 0:

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-KEY = re.compile(r"^anatomy/r(\d+)/(data_s|comm_s|compute_s|step_s)$")
+KEY = re.compile(r"^anatomy/r(\d+)/(data_s|comm_s|compute_s|step_s|rss_mb)$")
 PARTS = ("data_s", "comm_s", "compute_s", "step_s")
 
 
@@ -30,10 +30,13 @@ class Anatomy:
     recent: dict = field(default_factory=dict)  # rank -> deque of its last windows ({part: s})
     rss: deque = field(default_factory=lambda: deque(maxlen=240))  # (t, step, MiB) of the job's process
     tree_rss: deque = field(default_factory=lambda: deque(maxlen=120))  # (t, MiB) of the job's process tree
+    rank_rss: dict = field(default_factory=dict)  # rank -> deque of (t, MiB) of that rank's own process
 
     def observe(self, data: dict, now: float) -> None:
         values = data.get("values") or {}
         for r, parts in parse(values).items():
+            if "rss_mb" in parts:
+                self.rank_rss.setdefault(r, deque(maxlen=120)).append((now, parts["rss_mb"]))
             if all(p in parts for p in PARTS):
                 self.recent.setdefault(r, deque(maxlen=5)).append(parts)
         if isinstance(values.get("rss_mb"), (int, float)):
@@ -94,8 +97,20 @@ class Anatomy:
         if step0 is not None and step1 is not None and step1 - step0 < min_steps:
             return None  # grown within the first step or two: the working set (workers, activations), not a leak
         return (f"memory blow-up: the job's memory (RSS) grew from {low:,.0f} MiB to {last:,.0f} MiB in "
-                f"{t1 - t0:.0f} s: something keeps every batch or step alive (tensors kept with their graph, "
-                f"a growing list or cache); it will run out of memory")
+                f"{t1 - t0:.0f} s{self._growing_rank(t1)}: something keeps every batch or step alive (tensors "
+                f"kept with their graph, a growing list or cache); it will run out of memory")
+
+    def _growing_rank(self, t1: float) -> str:
+        """', rank 1 (512 -> 4,100 MiB)' when several ranks report their memory and one grew most."""
+        growth = {}
+        for r, pts in self.rank_rss.items():
+            recent = [m for t, m in pts if t1 - t <= 300]
+            if len(recent) >= 2:
+                growth[r] = (recent[-1] - min(recent), min(recent), recent[-1])
+        if len(growth) < 2:
+            return ""
+        r, (g, lo, hi) = max(growth.items(), key=lambda kv: kv[1][0])
+        return f", rank {r} ({lo:,.0f} -> {hi:,.0f} MiB)" if g >= 256 else ""
 
     def memory_creep(self, min_span_s: float = 60.0, min_growth: float = 0.25, min_mb: float = 256.0) -> Optional[str]:
         """The process's memory grows steadily step after step (not one jump after the first steps)."""
