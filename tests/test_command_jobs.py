@@ -212,6 +212,10 @@ def test_command_job_completes_folded_fails_with_frame_and_is_confined(server_fa
         assert len(job["attempts"]) == 1, "a script's own error is not retried"
         alerts = c.get("/api/alerts", params={"job_id": bad["id"]}).json()
         assert any(a["kind"] == "crashed" and "fail.py:7 in main" in a["message"] for a in alerts), alerts
+        # the traceback is shown once (the reason box), not again in the alert (issue 25, item 3)
+        crashed = next(a for a in alerts if a["kind"] == "crashed")
+        assert "Traceback" not in crashed["message"] and "\n" not in crashed["message"], crashed["message"]
+        assert "last output" in job["reason"], job["reason"]  # ... which keeps it
 
         # clone / retry of a command job is a command job
         again = c.post(f"/api/jobs/{bad['id']}/clone", json={"changes": {"command": [PY, "fail.py", "2"]}})

@@ -823,8 +823,12 @@ class Agent:
         if rj.slow is not None and rj.slow.contention_open:
             self.emit(rj, "alert", {"kind": AlertKind.CONTENTION, "message": how, "clear": True})
         if verdict.get("state") == "failed" and verdict.get("failure") in (Failure.CRASH, Failure.SIGNAL, Failure.ERROR):
-            self.emit(rj, "alert", {"kind": AlertKind.CRASHED, "severity": "critical",
-                                    "message": (verdict.get("reason") or "training process crashed")[:8000]})
+            # the root cause alone: the traceback and the last output are shown once, in the job's
+            # reason (and its log), not a second time in the alert
+            head, _, rest = (verdict.get("reason") or "training process crashed").partition("\n")
+            head = head.split("; last output:")[0]
+            more = " (traceback and last output in the job's reason)" if rest or "; last output:" in (verdict.get("reason") or "") else ""
+            self.emit(rj, "alert", {"kind": AlertKind.CRASHED, "severity": "critical", "message": (head + more)[:8000]})
 
     def judge_exit(self, rj: RunningJob, returncode: int) -> dict:
         code, sig, words = describe_exit(returncode)

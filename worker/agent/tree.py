@@ -96,8 +96,13 @@ def kill_cgroup(path: Path) -> None:
         return
     except OSError:
         pass
+    kill_until_gone(lambda: cgroup_pids(path))
+
+
+def kill_until_gone(live) -> None:
+    """SIGKILL what `live()` lists until it lists nothing (a process may fork while we kill), 1 s at most."""
     for _ in range(100):
-        pids = cgroup_pids(path)
+        pids = live()
         if not pids:
             return
         for pid in pids:
@@ -195,16 +200,7 @@ class JobTree:
         if keeper_pid is None:
             return
         from worker.agent.child import descendants
-        for _ in range(100):
-            pids = [p for p in descendants(keeper_pid) if _alive(p)]
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(0.01)
+        kill_until_gone(lambda: [p for p in descendants(keeper_pid) if _alive(p)])
 
     def release(self) -> None:
         """After the keeper exited: the attempt's cgroup goes (it is empty by then)."""
