@@ -298,3 +298,12 @@ const TP = (() => {
 TP.stripControl = (s) => String(s).replace(/\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\^_]|\x9b[0-?]*[ -/]*[@-~]/g, "").replace(/[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]/g, "");
 // A metrics event of the agent's system samples (worker/agent/sysmetrics.py: every name sys/...).
 TP.isSystem = (values) => { for (const k in values) return k.startsWith("sys/"); return false; };
+// A run's colour, from its id alone: the same job has the same colour on every page and in every
+// comparison (the golden angle spreads neighbouring ids far apart on the hue circle).
+TP.jobColor = (id) => `hsl(${Math.round((Number(id) * 137.508) % 360)}, 70%, ${Number(id) % 2 ? 42 : 52}%)`;
+TP.jobColorA = (id, alpha) => TP.jobColor(id).replace("hsl(", "hsla(").replace(")", `, ${alpha})`);
+// localStorage that never throws (private mode, a full quota): a lost preference is not an error.
+TP.pref = {
+  get(key, dflt) { try { const v = localStorage.getItem(key); return v === null ? dflt : JSON.parse(v); } catch (e) { return dflt; } },
+  set(key, v) { try { localStorage.setItem(key, JSON.stringify(v)); } catch (e) { /* not kept */ } },
+};

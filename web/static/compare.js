@@ -3,8 +3,10 @@
   const $ = (id) => document.getElementById(id);
   const pick = $("compare-pick");
   const chosen = new Set(new URLSearchParams(location.search).getAll("job").map(Number).filter(Boolean));
-  const COLORS = ["#2563eb", "#f97316", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777"];
   const charts = {};
+  // The metrics to overlay: any the chosen runs log, kept per browser; loss and eval loss at first.
+  let metrics = TP.pref.get("tp-compare-metrics", ["loss", "eval/loss", "tokens_per_s"]);
+  let knownKeys = [];
   const cache = new Map(); // id -> {detail, metrics}
   let jobs = [];
 
@@ -34,7 +36,7 @@
       return TP.el("label", { class: "check pick" },
         TP.el("input", { type: "checkbox", value: j.id, checked: chosen.has(j.id),
           onchange: (e) => { e.target.checked ? chosen.add(j.id) : chosen.delete(j.id); syncUrl(); renderPicker(); draw(); } }),
-        TP.el("span", { class: "swatch", style: i >= 0 ? `background:${COLORS[i % COLORS.length]}` : "" }),
+        TP.el("span", { class: "swatch", style: i >= 0 ? `background:${TP.jobColor(j.id)}` : "" }),
         TP.el("span", { class: "pick-name", title: `${j.name} #${j.id}` }, j.name, TP.el("span", { class: "muted", text: ` #${j.id}` })),
         TP.el("span", { class: `badge ${j.state}`, text: j.state }));
     }));
@@ -44,7 +46,7 @@
   async function load(id) {
     if (!cache.has(id)) {
       const [detail, metrics] = await Promise.all([TP.api(`/api/jobs/${id}`),
-        TP.api(`/api/jobs/${id}/metrics?keys=loss&keys=tokens_per_s&max_points=1500`)]);
+        TP.api(`/api/jobs/${id}/metrics?max_points=1500`)]);
       if (TP.FINAL.includes(detail.state)) cache.set(id, { detail, metrics }); else return { detail, metrics };
     }
     return cache.get(id);
@@ -59,7 +61,11 @@
     const got = all.filter((g) => !g.error);
     showMissing(all.filter((g) => g.error));
     const a = Number($("smooth").value), byTime = $("xaxis").value === "time";
-    for (const [id, key] of [["chart-cmp-loss", "loss"], ["chart-cmp-tps", "tokens_per_s"]]) {
+    renderMetricPicker(got);
+    const wanted = metrics.filter((k) => knownKeys.includes(k));
+    layoutCharts(wanted);
+    for (const key of wanted) {
+      const id = chartIdOf(key), fmt = TP.metricFormat(key), smoothable = !key.startsWith("sys/") && key !== "lr";
       const xsOf = (g) => { const s = g.metrics.series[key]; if (!s) return []; return byTime ? s.t.map((t) => Math.round((t - s.t[0]) * 10) / 10) : s.step; };
       const all = new Set(); got.forEach((g) => xsOf(g).forEach((x) => all.add(x)));
       const xs = [...all].sort((p, q) => p - q);
@@ -68,16 +74,16 @@
         const s = g.metrics.series[key]; const mp = new Map();
         if (s) xsOf(g).forEach((x, k) => mp.set(x, s.value[k]));
         const raw = xs.map((x) => (mp.has(x) ? mp.get(x) : null));
-        const color = COLORS[g.i % COLORS.length], label = `#${g.detail.id} ${g.detail.name}`;
-        if (key === "loss" && a > 0) {
-          cols.push(raw); ser.push({ label: `${label} (raw)`, stroke: color + "40", width: 1, spanGaps: true, value: (u, v) => TP.sig(v) });
+        const color = TP.jobColor(g.detail.id), label = `#${g.detail.id} ${g.detail.name}`;
+        const sparse = s && s.step.length < 60; // eval points: few, drawn as dots on a line
+        if (smoothable && !sparse && a > 0) {
+          cols.push(raw); ser.push({ label: `${label} (raw)`, stroke: TP.jobColorA(g.detail.id, 0.25), width: 1, spanGaps: true, value: (u, v) => fmt.value(v) });
           // smooth over the job's own points only, then spread onto the shared x axis
           const own = s ? ema(s.value, a) : []; const sm = new Map(); if (s) xsOf(g).forEach((x, k) => sm.set(x, own[k]));
           cols.push(xs.map((x) => (sm.has(x) ? sm.get(x) : null)));
-          ser.push({ label, stroke: color, width: 2, spanGaps: true, value: (u, v) => TP.sig(v) });
+          ser.push({ label, stroke: color, width: 2, spanGaps: true, value: (u, v) => fmt.value(v) });
         } else {
-          cols.push(raw); ser.push({ label, stroke: color, width: key === "loss" ? 2 : 1.5, spanGaps: true,
-            value: (u, v) => (key === "loss" ? TP.sig(v) : TP.compact(v, "tok/s")) });
+          cols.push(raw); ser.push({ label, stroke: color, width: 2, spanGaps: true, points: { show: sparse }, value: (u, v) => fmt.value(v) });
         }
       });
       const box = $(id);
@@ -85,10 +91,36 @@
       box.replaceChildren();
       if (!got.length) { charts[id] = null; continue; }
       charts[id] = new uPlot({ width: Math.max(280, box.clientWidth || 600), height: 260, scales: { x: { time: false } }, series: ser,
-        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18, ...(byTime ? {} : { incrs: TP.STEP_INCRS }), values: (u, v) => TP.ticks(v) }, { size: 56, label: key === "loss" ? "loss" : "tok/s", labelSize: 18, values: key === "loss" ? undefined : (u, v) => TP.ticks(v) }],
+        axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18, ...(byTime ? {} : { incrs: TP.STEP_INCRS }), values: (u, v) => TP.ticks(v) }, { size: 56, label: fmt.unit ? `${key} (${fmt.unit})` : key, labelSize: 18, values: (u, v) => TP.ticks(v, fmt.axis) }],
         cursor: { sync: { key: "cmp" }, drag: { x: true, y: false } } }, cols, box);
     }
     diffTable(got.map((g) => g.detail), got.map((g) => g.i));
+  }
+
+  const chartIdOf = (k) => `chart-cmp-${k.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+  // One chart per chosen metric, in the order chosen; charts of metrics no longer chosen go.
+  function layoutCharts(keys) {
+    const box = $("compare-charts"), want = new Set(keys.map(chartIdOf));
+    for (const [id, c] of Object.entries(charts)) if (!want.has(id)) { if (c) c.destroy(); delete charts[id]; }
+    for (const el of [...box.children]) if (!want.has(el.dataset.chart)) el.remove();
+    for (const k of keys) {
+      const id = chartIdOf(k);
+      if (!$(id)) box.append(TP.el("div", { class: "chart-box", "data-chart": id },
+        TP.el("h2", { text: k === "loss" ? "loss (smoothed; raw curves faint)" : k }), TP.el("div", { id, class: "chart", "data-metric": k })));
+    }
+  }
+  // Every metric any chosen run logs, as a checkbox: ticking one adds its chart.
+  function renderMetricPicker(got) {
+    const keys = new Set(); got.forEach((g) => Object.keys(g.metrics.series).forEach((k) => keys.add(k)));
+    const order = (k) => (k === "loss" ? 0 : k.startsWith("eval") ? 1 : k.startsWith("sys/") ? 3 : 2);
+    knownKeys = [...keys].sort((p, q) => order(p) - order(q) || p.localeCompare(q));
+    const box = $("compare-metrics");
+    box.replaceChildren(...knownKeys.map((k) => TP.el("label", { class: "check metric-pick" },
+      TP.el("input", { type: "checkbox", value: k, checked: metrics.includes(k), onchange: (e) => {
+        metrics = e.target.checked ? [...metrics.filter((m) => m !== k), k] : metrics.filter((m) => m !== k);
+        TP.pref.set("tp-compare-metrics", metrics); draw();
+      } }), ` ${k}`)));
+    box.hidden = !knownKeys.length;
   }
 
   function showMissing(bad) {
@@ -122,7 +154,7 @@
     const infoDiff = chosenKeys.filter((k) => new Set(infos.map((i) => JSON.stringify(i[k] ?? null))).size > 1);
     const fmt = (v) => (v === undefined || v === null ? "–" : typeof v === "object" ? JSON.stringify(v) : String(v));
     const head = TP.el("tr", {}, TP.el("th", { text: "" }), ...details.map((d, i) => TP.el("th", {},
-      TP.el("span", { class: "swatch", style: `background:${COLORS[colorIdx[i] % COLORS.length]}` }), TP.el("a", { href: `/jobs/${d.id}`, text: `#${d.id} ${d.name}` }))));
+      TP.el("span", { class: "swatch", style: `background:${TP.jobColor(d.id)}` }), TP.el("a", { href: `/jobs/${d.id}`, text: `#${d.id} ${d.name}` }))));
     const row = (label, vals, cls = "") => TP.el("tr", { class: cls }, TP.el("th", { scope: "row", text: label }), ...vals.map((v) => TP.el("td", { text: v })));
     const rows = [
       row("state", details.map((d) => d.state)),
@@ -168,6 +200,7 @@
       renderPicker();
     }
   }, null);
+  window.TPCMP = { charts }; // for the browser tests
   init();
   setInterval(() => { if ([...chosen].some((id) => !cache.has(id))) draw(); }, 5000); // running jobs grow
 })();

@@ -1,0 +1,67 @@
+"""Runs people can sort and compare (issue 22 item 3), in headless Chromium: compare of five runs
+with any logged metric (eval loss included) in colours derived from the job id, and the settings
+that differ; the jobs list's column picker and sort; the job page's metric picker. One server, five
+finished runs posted by a stand-in agent speaking the real agent protocol, shared by the module."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+
+from conftest import make_server
+from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+from test_ui_job import js, post_events
+
+LRS = [1e-4, 2e-4, 3e-4, 4e-4, 5e-4]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    server = make_server(tmp_path_factory.mktemp("runs"), agent_lost_after_s=600).start()
+    agent = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.agent_token}"})
+    aid = agent.post("/api/agents", json={"name": "fake", "host": "h"}).json()["id"]
+    ids = []
+    with server.client() as c:
+        for i, lr in enumerate(LRS):
+            jid = c.post("/api/jobs", json={"name": f"sweep-{i}", "max_steps": 20, "learning_rate": lr,
+                                            "eval_fraction": 0.1, "eval_every": 10}).json()["id"]
+            assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
+            t0 = time.time() - 30
+            evs = [("metrics", {"step": s, "values": {"loss": 6 - s * (i + 1) / 20, "lr": lr, "grad_norm": 1.0 + i}}, t0 + s)
+                   for s in range(1, 21)]
+            evs += [("metrics", {"step": s, "values": {"eval/loss": 6.5 - s * (i + 1) / 40}}, t0 + s) for s in (10, 20)]
+            evs.append(("state", {"state": "completed", "reason": "trained 20 steps"}, t0 + 21))
+            post_events(agent, aid, jid, 0, evs)
+            ids.append(jid)
+    yield server, ids
+    server.kill()
+
+
+def test_compare_five_runs_any_metric_stable_colours(runs, browser):
+    server, ids = runs
+    d = browser
+    login(d, server)
+    d.get(f"{server.url}/compare?{'&'.join(f'job={i}' for i in ids)}")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#compare-metrics input[value='eval/loss']"), "the metric picker")
+    # eval loss is overlaid by default, for all five runs
+    until(d, 10, lambda d: js(d, "const u = TPCMP.charts['chart-cmp-eval_loss']; return u ? u.series.length : 0") == 6,
+          "five eval-loss curves")
+    # the settings that differ: the learning rate, one column per run
+    rows = {r.find_element(By.TAG_NAME, "th").text: [td.text for td in r.find_elements(By.TAG_NAME, "td")]
+            for r in d.find_elements(By.CSS_SELECTOR, "#compare-diff tbody tr.diff")}
+    assert list(rows) == ["learning_rate"], rows
+    assert rows["learning_rate"] == [str(lr) for lr in LRS], rows
+    # pick grad_norm: a chart of its own, and the choice is kept
+    d.find_element(By.CSS_SELECTOR, "#compare-metrics input[value='grad_norm']").click()
+    until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-cmp-grad_norm .uplot"), "the grad_norm chart")
+    # colours come from the job id: the same for a run whatever else is compared
+    colour = js(d, f"return TPCMP.charts['chart-cmp-loss'].series.find((s) => s.label === '#{ids[2]} sweep-2').stroke()")
+    assert colour == js(d, f"return TP.jobColor({ids[2]})"), colour
+    shot(d, "compare-five", full=True)
+    d.get(f"{server.url}/compare?job={ids[2]}&job={ids[4]}")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-cmp-grad_norm .uplot"), "grad_norm kept across visits")
+    again = js(d, f"return TPCMP.charts['chart-cmp-loss'].series.find((s) => s.label === '#{ids[2]} sweep-2').stroke()")
+    assert again == colour, (again, colour)
+    assert not console_errors(d), console_errors(d)
