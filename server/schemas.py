@@ -98,6 +98,7 @@ class Submitted(JobDetail):
 
 class JobListRow(JobSummary):
     last_agent_id: Optional[int] = Field(description="the agent of the latest attempt (a finished job holds none)")
+    spec: Optional[dict[str, Any]] = Field(None, description="its settings, with ?spec=true")
 
 
 class JobList(Answer):

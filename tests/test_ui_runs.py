@@ -65,3 +65,31 @@ def test_compare_five_runs_any_metric_stable_colours(runs, browser):
     again = js(d, f"return TPCMP.charts['chart-cmp-loss'].series.find((s) => s.label === '#{ids[2]} sweep-2').stroke()")
     assert again == colour, (again, colour)
     assert not console_errors(d), console_errors(d)
+
+
+def test_jobs_list_column_picker_sort_and_filter(runs, browser):
+    server, ids = runs
+    d = browser
+    login(d, server)
+    until(d, 20, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs-body tr[data-job]")) == 5, "the five runs")
+    d.find_element(By.CSS_SELECTOR, "#col-picker summary").click()
+    d.find_element(By.CSS_SELECTOR, "#col-picks input[value='spec:learning_rate']").click()
+    d.find_element(By.CSS_SELECTOR, "#col-picks input[value='last:eval/loss']").click()
+    d.find_element(By.CSS_SELECTOR, "#col-picker summary").click()
+
+    def column(c):
+        return [td.text for td in d.find_elements(By.CSS_SELECTOR, f"#jobs-body td[data-col='{c}']")]
+    until(d, 10, lambda d: len(column("last:eval/loss")) == 5, "the eval loss column")
+    assert column("spec:learning_rate") == [str(lr) for lr in reversed(LRS)]  # newest first
+    # sort on the final eval loss, lowest first: the run with the highest learning rate wins here
+    d.find_element(By.CSS_SELECTOR, "th.picked[data-col='last:eval/loss'] button.sort").click()
+    until(d, 5, lambda d: column("last:eval/loss") == ["4", "4.5", "5", "5.5", "6"], "sorted by eval loss")
+    d.find_element(By.CSS_SELECTOR, "th.picked[data-col='last:eval/loss'] button.sort").click()
+    until(d, 5, lambda d: column("last:eval/loss") == ["6", "5.5", "5", "4.5", "4"], "sorted the other way")
+    d.find_element(By.CSS_SELECTOR, "input.col-filter[data-col='spec:learning_rate']").send_keys(">=0.0003")
+    until(d, 5, lambda d: column("spec:learning_rate") == ["0.0003", "0.0004", "0.0005"], "filtered on the learning rate")
+    shot(d, "jobs-columns")
+    # kept per browser: a new visit shows the same columns, sort and filter
+    d.get(server.url + "/")
+    until(d, 20, lambda d: column("spec:learning_rate") == ["0.0003", "0.0004", "0.0005"], "columns kept across visits")
+    assert not console_errors(d), console_errors(d)

@@ -92,7 +92,8 @@ async def create_command_job(spec: CommandSpec, tp: AppDep, caller: CommandsDep)
 def list_jobs(tp: AppDep, _: UserDep,
               state: Optional[list[JobState]] = Query(None, description="filter by state (repeatable)"),
               q: Optional[str] = Query(None, max_length=200, description="search: a name fragment, or a job id (`4` or `#4`)"),
-              limit: int = Query(50, ge=1, le=1000), offset: int = Query(0, ge=0)) -> JobList:
+              limit: int = Query(50, ge=1, le=1000), offset: int = Query(0, ge=0),
+              spec: bool = Query(False, description="include each job's settings (the jobs list's columns)")) -> JobList:
     with tp.db.read() as s:
         where = []
         if state:
@@ -111,7 +112,8 @@ def list_jobs(tp: AppDep, _: UserDep,
         ran_on = dict(s.execute(select(Attempt.job_id, Attempt.agent_id)
                                 .where(Attempt.job_id.in_([j.id for j in rows]))
                                 .order_by(Attempt.job_id, Attempt.attempt)).all()) if rows else {}
-        return JobList(total=total, jobs=[{**store.job_summary(j), "last_agent_id": ran_on.get(j.id)} for j in rows])
+        return JobList(total=total, jobs=[{**store.job_summary(j), "last_agent_id": ran_on.get(j.id),
+                                           **({"spec": json.loads(j.spec)} if spec else {})} for j in rows])
 
 
 @router.get("/{job_id}")

@@ -22,7 +22,7 @@
   let loadSeq = 0;
   async function load() {
     const my = ++loadSeq;
-    const p = new URLSearchParams({ limit: PAGE, offset });
+    const p = new URLSearchParams({ limit: PAGE, offset, spec: "true" }); // settings: the picked columns
     if (search.value.trim()) p.set("q", search.value.trim()); // "#4" is job 4; the server knows
     for (const s of states()) p.append("state", s);
     const [data, ags, waiting] = await Promise.all([TP.api(`/api/jobs?${p}`), TP.api("/api/agents"), TP.api("/api/jobs?state=queued&limit=1")]);
@@ -76,7 +76,72 @@
       TP.el("td", { "data-label": "Worker", class: j.agent_id ? "" : "muted", text: ranOn ? (ag ? ag.name : `agent ${ranOn}`) : "–",
         title: ranOn && !j.agent_id ? "the worker that ran its last attempt" : null }),
       TP.el("td", { "data-label": "Submitted" }, TP.rel(j.created_at)),
-      TP.el("td", { "data-label": "Started" }, TP.rel(j.started_at)));
+      TP.el("td", { "data-label": "Started" }, TP.rel(j.started_at)),
+      ...view.cols.map((c) => TP.el("td", { class: "r picked", "data-label": colLabel(c), "data-col": c, text: fmtCell(c, colValue(j, c)) })));
+  }
+
+  // ---- picked columns: settings ("spec:learning_rate") and latest metrics ("last:eval/loss"),
+  // sorted and filtered here, kept per browser --------------------------------------------------
+  const view = Object.assign({ cols: [], sort: null, dir: 1, filters: {} }, TP.pref.get("tp-jobs-view", {}));
+  const saveView = () => TP.pref.set("tp-jobs-view", view);
+  function flat(o, prefix = "", out = {}) {
+    for (const [k, v] of Object.entries(o || {})) {
+      if (v && typeof v === "object" && !Array.isArray(v)) flat(v, `${prefix}${k}.`, out); else out[prefix + k] = v;
+    }
+    return out;
+  }
+  const colLabel = (c) => c.slice(c.indexOf(":") + 1) + (c.startsWith("last:") ? " (last)" : "");
+  function colValue(j, c) {
+    const key = c.slice(c.indexOf(":") + 1);
+    if (c.startsWith("last:")) return (j.last || {})[key];
+    return flat(j.spec)[key];
+  }
+  function fmtCell(c, v) {
+    if (v === undefined || v === null) return "–";
+    if (typeof v === "number") return c.startsWith("last:") ? TP.metricFormat(c.slice(5)).value(v) : String(v);
+    return typeof v === "object" ? JSON.stringify(v) : String(v);
+  }
+  // A filter: ">0.001", "<=5", "=3" compare numbers; anything else is a piece of the text.
+  function passes(j) {
+    for (const [c, f] of Object.entries(view.filters)) {
+      if (!f || !view.cols.includes(c)) continue;
+      const v = colValue(j, c), m = /^\s*(>=|<=|>|<|=)\s*(-?[\d.eE+-]+)\s*$/.exec(f);
+      if (m) {
+        const x = Number(v), y = Number(m[2]);
+        if (v === undefined || v === null || !isFinite(x)) return false;
+        if (!({ ">": x > y, "<": x < y, ">=": x >= y, "<=": x <= y, "=": x === y })[m[1]]) return false;
+      } else if (!fmtCell(c, v).toLowerCase().includes(f.trim().toLowerCase())) return false;
+    }
+    return true;
+  }
+  function compareBy(c) {
+    return (a, b) => {
+      const x = colValue(a, c), y = colValue(b, c);
+      if (x === undefined || x === null) return y === undefined || y === null ? 0 : 1; // blanks last
+      if (y === undefined || y === null) return -1;
+      return (typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y), undefined, { numeric: true })) * view.dir;
+    };
+  }
+  function renderColumns(list) {
+    const specKeys = new Set(), lastKeys = new Set();
+    for (const j of list) { Object.keys(flat(j.spec)).forEach((k) => specKeys.add(k)); Object.keys(j.last || {}).forEach((k) => lastKeys.add(k)); }
+    const opt = (c) => TP.el("label", { class: "check col-pick" }, TP.el("input", { type: "checkbox", value: c, checked: view.cols.includes(c),
+      onchange: (e) => { view.cols = e.target.checked ? [...view.cols, c] : view.cols.filter((x) => x !== c); saveView(); renderNow(); } }), ` ${c.slice(c.indexOf(":") + 1)}`);
+    $("col-picks").replaceChildren(
+      TP.el("h3", { text: "Latest metrics" }), ...[...lastKeys].sort().map((k) => opt(`last:${k}`)),
+      TP.el("h3", { text: "Settings" }), ...[...specKeys].sort().filter((k) => k !== "name").map((k) => opt(`spec:${k}`)));
+    const head = $("jobs-head"), filters = $("jobs-filters");
+    head.querySelectorAll("th.picked").forEach((th) => th.remove());
+    filters.replaceChildren(TP.el("th", { colspan: 13, class: "filter-note", text: view.cols.length ? "Filter (>0.001, <5, =3 or text):" : "" }),
+      ...view.cols.map((c) => TP.el("th", { class: "picked" }, TP.el("input", { type: "search", class: "col-filter", "data-col": c, value: view.filters[c] || "",
+        "aria-label": `Filter on ${colLabel(c)}`, oninput: (e) => { view.filters[c] = e.target.value; saveView(); renderBody(); } }))));
+    filters.hidden = !view.cols.length;
+    head.append(...view.cols.map((c) => TP.el("th", { class: "r picked", "data-col": c, "aria-sort": view.sort === c ? (view.dir > 0 ? "ascending" : "descending") : "none" },
+      TP.el("button", { type: "button", class: "sort", title: "Sort by this column", onclick: () => {
+        if (view.sort === c) view.dir = -view.dir; else { view.sort = c; view.dir = 1; }
+        saveView(); renderNow(); } }, colLabel(c), view.sort === c ? (view.dir > 0 ? " ▲" : " ▼") : ""),
+      TP.el("button", { type: "button", class: "small ghost unpick", title: "Remove this column", "aria-label": `Remove the column ${colLabel(c)}`,
+        onclick: () => { view.cols = view.cols.filter((x) => x !== c); saveView(); renderNow(); } }, "×"))));
   }
 
   function phaseCell(j, active) {
@@ -101,13 +166,20 @@
     if (pending) return; pending = true;
     requestAnimationFrame(() => { pending = false; renderNow(); });
   }
-  function renderNow() {
-    const list = [...jobs.values()].sort((a, b) => b.id - a.id);
+  function renderBody() {
+    const all = [...jobs.values()].sort((a, b) => b.id - a.id);
+    const list = all.filter(passes);
+    if (view.sort && view.cols.includes(view.sort)) list.sort(compareBy(view.sort));
     body.replaceChildren(...list.map(row));
     if (!list.length) {
-      const filtered = search.value || stateSel.value;
-      body.append(TP.el("tr", {}, TP.el("td", { colspan: 13, class: "empty", text: filtered ? "No job matches these filters." : "No jobs yet. Press “Run demo” to train a tiny model, or “New job”." })));
+      const filtered = search.value || stateSel.value || list.length < all.length;
+      body.append(TP.el("tr", {}, TP.el("td", { colspan: 13 + view.cols.length, class: "empty", text: filtered ? "No job matches these filters." : "No jobs yet. Press “Run demo” to train a tiny model, or “New job”." })));
     }
+    return all;
+  }
+  function renderNow() {
+    renderColumns([...jobs.values()]);
+    const list = renderBody();
     $("page-info").textContent = `${total ? offset + 1 : 0}–${Math.min(offset + list.length, total)} of ${TP.num(total)}`;
     $("prev").disabled = offset === 0;
     $("next").disabled = offset + PAGE >= total;
