@@ -93,3 +93,24 @@ def test_jobs_list_column_picker_sort_and_filter(runs, browser):
     d.get(server.url + "/")
     until(d, 20, lambda d: column("spec:learning_rate") == ["0.0003", "0.0004", "0.0005"], "columns kept across visits")
     assert not console_errors(d), console_errors(d)
+
+
+def test_job_page_metric_picker_remembered(runs, browser):
+    server, ids = runs
+    d = browser
+    login(d, server)
+    d.get(f"{server.url}/jobs/{ids[0]}")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#panel-add option[value='eval/loss']"), "the metric picker")
+    for k in ("grad_norm", "eval/loss"):
+        d.execute_script("const s = document.getElementById('panel-add'); s.value = arguments[0]; s.dispatchEvent(new Event('change'))", k)
+    until(d, 10, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "grad_norm,eval/loss",
+          "both metrics in the panel")
+    assert js(d, "return TPJOB.charts['chart-custom'].data[1].filter((v) => v !== null).length") == 20
+    shot(d, "job-panel")
+    # another job logging the same metrics opens with the same panel
+    d.get(f"{server.url}/jobs/{ids[3]}")
+    until(d, 20, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "grad_norm,eval/loss",
+          "the panel remembered for the same metric set")
+    d.find_element(By.CSS_SELECTOR, "#panel-picked .chip[data-key='grad_norm'] button").click()
+    until(d, 10, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "eval/loss", "grad_norm removed")
+    assert not console_errors(d), console_errors(d)

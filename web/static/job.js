@@ -26,6 +26,32 @@
     "chart-mem": { keys: ["rss_mb", "cuda_peak_mb"], labels: ["process RSS", "CUDA peak"], unit: "MiB", axis: fmtMem, value: (v) => TP.bytesMB(v) },
   };
   const COLORS = ["#2563eb", "#f97316", "#16a34a", "#9333ea"];
+  // "Your panel": any logged metrics a person picks, overlaid; the choice is kept per browser for
+  // every job that logs the same set of metrics (the same script, the same kind of run).
+  const PANEL_COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#f97316", "#0891b2", "#ca8a04", "#db2777"];
+  CHARTS["chart-custom"] = { keys: [], labels: [], colors: [], value: (v) => TP.sig(v), axis: (u, v) => TP.ticks(v) };
+  let panelPrefKey = null, panelKeys = "";
+  function setPanel(keys) {
+    Object.assign(CHARTS["chart-custom"], { keys, labels: keys.slice(), colors: keys.map((k, i) => PANEL_COLORS[i % PANEL_COLORS.length]) });
+    $("panel-picked").replaceChildren(...keys.map((k) => TP.el("span", { class: "chip", "data-key": k }, k,
+      TP.el("button", { type: "button", class: "small ghost", "aria-label": `Remove ${k} from your panel`, text: "×",
+        onclick: () => { const next = keys.filter((x) => x !== k); setPanel(next); TP.pref.set(panelPrefKey, next); updatePanelPicker(); scheduleDraw(); } }))));
+    $("panel-box").classList.toggle("empty-panel", !keys.length);
+  }
+  function updatePanelPicker() {
+    const logged = Object.keys(series).filter((k) => !k.startsWith("sys/") && series[k].step.length).sort();
+    if (!logged.length) return;
+    const set = logged.join(",");
+    if (panelPrefKey === null) { // the first full look at what this job logs: its remembered panel
+      panelPrefKey = `tp-job-panel:${set}`;
+      setPanel(TP.pref.get(panelPrefKey, []).filter((k) => logged.includes(k)));
+    }
+    const picked = CHARTS["chart-custom"].keys;
+    if (set + "|" + picked.join(",") === panelKeys) return;
+    panelKeys = set + "|" + picked.join(",");
+    $("panel-add").replaceChildren(TP.el("option", { value: "", text: "Add a metric…" }),
+      ...logged.filter((k) => !picked.includes(k)).map((k) => TP.el("option", { value: k, text: k })));
+  }
   const xMode = () => $("xaxis").value; // "step" | "time" (wall clock)
   const logY = () => $("logy").checked;
   const clipY = () => $("clip").checked;
@@ -44,7 +70,8 @@
   const chartId = (k) => `chart-x-${k.replace(/[^A-Za-z0-9_-]/g, "_")}`;
   const groupOf = (k) => (k.includes("/") ? k.split("/")[0] : k.startsWith("eval_") ? "eval" : "other");
   function addExtraCharts() {
-    const known = new Set(Object.values(CHARTS).flatMap((c) => c.keys));
+    updatePanelPicker();
+    const known = new Set(Object.entries(CHARTS).filter(([id]) => id !== "chart-custom").flatMap(([, c]) => c.keys));
     for (const k of Object.keys(series).sort()) {
       if (known.has(k) || SHOWN_ELSEWHERE.has(k) || !series[k].step.length) continue;
       if (k.startsWith("anatomy/")) continue; // the Step anatomy panel's (anatomy.js), not a chart each
@@ -315,7 +342,7 @@
       // A chart with nothing to show: "No points yet" while they may still come; hidden for a command
       // job (it logs what it logs) and once a job is over.
       const idle = job && (job.kind === "command" || job.state === "queued" || TP.FINAL.includes(job.state));
-      box.closest(".chart-box").hidden = !spec.keys.length && !!idle;
+      box.closest(".chart-box").hidden = id !== "chart-custom" && !spec.keys.length && !!idle; // "Your panel" keeps its picker
       if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
       const data = chartData(spec);
       box.dataset.points = data[0].length;
@@ -805,6 +832,11 @@
     } else if (f.type === "alert" && f.alert.job_id === jobId) showAlert(f.alert);
   }, refill);
 
+  $("panel-add").addEventListener("change", (e) => {
+    const k = e.target.value; if (!k) return;
+    const next = [...CHARTS["chart-custom"].keys, k];
+    setPanel(next); TP.pref.set(panelPrefKey, next); updatePanelPicker(); scheduleDraw();
+  });
   window.TPJOB = { series, charts, job: () => job, csvFor }; // for tests and bench/ui.py
   setInterval(() => { if (job) { showHeartbeat(); if (TP.ACTIVE.includes(job.state)) showNumbers(job.last || {}); } }, 1000);
 
