@@ -342,7 +342,8 @@
       // A chart with nothing to show: "No points yet" while they may still come; hidden for a command
       // job (it logs what it logs) and once a job is over.
       const idle = job && (job.kind === "command" || job.state === "queued" || TP.FINAL.includes(job.state));
-      box.closest(".chart-box").hidden = id !== "chart-custom" && !spec.keys.length && !!idle; // "Your panel" keeps its picker
+      // "Your panel" keeps its picker while there is any metric to pick
+      box.closest(".chart-box").hidden = id === "chart-custom" ? !$("panel-add").options.length || $("panel-add").options.length + spec.keys.length < 2 : !spec.keys.length && !!idle;
       if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
       const data = chartData(spec);
       box.dataset.points = data[0].length;
