@@ -101,6 +101,11 @@ def test_job_page_metric_picker_remembered(runs, browser):
     login(d, server)
     d.get(f"{server.url}/jobs/{ids[0]}")
     until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#panel-add option[value='eval/loss']"), "the metric picker")
+    # the section links: only to sections this job shows (one process: no rank table)
+    shown = lambda d: [a.text for a in d.find_elements(By.CSS_SELECTOR, "#jump a") if a.is_displayed()]  # noqa: E731
+    until(d, 10, shown, "the section links")
+    links = shown(d)
+    assert {"Overview", "Charts", "Log"} <= set(links) and "Ranks" not in links, links
     for k in ("grad_norm", "eval/loss"):
         d.execute_script("const s = document.getElementById('panel-add'); s.value = arguments[0]; s.dispatchEvent(new Event('change'))", k)
     until(d, 10, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "grad_norm,eval/loss",

@@ -929,3 +929,14 @@
     catch (e) { $("action-error").textContent = `retry failed: ${e.message}`; }
   };
 })();
+
+// The section links: only to the sections this job shows (generations, anatomy, system, ranks appear
+// when the job has them).
+function showSectionLinks() {
+  document.querySelectorAll("#jump a").forEach((a) => {
+    const target = document.querySelector(a.getAttribute("href"));
+    a.hidden = !target || target.hidden;
+  });
+}
+showSectionLinks();
+setInterval(showSectionLinks, 1000);
