@@ -430,3 +430,33 @@ def test_a_memory_blowup_of_a_distributed_job_names_the_rank_that_grows():
         s.observe_memory(t, 1000.0 + 600 * k, 10 * (k + 1))
     (key, text), = [r for r in s.reasons() if r[0] == "memory"]
     assert "rank 1 (500 -> 4,700 MiB)" in text, text
+
+
+def test_samples_without_a_token_count_before_ones_with_it_do_not_break_the_judge():
+    """A distributed job's first samples carried a step time but no tokens/s, the later ones both:
+    the throughput median sorted None against floats and every detection pass raised (no stall
+    alert could follow)."""
+    s, c = SlowDetector(CFG), Clock()
+    for step in range(3, 10):
+        s.observe("metrics", {"step": step, "values": {"step_time_s": 0.1}}, c())
+    for step in range(10, 40):
+        s.observe("metrics", {"step": step, "values": {"step_time_s": 0.1, "tokens_per_s": 5000.0}}, c())
+    assert s.reasons() == []
+    assert s.check(c()) is None
+
+
+def test_a_step_that_arrives_on_alive_just_before_its_phase_still_ends_setup():
+    """The alive thread can carry step 1 a moment before the 'training' phase that reports it: the
+    phase entry then moved nothing, the next movement (steps 1 -> 14) was taken for setup, no interval
+    was learned, and a deadlock at step 15 waited out the first-step allowance (fault benchmark)."""
+    d, c = started()
+    d.observe("phase", {"name": "running"}, c())
+    d.observe("alive", {"phase": "running", "step": 1}, c.tick(0.3))
+    d.observe("phase", {"name": "training", "done": 1, "unit": "steps"}, c.tick(0.01))
+    d.observe("alive", {"phase": "training", "step": 14}, c.tick(1.0))
+    t_stuck = c()
+    v = None
+    while v is None and c() - t_stuck < 30:
+        d.observe("alive", {"phase": "training", "step": 14}, c.tick(0.5))
+        v = d.check(c())
+    assert v is not None and v.kind == "stalled" and c() - t_stuck < 10, (c() - t_stuck, d.timeout())

@@ -215,7 +215,7 @@ class SlowDetector:
     def _rates(self) -> list[float]:
         """Throughput per sample: real tokens/s when reported, else optimizer steps/s."""
         if all(s.tps for s in self.samples[-20:]):
-            return [s.tps for s in self.samples]
+            return [s.tps for s in self.samples if s.tps]  # earlier samples may have had no token count
         return [1.0 / s.step_time for s in self.samples]
 
     def _uses_tokens(self) -> bool:

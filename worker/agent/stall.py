@@ -147,6 +147,8 @@ class StallDetector:
                         # a step reported at entry ends that step: the steps after it are steady work
                         self.moved = 1 if done >= 1 else 0
                         return self._progress(now, interval=False, moved=True)
+                    if done >= 1:  # its step came a moment before (alive raced the phase): setup is over too
+                        self.moved = 1
                 if name in self.entered:
                     return None  # back and forth with nothing moving: not movement
                 self.entered.add(name)
