@@ -135,7 +135,13 @@ def test_a_script_printing_its_secret_every_way_leaks_it_nowhere(server_factory,
         t.start()
         srv.start_agent("cmd", "--allow-commands", env={"TP_LEAK_SECRET": value})
         done = srv.wait_job(job["id"], timeout=120)
-        time.sleep(1.0)  # the last frames
+        # the job's own final frame ends what there is to read (its alerts and log came before it)
+        def final_frame():
+            for f in list(frames):
+                frame = json.loads(f)
+                if frame.get("type") == "job" and frame["job"]["id"] == job["id"] and frame["job"]["state"] == "failed":
+                    return True
+        wait_for(final_frame, 60, "the job's final frame", every=0.1)
         stop.set()
         t.join(5)
         ws.close()
