@@ -21,6 +21,7 @@ from server.gang import lost_gangs
 from server.hub import job_frames
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Agent, Job
+from server.rules import RULES, Fired
 from server.storage_errors import clear_outages
 from tokenpulse.protocol import ACTIVE_STATES, ALERT_FRAME, AlertKind, Failure, JobState, agent_frame, alert_frame
 
@@ -49,6 +50,9 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
             alert = upsert_alert(s, job.id, agent.id, {"kind": AlertKind.WORKER_LOST, "severity": "critical",
                                                        "message": f"{reason}; {policy}"})
             frames.append(("alerts", alert_frame(alert_dict(alert)), False))
+            fired = Fired()
+            RULES.state_changed(s, job, fired)  # "tell me when any job named sft-* fails": lost ones too
+            frames += fired.frames
             frames += job_frames(store.job_summary(job))
             log.warning("job %s: %s -> %s", job.id, reason, new_state.value)
     return frames

@@ -143,6 +143,13 @@ class Rules:
                 if verdict is not None:
                     self._fire(s, r, job, *verdict, out)
 
+    def state_changed(self, s: Session, job, out) -> None:
+        """A job's state changed outside an agent's report (the reaper's lost worker, a person's
+        cancel of a queued job, a resume): its state rules judge it as they judge a reported one."""
+        self.refresh(s)
+        if self.rules and self.for_job(job)[1]:
+            self.on_state(s, job, job.state, out)
+
     def on_state(self, s: Session, job, state: str, out) -> None:
         """A job's state changed (or its stall alert opened or cleared: state 'stalled' / 'not stalled')."""
         _, rules = self.for_job(job)
@@ -230,6 +237,13 @@ class Rules:
             payload = alert_dict(alert)
             out.alerts.append(payload)
             out.frames.append(("alerts", alert_frame(payload), False))
+
+
+@dataclass
+class Fired:
+    """What rules fired outside ingest: alerts (for webhooks) and their frames."""
+    alerts: list = field(default_factory=list)
+    frames: list = field(default_factory=list)
 
 
 class Window:

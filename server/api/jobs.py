@@ -19,6 +19,7 @@ from server.api.agent_ws import agent_topic
 from server.dialect import raw_cursor
 from server.analysis_pool import pool_of
 from server.preflight import preflight
+from server.rules import RULES, Fired
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
 from server.series import read_series
 from server.validate import check_spec_async
@@ -138,10 +139,17 @@ async def request_action(tp, job_id: int, action: str, caller) -> dict:
         check_owner(caller, job, action)
         if action == "resume" and job.kind == "command":
             require_command_rights(caller, "resume a command job (it starts the command again)")
+        before = job.state
         store.REQUESTS[action](s, job)
+        if job.state != before:  # a queued job cancelled, a paused one resumed: rules on states judge it
+            RULES.state_changed(s, job, fired)
         return store.job_summary(job)
+    fired = Fired()
     summary = await tp.db.write(apply)
-    tp.hub.publish_all(job_frames(summary))
+    tp.hub.publish_all(fired.frames + job_frames(summary))
+    for alert in fired.alerts:
+        if tp.webhooks is not None:
+            tp.webhooks.send(alert)
     if summary["agent_id"] is not None:  # an agent on a websocket asks for its commands at once
         tp.hub.publish(agent_topic(summary["agent_id"]), {"type": "nudge"}, droppable=False)
     return summary
