@@ -206,7 +206,11 @@ def server_factory(tmp_path):
 
 
 @pytest.fixture
-def server(server_factory) -> Server:
+def server(request, server_factory) -> Server:
+    """A fresh server of its own; the run's shared one for a test marked `shared_server` (it only
+    reads, or checks what it submitted itself: see shared_server)."""
+    if request.node.get_closest_marker("shared_server"):
+        return request.getfixturevalue("shared_server")
     return server_factory()
 
 
@@ -218,6 +222,8 @@ def shared_server(tmp_path_factory):
     settings or to stop the server uses `server` / `server_factory`."""
     s = make_server(tmp_path_factory.mktemp("shared")).start()
     yield s
+    for a in s.agents:  # none is expected; never left running
+        a.kill()
     s.kill()
 
 

@@ -23,8 +23,9 @@ BAD_SPECS = [
 
 
 @pytest.mark.parametrize("spec,field", BAD_SPECS)
-def test_bad_spec_is_refused_naming_the_field(shared_server, spec, field):
-    with shared_server.client() as c:
+@pytest.mark.shared_server
+def test_bad_spec_is_refused_naming_the_field(server, spec, field):
+    with server.client() as c:
         before = c.get("/api/jobs").json()["total"]
         r = c.post("/api/jobs", json=spec)
         assert r.status_code == 422, r.text
@@ -60,8 +61,8 @@ def test_dataset_checks_use_the_data(server, tmp_path):
         assert c.get("/api/jobs").json()["total"] == 1
 
 
-def test_without_token_rest_is_401_and_websocket_refused(shared_server):
-    server = shared_server
+@pytest.mark.shared_server
+def test_without_token_rest_is_401_and_websocket_refused(server):
     r = httpx.get(f"{server.url}/api/jobs")
     assert r.status_code == 401 and "token" in r.json()["detail"]
     r = httpx.post(f"{server.url}/api/jobs", json={}, headers={"Authorization": "Bearer wrong"})
@@ -74,8 +75,8 @@ def test_without_token_rest_is_401_and_websocket_refused(shared_server):
     assert r.status_code == 303 and r.headers["location"].startswith("/login")
 
 
-def test_agent_token_cannot_act_as_user_and_user_cannot_claim(shared_server):
-    server = shared_server
+@pytest.mark.shared_server
+def test_agent_token_cannot_act_as_user_and_user_cannot_claim(server):
     agent = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.agent_token}"})
     assert agent.post("/api/jobs", json={}).status_code == 403
     assert agent.get("/api/jobs").status_code == 403
@@ -83,8 +84,8 @@ def test_agent_token_cannot_act_as_user_and_user_cannot_claim(shared_server):
         assert user.post("/api/agents", json={"name": "x", "host": "h"}).status_code == 403
 
 
-def test_cookie_login_and_csrf(shared_server):
-    server = shared_server
+@pytest.mark.shared_server
+def test_cookie_login_and_csrf(server):
     with httpx.Client(base_url=server.url, follow_redirects=False) as b:
         bad = b.post("/login", data={"token": "nope", "next": "/"})
         assert bad.status_code == 401 and "not valid" in bad.text
