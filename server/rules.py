@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import AlertRule
-from tokenpulse.protocol import alert_frame
+from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 
 REFRESH_S = 5.0  # another server process's rule change is seen within this
 JUMP_WINDOW = 50  # values a jump is measured against
@@ -236,7 +236,7 @@ class Rules:
         if alert is not None:
             payload = alert_dict(alert)
             out.alerts.append(payload)
-            out.frames.append(("alerts", alert_frame(payload), False))
+            out.frames.append((ALERTS_TOPIC, alert_frame(payload), False))
 
 
 @dataclass
