@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 
 from server.store import TransitionError
-from server.validate import SpecError, every_spec_error_async
+from server.validate import every_spec_error_async
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import CommandSpec, JobSpec
 
 

@@ -120,7 +120,7 @@ def test_eval_split_of_a_saved_dataset_dict(tmp_path):
     from test_training import Recorder, quick_spec
     from worker.training.controls import Controls
     from worker.training.data import DEMO_DIR
-    from worker.training.errors import SpecError
+    from tokenpulse.errors import SpecError
     from worker.training.session import Session
     texts = [json.loads(line)["text"] for line in (DEMO_DIR / "demo.jsonl").read_text().splitlines()[:60]]
     path = tmp_path / "dd"

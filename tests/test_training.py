@@ -384,7 +384,7 @@ def test_lora_trains_adapters_only_and_final_reloads_merged(tmp_path):
 
 def test_load_in_4bit_refused_without_cuda(tmp_path):
     from tokenpulse.protocol import LoraSpec
-    from worker.training.errors import SpecError
+    from tokenpulse.errors import SpecError
     with pytest.raises(SpecError, match="CUDA") as e:
         Session(quick_spec(lora=LoraSpec(load_in_4bit=True)), tmp_path, Recorder(), Controls()).run()
     assert e.value.field == "lora"

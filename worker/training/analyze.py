@@ -6,6 +6,8 @@ event fd when TOKENPULSE_EVENT_FD is set), so stdout stays machine-readable.
 """
 from __future__ import annotations
 
+from tokenpulse.errors import SpecError
+
 from .runtime import configure as _configure_runtime
 
 _configure_runtime()  # before anything imports torch
@@ -16,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import EXIT_CRASH, EXIT_OK, EXIT_SPEC, SpecError
+from .errors import EXIT_CRASH, EXIT_OK, EXIT_SPEC
 
 
 def check(spec, cache_dir=None) -> dict:
@@ -107,9 +109,9 @@ def main(argv=None) -> int:
         try:
             spec = JobSpec.model_validate_json(args.spec.read_text())
         except FileNotFoundError:
-            raise SpecError(f"spec file not found: {args.spec}", "spec")
+            raise SpecError("spec", f"spec file not found: {args.spec}")
         except Exception as e:
-            raise SpecError(f"invalid spec: {e}", "spec")
+            raise SpecError("spec", f"invalid spec: {e}")
         out = (check(spec, args.cache_dir) if args.check_only
                else analyze(spec, args.cache_dir, sample=args.sample, measure_s=args.measure).model_dump(mode="json"))
         code = EXIT_OK

@@ -10,6 +10,7 @@ import numpy as np
 from tokenpulse.protocol import JobSpec, Phase
 
 from . import data as D
+from tokenpulse.errors import SpecError
 from .errors import Cancelled
 from .faults import Faults
 from .tokenization import Tokenized, cache_key, cached_tokenize, encode_examples, tokenize_all
@@ -110,6 +111,6 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
             parts, n_samples, n_tokens = [], 0, 0
     flush()
     if fields is None:
-        raise D.SpecError(f"dataset {spec.dataset} is empty", "dataset")
+        raise SpecError("dataset", f"dataset {spec.dataset} is empty")
     if parts:
         yield Tokenized.concat(parts)

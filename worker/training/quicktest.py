@@ -17,7 +17,8 @@ from typing import Optional
 
 from tokenpulse.protocol import JobSpec
 
-from .errors import Cancelled, SpecError, clip
+from tokenpulse.errors import SpecError
+from .errors import Cancelled, clip
 from .faults import Faults
 
 TEST_STEPS = 3
@@ -182,7 +183,7 @@ def run_test(spec: JobSpec, out: Path, em, controls, cache_dir: Optional[Path]) 
             field = "eval_dataset" if spec.eval_dataset else "eval_split" if spec.eval_split else "eval_fraction"
         else:
             field = FIELD.get(check) or getattr(e, "field", None) or "test_run"
-        raise SpecError(f"test run failed at check '{check}': {why}", field) from e
+        raise SpecError(field, f"test run failed at check '{check}': {why}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     em.info(test_run="passed", checks=summary(obs, checks),

@@ -20,7 +20,8 @@ from .autotune import autotune
 from .controls import Controls
 from .diskspace import looks_like_disk_full
 from .distributed import broadcast, env_ranks, rank_info, setup, wrap
-from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
+from tokenpulse.errors import SpecError
+from .errors import EXIT_NAN, EXIT_OK, DiskFull, is_disk_full
 from .evaluation import Evaluator, cap, hold_out
 from .faults import Faults
 from .hub import fetch_model
@@ -71,7 +72,7 @@ class Session:
             try:
                 self.state_in = ckpt.load_state(self.resume)
             except FileNotFoundError as e:
-                raise SpecError(str(e), "resume")
+                raise SpecError("resume", str(e))
             weights = self.resume / "model"
         self.model = load_model(spec, self.tokenizer, self.device, weights_from=weights)
         total, trainable = count_params(self.model)
@@ -200,9 +201,9 @@ class Session:
                 ev, _ = load_tokenized(spec.model_copy(update=change), self.tokenizer, em, self.cache_dir,
                                        should_stop=self.controls.should_stop)
             except SpecError as e:
-                raise SpecError(e.message, field if e.field in ("dataset", "dataset_split") else e.field) from e
+                raise SpecError(field if e.field in ("dataset", "dataset_split") else e.field, e.message) from e
             if ev.n == 0:
-                raise SpecError("the evaluation data has no examples", field)
+                raise SpecError(field, "the evaluation data has no examples")
             why = f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else f"split {spec.eval_split!r} of the dataset"
         else:
             return data
@@ -246,7 +247,7 @@ class Session:
         em.info(tokenization_cache="hit" if info["cache_hit"] else "miss", examples=data.n,
                 tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
         if data.n == 0:
-            raise SpecError("dataset has no examples", "dataset")
+            raise SpecError("dataset", "dataset has no examples")
         data = self._eval_split(data)
         precision = broadcast(self.ranks, self._precision() if self.ranks.main else None)
         if self.state_in is not None:
@@ -287,7 +288,7 @@ class Session:
     def _run_streaming(self) -> int:
         spec, em = self.spec, self.em
         if spec.epochs is not None and spec.max_steps is None:
-            raise SpecError("streaming needs max_steps (the stream's length is unknown)", "max_steps")
+            raise SpecError("max_steps", "streaming needs max_steps (the stream's length is unknown)")
         self._eval_split(None)
         precision = broadcast(self.ranks, self._precision() if self.ranks.main else None)
         chunk_tokens = 200_000
@@ -308,7 +309,7 @@ class Session:
         try:
             epoch0, first = next(it)
         except StopIteration:
-            raise SpecError("dataset has no examples", "dataset")
+            raise SpecError("dataset", "dataset has no examples")
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
         elif self.ranks.main:

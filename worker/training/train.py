@@ -15,11 +15,12 @@ import sys
 import traceback
 from pathlib import Path
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import AlertKind, Failure, JobSpec
 
 from .emit import Emitter
-from .errors import (EXIT_CRASH, EXIT_DISK_FULL, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, DiskFull, SpecError,
-                     clip, is_disk_full)
+from .errors import (EXIT_CRASH, EXIT_DISK_FULL, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, DiskFull, clip,
+                     is_disk_full)
 
 
 def parse_args(argv=None):
@@ -35,9 +36,9 @@ def read_spec(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate_json(path.read_text())
     except FileNotFoundError:
-        raise SpecError(f"spec file not found: {path}", "spec")
+        raise SpecError("spec", f"spec file not found: {path}")
     except Exception as e:
-        raise SpecError(f"invalid spec: {e}", "spec") from e
+        raise SpecError("spec", f"invalid spec: {e}") from e
 
 
 def disk_full(em: Emitter, e: DiskFull, out: Path) -> int:
