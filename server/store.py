@@ -51,7 +51,7 @@ def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optiona
     job = Job(name=spec.name or (spec.label() if command else ""), state=JobState.queued.value,
               kind=spec_kind(spec), spec=spec.model_dump_json(), priority=spec.priority, parent_id=parent_id,
               created_at=time.time(), attempt=0, next_seq=0, total_steps=None if command else spec.max_steps,
-              nnodes=getattr(spec, "nnodes", 1), owner_token_id=owner)
+              nnodes=spec.nnodes, owner_token_id=owner)
     s.add(job)
     s.flush()
     if not job.name:

@@ -137,13 +137,27 @@ _HUB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 _REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 
 
-class JobSpec(BaseModel):
-    """What a user submits. Every field validated here, so a typo fails at submit, not hours later."""
+class SpecBase(BaseModel):
+    """What every job carries, whichever kind it is (JobSpec, CommandSpec): how the queue orders
+    and retries it, how its progress is judged, and how many processes and machines run it."""
     # Finite numbers only: JSON's 1e999 / Infinity parse to inf, which JSON cannot store (it became
     # null, and every claim of the job then failed). Refused at submit, with the field named.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: Optional[str] = Field(None, max_length=200, description="a label for the job")
+    name: Optional[str] = Field(None, max_length=200, description="a label for the job (default for a command: "
+                                                                    "the command)")
+    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
+    max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, a lost worker, a crash or "
+                                                          "a killing signal)")
+    stall: StallSpec = Field(default_factory=StallSpec)
+    nproc_per_node: int = Field(1, ge=1, le=64, description="training processes (ranks) per machine: "
+                                "more than 1 runs DistributedDataParallel under torchrun")
+    nnodes: int = Field(1, ge=1, le=16, description="machines (agents) that run the job together, "
+                        "claimed as one gang")
+
+
+class JobSpec(SpecBase):
+    """What a user submits. Every field validated here, so a typo fails at submit, not hours later."""
     model: str = Field(BUILTIN_MODEL, min_length=1, max_length=4096,
                        description=f"local Hugging Face model directory, a Hub id (org/name), or {BUILTIN_MODEL}")
     dataset: str = Field(BUILTIN_DATASET, min_length=1, max_length=4096,
@@ -201,7 +215,6 @@ class JobSpec(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, le=100)
     log_every: int = Field(1, ge=1, description="steps between metric points")
     seed: int = Field(0, ge=0, le=2**32 - 1)
-    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
     # ---- evaluation and the quick test run ----
     eval_fraction: Optional[float] = Field(
         None, gt=0, le=0.5, description="hold out this fraction of the examples for evaluation (chosen by seed)")
@@ -218,13 +231,6 @@ class JobSpec(BaseModel):
     eval_max_new_tokens: int = Field(32, ge=1, le=256, description="tokens generated per eval prompt")
     test_run: bool = Field(False, description="first run the whole job end to end on a few steps; "
                                               "a failing check fails the job at once")
-
-    max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, lost worker, crash)")
-    stall: StallSpec = Field(default_factory=StallSpec)
-    nproc_per_node: int = Field(1, ge=1, le=64, description="training processes (ranks) per machine: "
-                                "more than 1 runs DistributedDataParallel under torchrun")
-    nnodes: int = Field(1, ge=1, le=16, description="machines (agents) that run the job together, "
-                        "claimed as one gang")
 
     @field_validator("model", "dataset")
     @classmethod
@@ -297,16 +303,13 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_ARGS, MAX_ARG_CHARS, MAX_ENV = 1000, 32768, 200
 
 
-class CommandSpec(BaseModel):
+class CommandSpec(SpecBase):
     """A job that runs a command (your own script) on an agent instead of tokenpulse's training.
 
     Code execution on the agent's machine: only tokens with the `commands` scope may submit one, and
     only agents started with --allow-commands run one. `env` values are plain settings, stored and
     shown on the job page; `secret_env` only names variables the agent passes on from its own
     environment, so their values never reach the server."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    name: Optional[str] = Field(None, max_length=200, description="a label for the job (default: the command)")
     command: list[str] = Field(min_length=1, max_length=MAX_ARGS,
                                description="argv, e.g. [\"python\", \"train.py\", \"--lr\", \"1e-4\"]; a string is "
                                            "split like a POSIX shell would (no shell runs it)")
@@ -320,9 +323,7 @@ class CommandSpec(BaseModel):
                                               "(Hub tokens, API keys): their values are never stored or shown")
     instrument: bool = Field(True, description="report Trainer/tqdm/datasets progress, metrics and stacks "
                                                "without code changes (a startup hook on PYTHONPATH)")
-    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
-    max_retries: int = Field(2, ge=0, le=20, description="automatic retries (killed by a signal, lost worker)")
-    stall: StallSpec = Field(default_factory=StallSpec)
+    # the shared fields (SpecBase) whose meaning differs for a command
     nproc_per_node: int = Field(1, ge=1, le=64, description="processes (ranks) per machine: more than 1 runs "
                                 "the command under torchrun (`--no-python`: the command as given, once per rank)")
     nnodes: int = Field(1, ge=1, le=1, description="machines: command jobs run on one agent")
@@ -396,10 +397,10 @@ def _env_name(k: str) -> None:
         raise ValueError(f"{k} is reserved: the agent sets it, or it is a tokenpulse credential")
 
 
-JOB_KINDS: dict[str, type[BaseModel]] = {TRAIN: JobSpec, COMMAND: CommandSpec}
+JOB_KINDS: dict[str, type[SpecBase]] = {TRAIN: JobSpec, COMMAND: CommandSpec}
 
 
-def spec_kind(spec: BaseModel) -> JobKind:
+def spec_kind(spec: SpecBase) -> JobKind:
     return COMMAND if isinstance(spec, CommandSpec) else TRAIN
 
 
