@@ -20,6 +20,7 @@ from tokenpulse.protocol import JobSpec
 from tokenpulse.errors import SpecError
 from .errors import Cancelled, clip
 from .faults import Faults
+from .session import Session
 
 TEST_STEPS = 3
 TEST_SAMPLE = 256  # examples tokenized for the test run
@@ -132,8 +133,8 @@ def test_spec(spec: JobSpec) -> JobSpec:
 
 
 def run_test(spec: JobSpec, out: Path, em, controls, cache_dir: Optional[Path]) -> None:
-    """Run the checks; returns when all pass, raises SpecError naming the failing check."""
-    from .session import Session
+    """Run the checks; returns when all pass, raises SpecError naming the failing check. Run by
+    train.main before the job's own Session, never from inside one."""
     checks = [c for c in CHECKS if spec.has_eval or c not in ("eval data", "eval")]
     tspec = test_spec(spec)
     obs = Observer(em, tspec, checks)

@@ -30,7 +30,6 @@ from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
-from .quicktest import run_test
 from .precision import measure_peak_flops, pick_device, pick_precision
 from .prepare import load_tokenized, stream_chunks
 from .tokenization import Tokenized
@@ -237,8 +236,6 @@ class Session:
         spec, em = self.spec, self.em
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()  # our phase events report progress; bars only clutter stderr
-        if spec.test_run and self.resume is None:
-            run_test(spec, self.out, em, self.controls, self.cache_dir)  # raises SpecError naming the check
         self._model()
         if spec.streaming:
             return self._run_streaming()

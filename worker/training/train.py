@@ -65,7 +65,11 @@ def main(argv=None) -> int:
     try:
         from .session import Session
         spec = read_spec(args.spec)
-        return Session(spec, args.out, em, controls, cache_dir=args.cache_dir, resume=args.resume).run()
+        session = Session(spec, args.out, em, controls, cache_dir=args.cache_dir, resume=args.resume)
+        if spec.test_run and session.resume is None:
+            from .quicktest import run_test  # the whole job on a few steps first, in Sessions of its own
+            run_test(spec, session.out, em, controls, session.cache_dir)  # raises SpecError naming the check
+        return session.run()
     except SpecError as e:
         em.log(clip(f"spec error ({e.field}): {e.message}"))
         em.emit("state", state="failed", reason=clip(e.message), failure=Failure.SPEC, exit_code=EXIT_SPEC)
