@@ -1,6 +1,7 @@
 """One training run from spec to saved model: every automatic choice made here is emitted with its reason."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
@@ -268,19 +269,13 @@ class Session:
             total = max(1, math.ceil((spec.epochs or 1) * per_epoch))
             if spec.max_steps:
                 total = min(total, spec.max_steps)
-        pad = self.tokenizer.pad_token_id
 
-        def stream() -> Iterator[tuple[int, list[dict]]]:
-            epoch, k = 0, 0
-            skip = self.state_in["data_pos"] if self.state_in else 0
-            while True:
+        def plan() -> Iterator[tuple[int, Tokenized, list]]:
+            for epoch in itertools.count():
                 for step in epoch_steps(data, lay, spec.seed, epoch):
-                    if k >= skip:  # resuming: walk the same deterministic plan to the saved position
-                        yield epoch, [collate(data, rows, lay, pad) for rows in step]
-                    k += 1
-                epoch += 1
+                    yield epoch, data, step
 
-        return self._train(stream(), lay, precision, total, data)
+        return self._train(self._batches(plan(), lay), lay, precision, total, data)
 
     def _run_streaming(self) -> int:
         spec, em = self.spec, self.em
@@ -315,26 +310,27 @@ class Session:
         else:
             lay = None
         lay = broadcast(self.ranks, lay, Layout)
+
+        def plan() -> Iterator[tuple[int, Tokenized, list]]:
+            ci = 0
+            for ep, c in itertools.chain([(epoch0, first)], it):
+                em.phase(Phase.PACKING, detail=f"chunk {ci}: {c.n:,} samples")
+                for step in epoch_steps(c, lay, spec.seed, ci):
+                    yield ep, c, step
+                ci += 1
+
+        return self._train(self._batches(plan(), lay), lay, precision, spec.max_steps, first)
+
+    def _batches(self, plan: Iterator[tuple[int, Tokenized, list]],
+                 lay: Layout) -> Iterator[tuple[int, list[dict]]]:
+        """(epoch, collated micro-batches) per optimizer step of the plan ((epoch, data, step rows) in
+        order). Resuming, the same deterministic plan is walked to the saved position (data_pos steps),
+        without collating the steps already trained."""
+        skip = self.state_in["data_pos"] if self.state_in else 0
         pad = self.tokenizer.pad_token_id
-
-        def stream():
-            skip = self.state_in["data_pos"] if self.state_in else 0
-            k, ci = 0, 0
-            pending = [(epoch0, first)]
-            while True:
-                for ep, c in pending:
-                    em.phase(Phase.PACKING, detail=f"chunk {ci}: {c.n:,} samples")
-                    for step in epoch_steps(c, lay, spec.seed, ci):
-                        if k >= skip:
-                            yield ep, [collate(c, rows, lay, pad) for rows in step]
-                        k += 1
-                    ci += 1
-                try:
-                    pending = [next(it)]
-                except StopIteration:
-                    return
-
-        return self._train(stream(), lay, precision, spec.max_steps, first)
+        for k, (epoch, data, step) in enumerate(plan):
+            if k >= skip:
+                yield epoch, [collate(data, rows, lay, pad) for rows in step]
 
     def _train(self, batches, lay: Layout, precision: str, total: int, data: Tokenized) -> int:
         spec, em = self.spec, self.em
