@@ -35,10 +35,12 @@ def cmd_up(args) -> int:
 
 def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
     import uvicorn
-    from server.app import create_app
+    from server.app import create_app, tune_serving_process
 
     url = f"http://{settings.host}:{settings.port}"
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+    app = create_app(settings)
+    tune_serving_process()
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_level="warning", ws_max_size=1 << 20,
                             # Frames are serialized once for all subscribers; per-message deflate
                             # would compress each one again per socket (most of the fan-out CPU).
