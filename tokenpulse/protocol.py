@@ -6,7 +6,6 @@ shapes cannot drift apart. Imports nothing heavy (pydantic only): the server nev
 from __future__ import annotations
 
 import enum
-import math
 import os
 import re
 import shlex
@@ -488,10 +487,6 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "phase": PhaseData, "metrics": MetricsData, "log": LogData, "state": StateData,
     "alert": AlertData, "checkpoint": CheckpointData,
 }
-
-
-def finite_or_none(x: float) -> Optional[float]:
-    return x if x is not None and math.isfinite(x) else None
 
 
 # ---- agent protocol -------------------------------------------------------------------------------

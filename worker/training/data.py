@@ -136,9 +136,6 @@ def load_rows(path: Path, cache_dir: Optional[Path] = None, streaming: bool = Fa
         raise SpecError("dataset", f"cannot read dataset {path}: {root_cause(e)}") from e
 
 
-ALPACA_COLUMNS = ("instruction", "input", "output")
-
-
 def resolve_fields(spec: JobSpec, columns: list[str]) -> Fields:
     """The spec's named columns, else (as TRL does) `messages`, then `text`, then Alpaca's columns."""
     def need(name: Optional[str], which: str) -> str:

@@ -16,10 +16,6 @@ from .faults import Faults
 from .tokenization import Tokenized, cache_key, cached_tokenize, encode_examples, tokenize_all
 
 
-def _noop(*a, **k):
-    pass
-
-
 def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = None,
                    sample: Optional[int] = None, should_stop: Callable[[], bool] = lambda: False,
                    faults: Faults = Faults()) -> tuple[Tokenized, dict]:
