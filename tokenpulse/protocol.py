@@ -114,22 +114,48 @@ class LoraSpec(BaseModel):
 
 
 class StallSpec(BaseModel):
-    """Per-job overrides of the stall detector's thresholds (seconds)."""
+    """Per-job overrides of the stall detector's thresholds (seconds); None: the agent's default
+    (worker/agent/stall.py StallConfig). Each knob's title and description are the submit form's
+    label and help (web/pages.py reads them from here)."""
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    factor: Optional[float] = Field(None, gt=1, description="stalled after factor x typical interval")
-    floor_s: Optional[float] = Field(None, gt=0, description="never stalled before this many seconds")
-    ceiling_s: Optional[float] = Field(None, gt=0, description="always stalled after this many seconds")
-    first_step_s: Optional[float] = Field(None, gt=0, description="allowance for the first step")
-    phase_s: Optional[float] = Field(None, gt=0, description="budget for a phase with no counter")
-    slow_factor: Optional[float] = Field(None, gt=1, description="slow when throughput falls this many x below its own earlier rate")
-    slow_projection_factor: Optional[float] = Field(None, gt=1, description="... or this many x below the preflight projection")
-    slow_growth_factor: Optional[float] = Field(None, gt=1, description="slow when step time grows steadily by this factor")
-    slow_padding_frac: Optional[float] = Field(None, gt=0, le=1, description="slow when more than this fraction of batch tokens is padding")
-    slow_step_s: Optional[float] = Field(None, gt=0, description="an optimizer step slower than this crawls")
-    slow_periodic_frac: Optional[float] = Field(None, gt=0, le=1, description="periodic pauses costing this share of the time")
-    quiet_s: Optional[float] = Field(None, gt=0, description="a 'quiet' warning (with where the main thread waits) after a finished phase and this long without progress")
-    alert_open_s: Optional[float] = Field(None, ge=0, description="a slow/straggler condition must hold this long before its alert opens")
-    alert_clear_s: Optional[float] = Field(None, ge=0, description="an alert's condition must stay away this long before it clears")
+    factor: Optional[float] = Field(None, gt=1, title="Factor",
+                                    description="stalled after this many times the typical step interval")
+    floor_s: Optional[float] = Field(None, gt=0, title="Floor (s)",
+                                     description="never stalled before this many seconds without progress")
+    ceiling_s: Optional[float] = Field(None, gt=0, title="Ceiling (s)",
+                                       description="always stalled after this many seconds without progress")
+    first_step_s: Optional[float] = Field(None, gt=0, title="First step allowance (s)",
+                                          description="how long the first step may take")
+    phase_s: Optional[float] = Field(None, gt=0, title="Phase budget (s)",
+                                     description="budget for a phase with no progress counter")
+    slow_factor: Optional[float] = Field(
+        None, gt=1, title="Slow: below own rate (×)",
+        description="slow when throughput falls this many times below the job's own earlier rate")
+    slow_projection_factor: Optional[float] = Field(
+        None, gt=1, title="Slow: below projection (×)",
+        description="… or this many times below the preflight projection")
+    slow_growth_factor: Optional[float] = Field(
+        None, gt=1, title="Slow: step time growth (×)",
+        description="slow when step time grows steadily by this factor")
+    slow_padding_frac: Optional[float] = Field(
+        None, gt=0, le=1, title="Slow: padding share",
+        description="slow when more than this fraction (0–1) of batch tokens is padding")
+    slow_step_s: Optional[float] = Field(
+        None, gt=0, title="Slow: step time (s)",
+        description="an optimizer step slower than this counts as crawling")
+    slow_periodic_frac: Optional[float] = Field(
+        None, gt=0, le=1, title="Slow: periodic pauses share",
+        description="periodic pauses costing this share (0–1) of the time")
+    quiet_s: Optional[float] = Field(
+        None, gt=0, title="Quiet warning after (s)",
+        description="warn (with where the main thread waits) when a phase ended and nothing was reported "
+                    "for this long")
+    alert_open_s: Optional[float] = Field(
+        None, ge=0, title="Alert opens after (s)",
+        description="a slow or straggler condition must hold this long before its alert opens")
+    alert_clear_s: Optional[float] = Field(
+        None, ge=0, title="Alert clears after (s)",
+        description="an alert's condition must stay away this long before the alert clears")
 
 
 _HUB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")

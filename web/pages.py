@@ -186,22 +186,7 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("nproc_per_node", "Processes per machine", "int", "Ranks per machine (torchrun, DistributedDataParallel); same effective batch."),
         ("nnodes", "Machines", "int", "Agents that run the job together (claimed all or nothing)."),
     ]),
-    ("stall", "Stall and slow-job detection (empty = server default)", [
-        ("stall.factor", "Factor", "float", "Stalled after this many times the typical step interval."),
-        ("stall.floor_s", "Floor (s)", "float", "Never stalled before this many seconds without progress."),
-        ("stall.ceiling_s", "Ceiling (s)", "float", "Always stalled after this many seconds without progress."),
-        ("stall.first_step_s", "First step allowance (s)", "float", "How long the first step may take."),
-        ("stall.phase_s", "Phase budget (s)", "float", "Budget for a phase with no progress counter."),
-        ("stall.slow_factor", "Slow: below own rate (×)", "float", "Slow when throughput falls this many times below the job's own earlier rate."),
-        ("stall.slow_projection_factor", "Slow: below projection (×)", "float", "… or this many times below the preflight projection."),
-        ("stall.slow_growth_factor", "Slow: step time growth (×)", "float", "Slow when step time grows steadily by this factor."),
-        ("stall.slow_padding_frac", "Slow: padding share", "float", "Slow when more than this fraction (0–1) of batch tokens is padding."),
-        ("stall.slow_step_s", "Slow: step time (s)", "float", "An optimizer step slower than this counts as crawling."),
-        ("stall.slow_periodic_frac", "Slow: periodic pauses share", "float", "Periodic pauses costing this share (0–1) of the time."),
-        ("stall.quiet_s", "Quiet warning after (s)", "float", "Warn (with where the main thread waits) when a phase ended and nothing was reported for this long."),
-        ("stall.alert_open_s", "Alert opens after (s)", "float", "A slow or straggler condition must hold this long before its alert opens."),
-        ("stall.alert_clear_s", "Alert clears after (s)", "float", "An alert's condition must stay away this long before the alert clears."),
-    ]),
+    # ("stall", ...): appended below from StallSpec, where each knob's label and help are declared
 ]
 
 
@@ -269,6 +254,21 @@ def field_kind(annotation) -> tuple[str, list]:
     if typing.get_origin(base) is list:
         return "list", []
     return "text", []
+
+
+def sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def stall_inputs() -> list[tuple]:
+    """The stall knobs' rows of FORM, from their one declaration: StallSpec's fields, each with its
+    title (the label) and description (the help)."""
+    from tokenpulse.protocol import StallSpec
+    return [(f"stall.{leaf}", f.title or label_for(leaf), field_kind(f.annotation)[0], sentence(f.description or ""))
+            for leaf, f in StallSpec.model_fields.items()]
+
+
+FORM.append(("stall", "Stall and slow-job detection (empty = server default)", stall_inputs()))
 
 
 @router.get("/submit", response_class=HTMLResponse)
