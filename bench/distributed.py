@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
@@ -104,7 +102,7 @@ def main() -> None:
         one, two = train(1, steps, work), train(2, steps, work)
         cases = server_cases(work, steps)
     eff = two["tokens_per_s"] / (2 * one["tokens_per_s"])
-    print(f"| case | value |\n|---|---|")
+    print("| case | value |\n|---|---|")
     print(f"| 1 rank tokens/s | {one['tokens_per_s']:,.0f} |")
     print(f"| 2 ranks tokens/s (summed) | {two['tokens_per_s']:,.0f} |")
     print(f"| per-rank efficiency (2 ranks) | {eff:.0%} |")

@@ -43,6 +43,7 @@ def setup(cache: Path, n_train: int) -> dict:
     """Tokenizer, initial model and data files, built once per (n_train) and shared by all cases."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
     from worker.training.bpe import train_bpe
     cache.mkdir(parents=True, exist_ok=True)
     meta_path = cache / f"meta-{n_train}.json"
@@ -98,8 +99,14 @@ def heldout_loss(model, tok, path: str) -> float:
 def run_trainer(case: str, meta: dict, quick: bool) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening, Trainer,
-                              TrainerCallback, TrainingArguments)
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DataCollatorWithFlattening,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
     tok = AutoTokenizer.from_pretrained(meta["model"])
     model = AutoModelForCausalLM.from_pretrained(meta["model"], dtype=torch.float32)
     model.config.use_cache = False
@@ -228,8 +235,9 @@ def run_plain(meta: dict) -> dict:
 # ---- tokenpulse worker ------------------------------------------------------------------------------
 
 def run_worker(meta: dict, cache: Path, torch_compile: str = "auto") -> dict:
-    from tokenpulse.protocol import JobSpec
     from transformers import AutoTokenizer
+
+    from tokenpulse.protocol import JobSpec
     from worker.training.controls import Controls
     from worker.training.emit import Emitter
     from worker.training.session import Session

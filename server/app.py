@@ -15,23 +15,31 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import GZipMiddleware
 
-from server.filemodes import secure_data_dir
 from server import auth, errors, prometheus, storage_errors
 from server.agent_channel import AgentWrites
-from server.api import agent_ws, agents, alerts, datasets, external, jobs, tokens, ws
-from server.api import ranks as ranks_api
-from server.api import logs as logs_api
-from server.api import rules as rules_api
-from server.api import preflight as preflight_api
-from server.db import Database, upgrade_to_head
+from server.api import (
+    agent_ws,
+    agents,
+    alerts,
+    datasets,
+    external,
+    jobs,
+    logs as logs_api,
+    preflight as preflight_api,
+    ranks as ranks_api,
+    rules as rules_api,
+    tokens,
+    ws,
+)
 from server.context import App, AppDep
+from server.db import Database, upgrade_to_head
+from server.filemodes import secure_data_dir
 from server.hub import Hub
-from server.ingest import alerts as ingest_alerts
-from server.ingest import logcap
+from server.ingest import alerts as ingest_alerts, logcap
 from server.leader import ReaperLock
 from server.reaper import reaper_loop
-from server.rules import RULES
 from server.relay import Relay
+from server.rules import RULES
 from server.schemas import Health
 from server.security import MetricsDep
 from server.settings import Settings
@@ -161,6 +169,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
             swagger_ui_parameters={"validatorUrl": None})  # the validator badge would call validator.swagger.io
 
     from starlette.exceptions import HTTPException as StarletteHTTPException
+
     from web.pages import not_found, router as pages_router
     app.include_router(pages_router)
     app.add_exception_handler(StarletteHTTPException, not_found)  # a browser's unknown route: our 404 page

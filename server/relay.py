@@ -19,7 +19,6 @@ import uuid
 from collections import deque
 from typing import Optional
 
-
 log = logging.getLogger("tokenpulse.relay")
 CHANNEL = "tokenpulse_frames"
 PART_BYTES = 7600  # under NOTIFY's 8,000-byte limit, with room for the header

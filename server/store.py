@@ -14,8 +14,16 @@ from sqlalchemy.orm import Session
 
 from server import ranks
 from server.models import Agent, Alert, Attempt, Job
-from tokenpulse.protocol import (ACTIVE_STATES, FINAL_STATES, CommandSpec, Failure, JobSpec, JobState, load_spec,
-                                 spec_kind)
+from tokenpulse.protocol import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    CommandSpec,
+    Failure,
+    JobSpec,
+    JobState,
+    load_spec,
+    spec_kind,
+)
 
 # Which transitions are legal. Anything else is refused (409), never silently applied.
 TRANSITIONS: dict[JobState, set[JobState]] = {

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from conftest import wait_for
 from test_instrument import SCRIPTS, tiny_model  # noqa: F401  (the module-scoped model fixture)
+
 from tokenpulse import run
 from tokenpulse.events import Emitter
 from tokenpulse.instrument import patch_tqdm

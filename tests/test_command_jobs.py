@@ -18,8 +18,8 @@ import traceback
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, wait_for
+
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
 
 PY = sys.executable
@@ -461,7 +461,9 @@ def test_migration_gives_the_initial_user_token_the_commands_scope(tmp_path):
     """An installation from before command jobs: after the upgrade its first-start user token may
     submit them (one machine keeps just working); every other token may not."""
     import sqlite3
+
     from alembic import command
+
     from server.db import alembic_config, upgrade_to_head
     url = f"sqlite:///{tmp_path / 'old.db'}"
     command.upgrade(alembic_config(url), "0003")

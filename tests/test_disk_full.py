@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
-
 from conftest import make_server, wait_for
 from smallfs import fill, small_fs
+
 from tests import pg
 
 pytestmark = pytest.mark.skipif(pg.enabled(), reason="SQLite only: the SQLite file on a full disk")

@@ -3,12 +3,11 @@ and its ranks running the training process under DistributedDataParallel."""
 from __future__ import annotations
 
 import os
-import sys
 import signal
+import sys
 import time
 
 import pytest
-
 from conftest import wait_for
 from test_cli import cli, ok
 

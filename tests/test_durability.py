@@ -15,8 +15,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
-
 from conftest import is_training, wait_for
 
 # Tiny and fast: builtin model, fixed shapes (no autotune), fp32 on CPU, one metric point per step.

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
-
 from conftest import ROOT, wait_for
 
 LOOP = Path(__file__).resolve().parent / "scripts" / "plain_loop.py"

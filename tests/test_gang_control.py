@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 
 import pytest
-
 from conftest import wait_for
 from test_cli import cli, ok
 from test_distributed import FAST, _alive, _children, alerts, job_step, losses, ranks_of

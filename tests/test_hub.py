@@ -9,7 +9,6 @@ import threading
 import time
 
 import httpx
-
 from conftest import wait_for
 
 from server.hub import MAX_MERGED_BYTES, MAX_MERGED_EVENTS, Frame, Hub
@@ -77,7 +76,7 @@ def test_stalled_websocket_client_does_not_delay_others(server_factory):
     raw = socket.socket()
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
     raw.connect(("127.0.0.1", server.port))
-    from websockets.sync.client import ClientConnection, connect
+    from websockets.sync.client import connect
     stalled = connect(f"ws://127.0.0.1:{server.port}/ws?topics={topics}", sock=raw, max_queue=1, ping_interval=None, max_size=None,
                       additional_headers={"Authorization": f"Bearer {server.token}"})
     live = server.ws(topics)

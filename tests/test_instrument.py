@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, wait_for
+
 from tokenpulse.instrument import hook_dir
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

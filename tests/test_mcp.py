@@ -11,10 +11,9 @@ import anyio
 import pytest
 
 mcp = pytest.importorskip("mcp")
+from conftest import ROOT, wait_for  # noqa: E402
 from mcp import ClientSession  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
-
-from conftest import ROOT, wait_for  # noqa: E402
 
 TOOLS = {"list_jobs", "get_job", "job_metrics", "why_slow", "where_stuck", "ranks", "job_logs", "submit",
          "clone_job", "cancel", "pause", "resume"}

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT
+
 from worker.training.memory import HEADROOM_ENV, is_oom
 
 HEADROOM = {HEADROOM_ENV: "700"}

@@ -7,13 +7,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-
-import httpx
-from selenium.webdriver.common.by import By
 
 from conftest import ROOT, wait_for
+from selenium.webdriver.common.by import By
 from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+
 from worker.agent.slow import SlowDetector
 
 SCRIPT = textwrap.dedent("""

@@ -8,9 +8,9 @@ import sys
 
 import httpx
 import pytest
+from conftest import ROOT
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT
 from tests import pg
 
 

@@ -3,18 +3,17 @@ that costs little, truncation above 1% of examples is an alert, and the analysis
 their fixes) come back from a submit and are printed by `tokenpulse submit`."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 
 import numpy as np
-
 from conftest import ROOT
+
+from tokenpulse.preflight import analysis_warnings, spec_warnings
 from tokenpulse.protocol import JobSpec
 from worker.training.analysis import analyze_lengths, recommend_max_len
-from tokenpulse.preflight import analysis_warnings, spec_warnings
 
 
 def issue_lengths() -> np.ndarray:
@@ -62,6 +61,7 @@ def test_warning_rules_name_the_field_and_the_fix():
 
 def test_truncation_above_one_percent_is_an_alert(tmp_path):
     from test_training import Recorder, quick_spec
+
     from worker.training.controls import Controls
     from worker.training.session import Session
     em = Recorder()

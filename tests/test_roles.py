@@ -14,12 +14,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import ROOT, wait_for
+
 from tests import pg
 
 PY = sys.executable
@@ -296,6 +295,7 @@ def test_an_upgrade_keeps_tokens_working_and_says_who_is_admin(server_factory, t
     server's output), the others stay users, agent tokens keep command and gang rights, old jobs are
     the admin's."""
     from alembic import command
+
     from server.auth import hash_token
     from server.db import alembic_config
     data = tmp_path / "s0" / "data"  # where server_factory's first server keeps its database

@@ -3,8 +3,8 @@ page shows the controls of a job only to its owner or an admin (the server would
 from __future__ import annotations
 
 from conftest import wait_for
-from test_ui import browser, console_errors, shot, text, until, wait  # noqa: F401 (browser: a fixture)
 from selenium.webdriver.common.by import By
+from test_ui import browser, console_errors, shot, text, until, wait  # noqa: F401 (browser: a fixture)
 
 
 def log_in_as(d, server, token: str) -> None:

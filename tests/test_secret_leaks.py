@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import secrets
 import stat
 import subprocess
@@ -20,9 +19,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
-import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT
 from worker.agent.masking import SecretMask, forms
 from worker.agent.output import LineFolder
 

@@ -1,8 +1,6 @@
 """Pure logic of the stall and slow detectors, with a fake clock: no processes, no waiting."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tokenpulse.protocol import JobSpec, StallSpec

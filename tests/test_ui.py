@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ARTIFACTS, wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver")

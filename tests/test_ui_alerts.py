@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
-
 from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser is a fixture)
 from test_ui_pages import fake_agent, pytestmark  # noqa: F401 (skipped without chromium)
 

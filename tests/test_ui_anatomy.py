@@ -11,7 +11,6 @@ import time
 
 import httpx
 from selenium.webdriver.common.by import By
-
 from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import post_events
 

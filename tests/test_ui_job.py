@@ -13,12 +13,10 @@ import re
 import time
 
 import httpx
-import pytest
+from conftest import wait_for
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
-
-from conftest import wait_for
 from test_ui import FAST, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 
 

@@ -4,11 +4,15 @@ real agent protocol, so the page is fed exactly what a script's events would sto
 from __future__ import annotations
 
 import httpx
-
-from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser is a fixture)
-from test_ui import pytestmark  # noqa: F401 (skips without Debian's chromium)
-
 from selenium.webdriver.common.by import By  # noqa: E402
+from test_ui import (  # noqa: F401 (browser is a fixture)
+    browser,
+    console_errors,
+    login,
+    pytestmark,  # noqa: F401 (skips without Debian's chromium)
+    shot,
+    until,
+)
 
 
 def test_every_logged_metric_gets_a_chart_grouped_by_prefix(server, browser):

@@ -10,12 +10,10 @@ import sys
 import httpx
 import numpy as np
 import pytest
-
 from conftest import ROOT
-from test_ui import browser, console_errors, login, shot, text, until, wait  # noqa: F401 (browser is a fixture)
-
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
+from test_ui import browser, console_errors, login, shot, text, until, wait  # noqa: F401 (browser is a fixture)
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(os.environ.get("TOKENPULSE_CHROMIUM", "/usr/bin/chromium"))
                                      and os.path.exists(os.environ.get("TOKENPULSE_CHROMEDRIVER", "/usr/bin/chromedriver"))),

@@ -1,9 +1,8 @@
 """The job page's rank table in headless Chromium, for a real 2-rank job (torchrun, gloo)."""
 from __future__ import annotations
 
-from selenium.webdriver.common.by import By
-
 from conftest import wait_for
+from selenium.webdriver.common.by import By
 from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
 
 

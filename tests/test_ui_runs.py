@@ -8,9 +8,8 @@ import time
 
 import httpx
 import pytest
-from selenium.webdriver.common.by import By
-
 from conftest import make_server
+from selenium.webdriver.common.by import By
 from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import js, post_events
 

@@ -10,11 +10,9 @@ import time
 
 import httpx
 import pytest
-
 from conftest import make_server
-from test_ui import CHROMEDRIVER, CHROMIUM, console_errors, login, make_driver, shot, text, until  # noqa: F401
-
 from selenium.webdriver.common.by import By  # noqa: E402
+from test_ui import CHROMEDRIVER, CHROMIUM, console_errors, login, make_driver, shot, text, until  # noqa: F401
 
 TRACEBACK = ("train.py:42 in main: ValueError: learning rate must be positive\n"
              "command exited with code 1; last output:\n"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from tokenpulse.client import ApiError, Client, DEFAULT_URL
+from tokenpulse.client import DEFAULT_URL, ApiError, Client
 
 FINAL = {"completed", "failed", "cancelled", "paused"}
 
@@ -35,6 +35,7 @@ def cmd_up(args) -> int:
 
 def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
     import uvicorn
+
     from server.app import create_app, tune_serving_process
 
     url = f"http://{settings.host}:{settings.port}"
@@ -596,6 +597,7 @@ def cmd_analyze(args) -> int:
         print(json.dumps(a, indent=2))
         return 0
     from rich.table import Table
+
     from tokenpulse.protocol import DatasetAnalysis
     a = DatasetAnalysis.model_validate(a)  # the protocol's model: a renamed field fails here, by name
     console = _console()

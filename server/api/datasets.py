@@ -6,10 +6,10 @@ import asyncio
 
 from fastapi import APIRouter, HTTPException, Query
 
+from server.analysis_pool import Busy, pool_of, run_analyzer
 from server.context import AppDep
 from server.errors import unprocessable
 from server.security import UserDep
-from server.analysis_pool import Busy, pool_of, run_analyzer
 from server.validate import check_spec_async, quotable
 from tokenpulse.protocol import DatasetAnalysis, JobSpec
 

@@ -10,16 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, or_, select
 
 from server import gang, store
+from server.analysis_pool import pool_of
+from server.api.agent_ws import agent_topic
+from server.context import AppDep
+from server.dialect import raw_cursor
 from server.errors import error_list, unprocessable
 from server.hub import job_frames
-from server.context import AppDep
-from server.security import CommandsDep, UserDep, not_yours, require_command_rights
 from server.models import Attempt, Event as EventRow, Job, MetricKey
-from server.api.agent_ws import agent_topic
-from server.dialect import raw_cursor
-from server.analysis_pool import pool_of
 from server.preflight import preflight
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
+from server.security import CommandsDep, UserDep, not_yours, require_command_rights
 from server.series import read_series
 from server.validate import check_spec_async
 from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState, job_frame

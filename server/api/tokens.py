@@ -12,9 +12,9 @@ from sqlalchemy import func, or_, select
 from server import auth
 from server.context import AppDep
 from server.errors import unprocessable
-from server.security import COMMANDS_REFUSED, Caller, UserDep
 from server.models import Token
 from server.schemas import Me, NewTokenOut, TokenOut
+from server.security import COMMANDS_REFUSED, Caller, UserDep
 
 router = APIRouter(prefix="/api/tokens", tags=["tokens"])
 

@@ -38,10 +38,11 @@ def check(spec, cache_dir=None) -> dict:
 def analyze(spec, cache_dir=None, em=None, sample=None, measure_s: float = 0.0):
     """-> protocol.DatasetAnalysis"""
     from tokenpulse.protocol import DatasetAnalysis
+
     from .analysis import SAMPLE_ABOVE, analyze_lengths
+    from .emit import Emitter
     from .modeling import load_tokenizer
     from .prepare import load_tokenized
-    from .emit import Emitter
     em = em or Emitter(alive_every=0)
     check(spec, cache_dir)
     tok = load_tokenizer(spec)
@@ -83,6 +84,7 @@ def _model_max(spec):
         from .modeling import builtin_config
         return builtin_config(2048).max_position_embeddings
     from transformers import AutoConfig
+
     from .modeling import model_dir
     cfg = AutoConfig.from_pretrained(str(model_dir(spec)), trust_remote_code=False)
     for k in ("max_position_embeddings", "n_positions", "max_sequence_length"):

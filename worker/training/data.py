@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import BUILTIN_DATASET, JobSpec
 
-from tokenpulse.errors import SpecError
 from .errors import root_cause
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "tokenpulse" / "demo"

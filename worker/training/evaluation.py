@@ -15,8 +15,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from tokenpulse.protocol import JobSpec
 from tokenpulse.errors import SpecError
+from tokenpulse.protocol import JobSpec
 
 from .distributed import Dist, sum_over_ranks
 from .loop import forward_loss, to_device

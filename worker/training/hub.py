@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from tokenpulse.errors import SpecError
 from tokenpulse.hubid import hub_repo_id
 from tokenpulse.protocol import JobSpec
-
-from tokenpulse.errors import SpecError
 
 PHASE = "downloading"
 TICK_S = 0.5
@@ -110,8 +109,12 @@ def _human(n: float) -> str:
 
 
 def _errors():
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     return GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 

@@ -7,8 +7,8 @@ from typing import Optional
 
 import torch
 
-from tokenpulse.protocol import BUILTIN_MODEL, JobSpec
 from tokenpulse.errors import SpecError
+from tokenpulse.protocol import BUILTIN_MODEL, JobSpec
 
 from .data import DEMO_DIR
 

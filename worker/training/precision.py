@@ -6,9 +6,8 @@ from contextlib import nullcontext
 
 import torch
 
-from tokenpulse.protocol import JobSpec
-
 from tokenpulse.errors import SpecError
+from tokenpulse.protocol import JobSpec
 
 
 def pick_device(spec: JobSpec) -> tuple[torch.device, str]:

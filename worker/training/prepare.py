@@ -7,10 +7,10 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import JobSpec, Phase
 
 from . import data as D
-from tokenpulse.errors import SpecError
 from .errors import Cancelled
 from .faults import Faults
 from .tokenization import Tokenized, cache_key, cached_tokenize, encode_examples, tokenize_all

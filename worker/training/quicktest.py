@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import JobSpec
 
-from tokenpulse.errors import SpecError
 from .errors import Cancelled, clip
 from .faults import Faults
 from .session import Session

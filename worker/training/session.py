@@ -13,20 +13,19 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import AlertKind, Failure, JobSpec, Phase
 
-from . import checkpoint as ckpt
+from . import checkpoint as ckpt, losshead
 from .analysis import recommend_max_len
 from .autotune import autotune
 from .controls import Controls
 from .diskspace import looks_like_disk_full
 from .distributed import broadcast, env_ranks, rank_info, setup, wrap
-from tokenpulse.errors import SpecError
 from .errors import EXIT_NAN, EXIT_OK, DiskFull, is_disk_full
 from .evaluation import Evaluator, cap, hold_out
 from .faults import Faults
 from .hub import fetch_model
-from . import losshead
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing

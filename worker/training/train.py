@@ -19,8 +19,7 @@ from tokenpulse.errors import SpecError
 from tokenpulse.protocol import AlertKind, Failure, JobSpec
 
 from .emit import Emitter
-from .errors import (EXIT_CRASH, EXIT_DISK_FULL, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, DiskFull, clip,
-                     is_disk_full)
+from .errors import EXIT_CRASH, EXIT_DISK_FULL, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, DiskFull, clip, is_disk_full
 
 
 def parse_args(argv=None):
