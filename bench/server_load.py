@@ -640,7 +640,7 @@ class Bench:
         ml = (an or {}).get("mlflow", {})
         sq = (an or {}).get("sqlite", {})
         w1 = (an or {}).get("mlflow_workers1", {})
-        I = ISSUE_ANCHORS
+        anchor = ISSUE_ANCHORS
         mark = "" if an else " (issue)"
 
         def m(path, fmt, fallback):
@@ -658,15 +658,15 @@ class Bench:
             ("ingest, 4 agent processes, real protocol (points/s)", ">= 50,000",
              f"{sustained:,.0f} all stored (offered {ing.get('offered_pts_s', 0):,} for {dur:.0f} s, backlog "
              f"drained {ing.get('drain_s', 0):.2f} s after); {ing.get('pts_s', 0):,} stored/s in the timed window",
-             m(lambda: b4()["pts_per_s"], lambda v: f"{v:,} (batches of 1000, 4 clients)", f"{I['ingest']:,}"),
-             m(lambda: sq["lean_executemany_1000_per_txn"]["pts_per_s"], lambda v: f"{v:,}", f"{I['sqlite_ingest']:,}"),
+             m(lambda: b4()["pts_per_s"], lambda v: f"{v:,} (batches of 1000, 4 clients)", f"{anchor['ingest']:,}"),
+             m(lambda: sq["lean_executemany_1000_per_txn"]["pts_per_s"], lambda v: f"{v:,}", f"{anchor['sqlite_ingest']:,}"),
              sustained >= 50_000),
             ("stored = sent after drain (nothing lost)", "equal",
              f"{ing.get('stored', 0):,} / {ing.get('sent', 0):,} (drained in {ing.get('drain_s', 0):.2f} s)",
              "-", "-", ing.get("stored") == ing.get("sent") and ing.get("sent", 0) > 0),
             ("server CPU per point", "<= 10 us",
              f"{ing.get('cpu_us_per_pt', 0):.1f} us ({ing.get('server_cores', 0):.2f} cores, fan-out included)",
-             m(lambda: b4()["server_cpu_s"] / b4()["points"] * 1e6, lambda v: f"{v:.0f} us", f"~{I['cpu_us']} us"),
+             m(lambda: b4()["server_cpu_s"] / b4()["points"] * 1e6, lambda v: f"{v:.0f} us", f"~{anchor['cpu_us']} us"),
              "~2.3 us (issue)", ing.get("cpu_us_per_pt", 99) <= 10),
             (f"metric -> {ws.get('clients', 0)} websockets during ingest, p99", "<= 50 ms",
              f"p99 {ws.get('p99_ms', float('nan')):.1f} ms, p50 {ws.get('p50_ms', float('nan')):.1f} ms, "
@@ -677,17 +677,17 @@ class Bench:
             ("keep-alive calls, 1 client (TCP_NODELAY probe)", "no 44 ms stall",
              f"{r['keepalive']['calls_per_s']:,} calls/s, p50 {r['keepalive']['p50_ms']:.2f} ms",
              m(lambda: ml["c_log_metric_1client"], lambda v: f"{v['pts_per_s']} calls/s, p50 {v['call_lat']['p50_ms']:.0f} ms"
-               + m(lambda: w1["c_log_metric_1client"], lambda w: f" (--workers 1: {w['pts_per_s']}/s)", ""), f"{I['calls']}/s"),
+               + m(lambda: w1["c_log_metric_1client"], lambda w: f" (--workers 1: {w['pts_per_s']}/s)", ""), f"{anchor['calls']}/s"),
              m(lambda: sq["lean_1_row_per_txn"]["pts_per_s"], lambda v: f"{v:,} rows/s (1 a txn)", "53,000"),
              r["keepalive"]["p50_ms"] < 20),
             ("read one metric's full history, 100k points", "<= 150 ms", f"{r['read_full']['p50_ms']:.0f} ms "
              f"(p90 {r['read_full']['p90_ms']:.0f}, JSON parsed)",
-             m(lambda: ml["d_read_rest_get_history"]["p50_ms"], lambda v: f"{v / 1e3:.2f} s", f"{I['read100k']} s"),
+             m(lambda: ml["d_read_rest_get_history"]["p50_ms"], lambda v: f"{v / 1e3:.2f} s", f"{anchor['read100k']} s"),
              m(lambda: sq["lean_read_100k_plus_json_columnar"]["p50_ms"], lambda v: f"{v:.0f} ms (with JSON)", "140 ms"),
              r["read_full"]["p50_ms"] <= 150),
             ("downsampled chart, 1,000 of 1,000,000 points (minmax)", "<= 30 ms",
              f"{r['read_down']['p50_ms']:.1f} ms (p90 {r['read_down']['p90_ms']:.1f}; spikes kept)",
-             m(lambda: ml["d_read_bulk_interval_1000"]["p50_ms"], lambda v: f"{v / 1e3:.2f} s (1,000 of 100k)", f"{I['down']} s (1,000 of 100k)"),
+             m(lambda: ml["d_read_bulk_interval_1000"]["p50_ms"], lambda v: f"{v / 1e3:.2f} s (1,000 of 100k)", f"{anchor['down']} s (1,000 of 100k)"),
              "-", r["read_down"]["p50_ms"] <= 30),
             ("  same, lttb over the rollups", "-", f"{r['read_down_lttb']['p50_ms']:.1f} ms", "-", "-", None),
             (f"jobs list, first page of {r['jobs_list']['jobs']:,} jobs", "<= 30 ms",
@@ -695,8 +695,8 @@ class Bench:
             ("disk per metric point", "<= 80 B",
              f"{r['disk']['file_b_per_pt']:.0f} B whole file ({r['disk']['points']:,} pts)"
              + (f", {r['disk']['metric_tables_b_per_pt']:.0f} B metric tables" if r['disk']['metric_tables_b_per_pt'] else ""),
-             m(lambda: ml["db"]["bytes_per_point"], lambda v: f"{v:.0f} B", f"{I['bytes']} B"),
-             m(lambda: sq["lean_db_bytes_per_point"], lambda v: f"{v:.0f} B", f"{I['sqlite_bytes']} B"),
+             m(lambda: ml["db"]["bytes_per_point"], lambda v: f"{v:.0f} B", f"{anchor['bytes']} B"),
+             m(lambda: sq["lean_db_bytes_per_point"], lambda v: f"{v:.0f} B", f"{anchor['sqlite_bytes']} B"),
              r["disk"]["file_b_per_pt"] <= 80),
             ("heartbeats (1/2 s) + phase events (1/s) from 100 agents", "< 5% of a core",
              f"{hb.get('core_pct', 0):.1f}% ({hb.get('heartbeats', 0)} hb + {hb.get('phase_batches', 0)} phase batches; "

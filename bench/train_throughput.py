@@ -49,7 +49,7 @@ def setup(cache: Path, n_train: int) -> dict:
     meta_path = cache / f"meta-{n_train}.json"
     if meta_path.exists():
         return json.loads(meta_path.read_text())
-    texts = [json.loads(l)["text"] for l in FORTUNES.open()]
+    texts = [json.loads(line)["text"] for line in FORTUNES.open()]
     model_dir = cache / "model-init"
     if not (model_dir / "model.safetensors").exists():
         tok = train_bpe(texts, 8192)
@@ -75,7 +75,7 @@ def setup(cache: Path, n_train: int) -> dict:
 def encode(tok, path: str) -> list[list[int]]:
     """The worker's own tokenization (special tokens, then EOS), cut at 1024 for every case."""
     from worker.training.tokenization import encode_batch
-    texts = [json.loads(l)["text"] for l in open(path)]
+    texts = [json.loads(line)["text"] for line in open(path)]
     t = encode_batch(tok, [("", x) for x in texts], is_pair=False, mask_prompt=False)
     return [t.tokens[t.offsets[i]:t.offsets[i + 1]][:MAXLEN].tolist() for i in range(t.n)]
 
@@ -265,7 +265,9 @@ def run_worker(meta: dict, cache: Path, torch_compile: str = "auto") -> dict:
     chosen = {k: v for d in infos for k, v in d.items() if k in ("padding", "precision", "bf16_speedup", "batch_size",
                                                               "row_len", "grad_accum", "max_seq_length", "loss_head",
                                                               "compiled_loss_speedup")}
-    chosen.update({"loss_head_reason": d["reason"] for d in infos if "loss_head" in d and "reason" in d})
+    reasons = [d["reason"] for d in infos if "loss_head" in d and "reason" in d]
+    if reasons:
+        chosen["loss_head_reason"] = reasons[-1]
     return {"real_tok_s": r["real"] / r["seconds"], "steps": s.result.step, "padding_frac": 1 - r["real"] / r["padded"],
             "train_wall_s": r["seconds"], "process_wall_s": wall, "chosen": chosen,
             "final_loss": heldout_loss(s.model, tok, meta["heldout"])}
@@ -324,7 +326,7 @@ def main() -> None:
         p = subprocess.run([sys.executable, __file__, "--child", c, "--cache", str(args.cache), "--examples", str(n),
                             "--torch-compile", args.torch_compile]
                            + (["--quick"] if args.quick else []), capture_output=True, text=True, cwd=ROOT)
-        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         if p.returncode != 0 or not line:
             print(f"case {c} failed:\n{p.stderr[-3000:]}", file=sys.stderr)
             continue

@@ -43,7 +43,7 @@ class ExternalRun(BaseModel):
         try:
             size = len(json.dumps(v, allow_nan=False))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"must be plain JSON (finite numbers): {e}")
+            raise ValueError(f"must be plain JSON (finite numbers): {e}") from None
         if size > MAX_CONFIG_BYTES:
             raise ValueError(f"at most {MAX_CONFIG_BYTES} bytes as JSON")
         return v

@@ -43,7 +43,7 @@ def test_merged_events_are_capped_and_say_what_was_missed():
     hub = Hub(max_frames=4)
     sub = hub.subscribe(["job:1"])
     n = 0
-    for i in range(40):
+    for _ in range(40):
         hub.publish("job:1", events(1, range(n, n + 1000)))
         n += 1000
     hub.publish("job:1", events(1, range(n, n + 1), state=True))  # a state change: never dropped

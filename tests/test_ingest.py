@@ -16,7 +16,7 @@ def start_job(server, name: str) -> tuple[httpx.Client, int, int]:
                          headers={"Authorization": f"Bearer {server.agent_token}"})
     aid = agent.post("/api/agents", json={"name": name, "host": "h"}).json()["id"]
     with server.client() as user:
-        jid = user.post("/api/jobs", json={"name": name}).json()["id"]
+        assert user.post("/api/jobs", json={"name": name}).json()["id"]
     # claim until we get ours (other threads may claim concurrently; each agent has capacity 1)
     r = agent.post(f"/api/agents/{aid}/claim")
     assert r.status_code == 200, r.text

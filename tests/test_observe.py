@@ -77,7 +77,7 @@ def test_system_metrics_and_logs(server_factory, browser, tmp_path):
         cpu = max(v for v in c.get(f"/api/jobs/{jid}/metrics", params={"keys": "sys/cpu_pct"}).json()
                   ["series"]["sys/cpu_pct"]["value"])
         assert cpu > 10, cpu  # the busy loop shows (two cores shared with the suite)
-        d.find_element(By.ID, "system").location_once_scrolled_into_view
+        d.find_element(By.ID, "system").location_once_scrolled_into_view  # noqa: B018 -- reading it scrolls there
         shot(d, "job-system-panels")
         d.get(f"{server.url}/workers")
         until(d, 30, lambda d: "CPU" in text(d, "td.machine") and "memory" in text(d, "td.machine"), "machine column")

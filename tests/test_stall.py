@@ -252,7 +252,7 @@ def test_periodic_stalls_every_n_steps():
     s, c = SlowDetector(CFG), Clock()
     step = 2
     v = None
-    for k in range(60):
+    for _ in range(60):
         step += 1
         dt = 0.1
         if step % 10 == 0:

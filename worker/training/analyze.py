@@ -111,9 +111,9 @@ def main(argv=None) -> int:
         try:
             spec = JobSpec.model_validate_json(args.spec.read_text())
         except FileNotFoundError:
-            raise SpecError("spec", f"spec file not found: {args.spec}")
+            raise SpecError("spec", f"spec file not found: {args.spec}") from None
         except Exception as e:
-            raise SpecError("spec", f"invalid spec: {e}")
+            raise SpecError("spec", f"invalid spec: {e}") from e
         out = (check(spec, args.cache_dir) if args.check_only
                else analyze(spec, args.cache_dir, sample=args.sample, measure_s=args.measure).model_dump(mode="json"))
         code = EXIT_OK

@@ -191,7 +191,7 @@ def peek_columns(path: Path, cache_dir: Optional[Path] = None, config: Optional[
     try:
         first = next(iter(ds))
     except StopIteration:
-        raise SpecError("dataset", f"dataset {path} is empty")
+        raise SpecError("dataset", f"dataset {path} is empty") from None
     except Exception as e:
         raise SpecError("dataset", f"cannot read dataset {path}: {root_cause(e)}") from e
     return list(first.keys())

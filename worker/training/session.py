@@ -71,7 +71,7 @@ class Session:
             try:
                 self.state_in = ckpt.load_state(self.resume)
             except FileNotFoundError as e:
-                raise SpecError("resume", str(e))
+                raise SpecError("resume", str(e)) from e
             weights = self.resume / "model"
         self.model = load_model(spec, self.tokenizer, self.device, weights_from=weights)
         total, trainable = count_params(self.model)
@@ -300,7 +300,7 @@ class Session:
         try:
             epoch0, first = next(it)
         except StopIteration:
-            raise SpecError("dataset", "dataset has no examples")
+            raise SpecError("dataset", "dataset has no examples") from None
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
         elif self.ranks.main:

@@ -35,7 +35,7 @@ def read_spec(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate_json(path.read_text())
     except FileNotFoundError:
-        raise SpecError("spec", f"spec file not found: {path}")
+        raise SpecError("spec", f"spec file not found: {path}") from None
     except Exception as e:
         raise SpecError("spec", f"invalid spec: {e}") from e
 
