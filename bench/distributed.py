@@ -79,7 +79,8 @@ def server_cases(work: Path, steps: int) -> dict:
             victim = next(r["pid"] for r in rows if r["rank"] == 1)
             t0 = time.time()
             os.kill(victim, signal.SIGKILL)
-            wait_for(lambda: not any(p.is_running() and p.status() != "zombie" for p in gang), 60, "the gang gone", every=0.05)
+            wait_for(lambda: not any(p.is_running() and p.status() != "zombie" for p in gang), 60, "the gang gone",
+                     every=0.05)
             out["death_to_stopped_s"] = time.time() - t0
             job = s.wait_job(jid, timeout=60)
             out["death_reason"] = (job.get("reason") or "")[:300]

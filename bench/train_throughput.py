@@ -294,7 +294,8 @@ def table(results: dict) -> str:
     for c, r in results.items():
         pf = "-" if r.get("padding_frac") is None else f"{r['padding_frac']:.3f}"
         fl = "-" if r.get("final_loss") is None else f"{r['final_loss']:.4f}"
-        lines.append(f"{c}) {names[c]:<33} {r['real_tok_s']:>10.0f} {pf:>8} {fl:>10} {r['peak_rss_mb']:>11.0f} {r['steps']:>5}")
+        lines.append(f"{c}) {names[c]:<33} {r['real_tok_s']:>10.0f} {pf:>8} {fl:>10} {r['peak_rss_mb']:>11.0f} "
+                     f"{r['steps']:>5}")
     if "e" in results:
         e = results["e"]["real_tok_s"]
         ratios = "  ".join(f"e/{c} = {e / results[c]['real_tok_s']:.2f}" for c in "abcd" if c in results)

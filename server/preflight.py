@@ -115,7 +115,8 @@ async def analysis(spec: JobSpec, settings, pool: Optional[AnalysisPool] = None,
 def measured_before(s, spec: JobSpec) -> Optional[tuple[int, dict]]:
     """The newest job on the same model and data whose batch-size autotune left its table."""
     for job_id, spec_json, info_json in s.execute(
-            select(Job.id, Job.spec, Job.info).where(Job.info.contains('"measured"')).order_by(Job.id.desc()).limit(200)):
+            select(Job.id, Job.spec, Job.info).where(Job.info.contains('"measured"'))
+            .order_by(Job.id.desc()).limit(200)):
         other = json.loads(spec_json)
         if other.get("model") == spec.model and other.get("dataset") == spec.dataset:
             info = json.loads(info_json)

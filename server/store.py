@@ -225,7 +225,8 @@ def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, sin
         if delivered is not None and now - delivered.get(job.id, 0.0) < lease_s:
             continue
         end_attempt(s, job, JobState.failed, f"agent {agent_id} is alive but does not run this job "
-                    f"(not in its heartbeats for {now - (job.alive_at or 0):.0f} s; a lost claim answer?)", Failure.LOST)
+                    f"(not in its heartbeats for {now - (job.alive_at or 0):.0f} s; a lost claim answer?)",
+                    Failure.LOST)
         out.append(job)
     return out
 

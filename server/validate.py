@@ -271,7 +271,8 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
     if columns is not None:
         for field, name in wanted:
             if name and name not in columns:
-                raise SpecError(field, f"column {name!r} is not in the dataset{has_columns(settings, spec.dataset, columns)}")
+                raise SpecError(field,
+                                f"column {name!r} is not in the dataset{has_columns(settings, spec.dataset, columns)}")
         named = any(name for _, name in wanted)
         alpaca = "instruction" in columns and "output" in columns
         if not named and not ({"text", "messages"} & set(columns) or alpaca):

@@ -77,7 +77,8 @@ def test_stalled_websocket_client_does_not_delay_others(server_factory):
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
     raw.connect(("127.0.0.1", server.port))
     from websockets.sync.client import connect
-    stalled = connect(f"ws://127.0.0.1:{server.port}/ws?topics={topics}", sock=raw, max_queue=1, ping_interval=None, max_size=None,
+    stalled = connect(f"ws://127.0.0.1:{server.port}/ws?topics={topics}", sock=raw, max_queue=1, ping_interval=None,
+                      max_size=None,
                       additional_headers={"Authorization": f"Bearer {server.token}"})
     live = server.ws(topics)
     got: dict[int, float] = {}  # seq -> arrival time, at the live client

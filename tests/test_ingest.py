@@ -103,7 +103,8 @@ def test_bad_batch_refused_whole_and_mixed_kinds_stored(server):
     assert counts(server, jid) == {}
     evs = [{"kind": "phase", "job_id": jid, "seq": 0, "t": 1.0, "data": {"name": "training", "done": 0, "total": 9}},
            metric(jid, 1, 0),
-           {"kind": "metrics", "job_id": jid, "seq": 2, "t": 2.0, "data": {"step": 1, "values": {"loss": 2, "lr": 1e-4}}},
+           {"kind": "metrics", "job_id": jid, "seq": 2, "t": 2.0,
+            "data": {"step": 1, "values": {"loss": 2, "lr": 1e-4}}},
            {"kind": "log", "job_id": jid, "seq": 3, "t": 3.0, "data": {"line": "hello"}}]
     r = agent.post(f"/api/agents/{aid}/events", json={"events": evs})
     assert r.status_code == 200, r.text

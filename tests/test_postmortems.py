@@ -98,7 +98,8 @@ def test_e_a_silent_stream_is_quiet_not_hung_and_names_the_fetch(pm):
     assert got["all_kinds"] and got["cause"] and got["fix"], got
     # the job's own phase line (the jobs list, the job page) said it too, not "loading model 1/1"
     with pm[3].client() as c:
-        phases = [e["data"] for e in c.get(f"/api/jobs/{got['job']}/events", params={"kinds": "phase"}).json()["events"]]
+        phases = [e["data"] for e in c.get(f"/api/jobs/{got['job']}/events",
+                                           params={"kinds": "phase"}).json()["events"]]
     quiet = [p for p in phases if p.get("quiet") and "since 'loading model' finished" in p["name"]]
     assert quiet and quiet[-1]["name"].startswith("no progress reported since"), phases
     assert "last output: Dataset loaded" in quiet[-1]["name"], quiet

@@ -120,7 +120,8 @@ def test_batch_size_far_from_an_earlier_measurement_is_a_warning(server):
                     {"row_len": 512, "rows": 8, "tokens_per_s": 7000.0, "fits": True}]
         agent.post(f"/api/agents/{aid}/events", json={"events": [
             {"kind": "info", "job_id": jid, "seq": 0, "t": time.time(),
-             "data": {"batch_size": 16, "row_len": 256, "max_seq_length": 256, "measured": measured}}]}).raise_for_status()
+             "data": {"batch_size": 16, "row_len": 256, "max_seq_length": 256,
+                      "measured": measured}}]}).raise_for_status()
         r = c.post("/api/jobs", json={"batch_size": 1, "max_seq_length": 256}).json()
         bw = [w for w in r["warnings"] if w["kind"] == "batch_size"]
         assert bw and f"job #{jid} measured 16 rows of 256 tokens fastest" in bw[0]["message"], r["warnings"]

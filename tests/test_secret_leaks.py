@@ -200,7 +200,8 @@ def test_files_outside_the_roots_are_refused_unread_and_never_quoted(server_fact
     (roots / "link.csv").symlink_to(private / "creds.csv")
     srv = server_factory(path_roots=[str(roots)])
     with srv.client() as c:
-        for path in (private / "creds.csv", private / "creds.jsonl", roots / "link.csv", f"{roots}/../private/creds.csv"):
+        for path in (private / "creds.csv", private / "creds.jsonl", roots / "link.csv",
+                     f"{roots}/../private/creds.csv"):
             for url in ("/api/jobs", "/api/datasets/analyze"):
                 r = c.post(url, json={"dataset": str(path), "text_field": "nope"})
                 assert r.status_code == 422 and r.json()["detail"]["field"] == "dataset", r.text

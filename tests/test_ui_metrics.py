@@ -28,7 +28,8 @@ def test_every_logged_metric_gets_a_chart_grouped_by_prefix(server, browser):
         values = {"loss": 3.0 / step, "lr": 1e-4, "train/accuracy": step / 40, "custom_score": step % 7}
         if step % 10 == 0:
             values.update({"eval/loss": 3.2 / step, "eval/ppl": 2.0 ** (3.2 / step), "eval_accuracy": step / 50})
-        evs.append({"kind": "metrics", "job_id": jid, "seq": seq, "t": 1e9 + step, "data": {"step": step, "values": values}})
+        evs.append({"kind": "metrics", "job_id": jid, "seq": seq, "t": 1e9 + step,
+                    "data": {"step": step, "values": values}})
         seq += 1
     agent.post(f"/api/agents/{aid}/events", json={"events": evs}).raise_for_status()
 

@@ -207,7 +207,9 @@ class JobSpec(SpecBase):
     messages_field: Optional[str] = Field(
         None, max_length=200, description="column holding a chat (list of {role, content}), rendered with the "
         "tokenizer's chat template; default: a 'messages' column when no other field is named")
-    loss_on_response_only: bool = Field(True, description="mask prompt tokens (chat: all but assistant turns) out of the loss")
+    loss_on_response_only: bool = Field(True,
+                                        description="mask prompt tokens (chat: all but assistant turns) out of the "
+                                                    "loss")
     streaming: bool = Field(False, description="read the dataset as a stream, accumulating chunks")
 
     max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps (or use epochs)")

@@ -91,9 +91,11 @@ async def create_command_job(spec: CommandSpec, tp: AppDep, caller: CommandsDep)
 @router.get("")
 def list_jobs(tp: AppDep, _: UserDep,
               state: Optional[list[JobState]] = Query(None, description="filter by state (repeatable)"),
-              q: Optional[str] = Query(None, max_length=200, description="search: a name fragment, or a job id (`4` or `#4`)"),
+              q: Optional[str] = Query(None, max_length=200,
+                                       description="search: a name fragment, or a job id (`4` or `#4`)"),
               limit: int = Query(50, ge=1, le=1000), offset: int = Query(0, ge=0),
-              spec: bool = Query(False, description="include each job's settings (the jobs list's columns)")) -> JobList:
+              spec: bool = Query(False,
+                                 description="include each job's settings (the jobs list's columns)")) -> JobList:
     with tp.db.read() as s:
         where = []
         if state:

@@ -19,11 +19,12 @@ ASSISTANT = "assistant"
 
 def require_template(tokenizer, model: str) -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise SpecError("model", f"the dataset holds chats (a messages column) but the tokenizer of {model} has no chat "
-                                 "template: use a model whose tokenizer_config.json has a chat_template (an instruct "
-                                 "or chat model), add one to its tokenizer (tokenizer.chat_template = ...; "
-                                 "save_pretrained), or name plain-text columns with text_field or "
-                                 "prompt_field/response_field")
+        raise SpecError("model",
+                        f"the dataset holds chats (a messages column) but the tokenizer of {model} has no chat "
+                        "template: use a model whose tokenizer_config.json has a chat_template (an instruct "
+                        "or chat model), add one to its tokenizer (tokenizer.chat_template = ...; "
+                        "save_pretrained), or name plain-text columns with text_field or "
+                        "prompt_field/response_field")
 
 
 def check_messages(messages: Any, field: str) -> list[dict]:
@@ -48,7 +49,8 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
     try:
         full = _render(tokenizer, messages)
     except Exception as e:  # a template raising on these messages (e.g. roles out of order)
-        raise SpecError("messages_field", f"the chat template cannot render a conversation: {type(e).__name__}: {e}") from e
+        raise SpecError("messages_field",
+                        f"the chat template cannot render a conversation: {type(e).__name__}: {e}") from e
     spans, pos = [], 0
     for i, m in enumerate(messages):
         if m["role"] != ASSISTANT:
@@ -79,8 +81,9 @@ def _content_span(tokenizer, full: str, message: dict, pos: int) -> tuple[int, i
     content = message["content"] if isinstance(message["content"], str) else ""
     at = full.find(content, pos) if content else -1
     if at < 0:
-        raise SpecError("messages_field", "cannot find an assistant turn in the rendered chat: the chat template changes the "
-                                          "messages' text; use a template that keeps it, or prompt_field/response_field")
+        raise SpecError("messages_field",
+                        "cannot find an assistant turn in the rendered chat: the chat template changes the "
+                        "messages' text; use a template that keeps it, or prompt_field/response_field")
     end = at + len(content)
     eos = tokenizer.eos_token
     if eos and full.startswith(eos, end):

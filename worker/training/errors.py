@@ -2,7 +2,8 @@
 user can fix is tokenpulse.errors.SpecError, shared with the server)."""
 from __future__ import annotations
 
-# Exit codes of `python -m worker.training.train` / `python -m worker.training.analyze` (the agent maps them to failures).
+# Exit codes of `python -m worker.training.train` / `python -m worker.training.analyze` (the agent maps them to
+# failures).
 EXIT_OK, EXIT_CRASH, EXIT_SPEC, EXIT_FAULT_CRASH, EXIT_NAN, EXIT_OOM, EXIT_DISK_FULL = 0, 1, 2, 3, 4, 5, 6
 
 

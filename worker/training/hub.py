@@ -49,8 +49,9 @@ def hub_token(spec: JobSpec):
     env = f"TOKENPULSE_SECRET_{spec.hub_token_secret.upper()}"
     tok = os.environ.get(env)
     if not tok:
-        raise SpecError("hub_token_secret", f"the job names the secret {spec.hub_token_secret!r} but this worker has none "
-                                            f"(set {env} in the agent's environment)")
+        raise SpecError("hub_token_secret",
+                        f"the job names the secret {spec.hub_token_secret!r} but this worker has none "
+                        f"(set {env} in the agent's environment)")
     return tok
 
 

@@ -114,7 +114,8 @@ class Session:
                     truncated_frac=tr / max(1, len(lengths)), reason=reason)
         frac = tr / max(1, len(lengths))
         if frac > TRUNCATION_ALERT_FRAC:  # cutting many examples silently changes what the model learns
-            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% of all {len(lengths):,} examples whole" if rec > L else
+            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% of all {len(lengths):,} examples whole"
+                   if rec > L else
                    f"the model takes at most {model_max} tokens: split or shorten the longest examples")
             em.alert("truncation", f"{tr:,} of {len(lengths):,} examples ({frac:.1%}) are longer than "
                      f"max_seq_length={L} and are cut; {fix}", severity="warning")
@@ -147,7 +148,8 @@ class Session:
         base = Layout(mode=mode, max_len=max_len, row_len=max_len, rows=1, group_by_length=spec.group_by_length,
                       step_tokens=step_tokens if token_steps else 0,
                       pad_multiple=8 if self.device.type == "cuda" else 1)
-        why_tokens = "asked for" if spec.tokens_per_batch else f"{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}"
+        why_tokens = ("asked for" if spec.tokens_per_batch else
+                      f"{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}")
         if spec.batch_size == "auto":
             def progress(k, n):
                 em.phase(Phase.TUNING, done=k, total=n, unit="shapes")
@@ -203,7 +205,8 @@ class Session:
                 raise SpecError(field if e.field in ("dataset", "dataset_split") else e.field, e.message) from e
             if ev.n == 0:
                 raise SpecError(field, "the evaluation data has no examples")
-            why = f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else f"split {spec.eval_split!r} of the dataset"
+            why = (f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else
+                   f"split {spec.eval_split!r} of the dataset")
         else:
             return data
         self.eval_data = cap(ev, spec.eval_max_examples, spec.seed)
@@ -391,7 +394,8 @@ class Session:
             if evaluated:
                 ev.run(model, st.step)
             due = spec.checkpoint_every and st.step % spec.checkpoint_every == 0
-            due = due or (spec.checkpoint_every_min and time.monotonic() - last_ckpt["t"] >= 60 * spec.checkpoint_every_min)
+            due = due or (spec.checkpoint_every_min
+                          and time.monotonic() - last_ckpt["t"] >= 60 * spec.checkpoint_every_min)
             if due and st.step < total:
                 save(st)
             if (due or evaluated) and st.step < total:
@@ -399,8 +403,9 @@ class Session:
             return evaluated
 
         em.phase(Phase.TRAINING, done=state.step, total=total, unit="steps")
-        res = run(wrap(self.ranks, losshead.loss_model(model), self.device), opt, sched, batches, state, total, precision,
-                  self.device, tel, self.controls, self.faults, on_step=on_step, scaler=scaler, ranks=self.ranks)
+        res = run(wrap(self.ranks, losshead.loss_model(model), self.device), opt, sched, batches, state, total,
+                  precision, self.device, tel, self.controls, self.faults, on_step=on_step, scaler=scaler,
+                  ranks=self.ranks)
         self.result = res
         if res.outcome == Failure.NAN:
             em.alert(AlertKind.NAN, f"non-finite loss at step {res.step}: {res.detail}", severity="critical")

@@ -1,4 +1,5 @@
-"""The training process: `python -m worker.training.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`.
+"""The training process:
+`python -m worker.training.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`.
 
 Exit codes: 0 completed / cancelled / paused, 1 crash, 2 bad spec or input, 3 injected crash,
 4 non-finite loss, 5 out of memory, 6 disk full. The last event is always a `state` (except for exit 3 and kills).
