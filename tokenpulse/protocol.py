@@ -9,7 +9,7 @@ import enum
 import os
 import re
 import shlex
-from typing import Annotated, Any, Literal, Optional, TypedDict, Union
+from typing import Annotated, Any, Final, Literal, Optional, TypedDict, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -644,13 +644,14 @@ class Claim(BaseModel):
 # REST shapes of server/schemas.py.
 
 FrameType = Literal["job", "events", "heartbeat", "alert", "agent", "error", "subscribed"]
-JOB_FRAME: FrameType = "job"
-EVENTS_FRAME: FrameType = "events"
-HEARTBEAT_FRAME: FrameType = "heartbeat"
-ALERT_FRAME: FrameType = "alert"
-AGENT_FRAME: FrameType = "agent"
-ERROR_FRAME: FrameType = "error"
-SUBSCRIBED_FRAME: FrameType = "subscribed"
+# Final: each constant keeps its own literal type, the one its frame's "type" key declares
+JOB_FRAME: Final = "job"
+EVENTS_FRAME: Final = "events"
+HEARTBEAT_FRAME: Final = "heartbeat"
+ALERT_FRAME: Final = "alert"
+AGENT_FRAME: Final = "agent"
+ERROR_FRAME: Final = "error"
+SUBSCRIBED_FRAME: Final = "subscribed"
 
 
 class JobFrame(TypedDict):
