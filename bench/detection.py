@@ -96,7 +96,8 @@ class Bench:
         return self.c.get(f"/api/jobs/{jid}").json()
 
     def wait_state(self, jid, states=("completed", "failed", "cancelled"), timeout=600) -> dict:
-        return wait_for(lambda: (lambda j: j if j["state"] in states else None)(self.job(jid)), timeout) or self.job(jid)
+        return wait_for(lambda: (lambda j: j if j["state"] in states else None)(self.job(jid)),
+                        timeout) or self.job(jid)
 
     def wait_step(self, jid, step, timeout=300):
         return wait_for(lambda: (self.job(jid).get("step") or 0) >= step, timeout)
@@ -182,8 +183,10 @@ class Bench:
         hits = [(t, code) for t, code, b in self.rx.hits if b.get("id") == a["id"] and b.get("state") == "open"]
         delivered = [t for t, code in hits if code == 200]
         codes = [code for _, code in hits]
-        self.row("webhook (first answer 500) -> delivered once", (delivered[0] - a["created_at"]) if delivered else None,
-                 0, f"answers={codes}", ok=codes == [500, 200] and bool(delivered) and delivered[0] - a["created_at"] <= 2)
+        self.row("webhook (first answer 500) -> delivered once",
+                 (delivered[0] - a["created_at"]) if delivered else None,
+                 0, f"answers={codes}",
+                 ok=codes == [500, 200] and bool(delivered) and delivered[0] - a["created_at"] <= 2)
 
     def kill_agent(self):
         jid = self.submit(max_steps=2000, max_retries=1)
@@ -211,7 +214,8 @@ class Bench:
         bad = [a for a in self.alerts(jid) if a["kind"] in ("stalled", "slow")]
         busy = len(self.alerts(jid, "contention"))
         self.rows.append({"case": f"healthy run, {n} steps ({time.time() - t0:.0f} s)", "false": len(bad), "busy": busy,
-                          "ok": not bad and j["state"] == "completed", "note": "; ".join(a["message"][:80] for a in bad)})
+                          "ok": not bad and j["state"] == "completed",
+                          "note": "; ".join(a["message"][:80] for a in bad)})
         print(f"  healthy: {len(bad)} false alerts, {j['state']}", flush=True)
         # the demo job as users submit it (autotuned batch, packing, auto precision), tight thresholds:
         # also exercises the preflight-projection rule against the autotune measurement
@@ -232,8 +236,10 @@ class Bench:
         j = self.wait_state(jid, timeout=900)
         bad = [a for a in self.alerts(jid) if a["kind"] in ("stalled", "slow")]
         busy = len(self.alerts(jid, "contention"))
-        self.rows.append({"case": f"slow data phase {secs} s (= {secs // 3}x the 3 s timeout)", "false": len(bad), "busy": busy,
-                          "ok": not bad and j["state"] == "completed", "note": "; ".join(a["message"][:80] for a in bad)})
+        self.rows.append({"case": f"slow data phase {secs} s (= {secs // 3}x the 3 s timeout)", "false": len(bad),
+                          "busy": busy,
+                          "ok": not bad and j["state"] == "completed",
+                          "note": "; ".join(a["message"][:80] for a in bad)})
         print(f"  slow phase: {len(bad)} false alerts, {j['state']}", flush=True)
 
     def close(self):
@@ -262,7 +268,8 @@ def table(rows: list[dict]) -> str:
             "|---|---|---|---|---|"]
     for r in rows:
         if "false" in r:
-            out.append(f"| {r['case']} | {r['false']} | {r.get('busy', 0)} | {'yes' if r['ok'] else 'NO'} | {r['note']} |")
+            out.append(f"| {r['case']} | {r['false']} | {r.get('busy', 0)} | {'yes' if r['ok'] else 'NO'} | "
+                       f"{r['note']} |")
     return "\n".join(out)
 
 

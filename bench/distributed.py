@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
@@ -81,7 +79,8 @@ def server_cases(work: Path, steps: int) -> dict:
             victim = next(r["pid"] for r in rows if r["rank"] == 1)
             t0 = time.time()
             os.kill(victim, signal.SIGKILL)
-            wait_for(lambda: not any(p.is_running() and p.status() != "zombie" for p in gang), 60, "the gang gone", every=0.05)
+            wait_for(lambda: not any(p.is_running() and p.status() != "zombie" for p in gang), 60, "the gang gone",
+                     every=0.05)
             out["death_to_stopped_s"] = time.time() - t0
             job = s.wait_job(jid, timeout=60)
             out["death_reason"] = (job.get("reason") or "")[:300]
@@ -104,7 +103,7 @@ def main() -> None:
         one, two = train(1, steps, work), train(2, steps, work)
         cases = server_cases(work, steps)
     eff = two["tokens_per_s"] / (2 * one["tokens_per_s"])
-    print(f"| case | value |\n|---|---|")
+    print("| case | value |\n|---|---|")
     print(f"| 1 rank tokens/s | {one['tokens_per_s']:,.0f} |")
     print(f"| 2 ranks tokens/s (summed) | {two['tokens_per_s']:,.0f} |")
     print(f"| per-rank efficiency (2 ranks) | {eff:.0%} |")

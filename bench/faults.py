@@ -47,8 +47,8 @@ FAULT_STEP = 15
 def argv(kind: str, steps: int = STEPS) -> list[str]:
     if kind == "ddp":
         return [str(BIN / "torchrun"), "--nproc-per-node", "2", str(SCRIPTS / "ddp_loop.py"), str(steps)]
-    return [sys.executable, str(SCRIPTS / f"{ {'plain': 'plain_loop', 'accelerate': 'accelerate_loop', 'trainer': 'trainer_script'}[kind]}.py"),
-            str(steps)]
+    script = {"plain": "plain_loop", "accelerate": "accelerate_loop", "trainer": "trainer_script"}[kind]
+    return [sys.executable, str(SCRIPTS / f"{script}.py"), str(steps)]
 
 
 @dataclass
@@ -65,7 +65,8 @@ class Fault:
 
 ALL = ("plain", "accelerate", "trainer", "ddp")
 FAULTS = [
-    Fault("deadlock", "a deadlock in the user's data function", ALL, "stalled", ("_deadlock", "read_batch", "read_example")),
+    Fault("deadlock", "a deadlock in the user's data function", ALL, "stalled",
+          ("_deadlock", "read_batch", "read_example")),
     Fault("collate_hang", "a collate function that never returns", ALL, "stalled", ("collate",)),
     Fault("skip_collective", "rank 1 skips a collective (the others wait in all_reduce)", ("ddp",), "stalled",
           ("barrier", "all_reduce"), rank=1),
@@ -140,8 +141,8 @@ class Bench:
         jid = self.submit(name, kind, {"FIRST_STEP_S": "20", "EVAL_EXTRA_S": "4", "SAVE_EXTRA_S": "2",
                                        "STEP_LOG": str(self.tmp / name / "steps.json")}, steps=steps)
         t0 = time.time()
-        j = wait_for(lambda: (lambda j: j if j["state"] in ("completed", "failed", "cancelled") else None)(self.job(jid)),
-                     900) or self.job(jid)
+        over = ("completed", "failed", "cancelled")
+        j = wait_for(lambda: (lambda j: j if j["state"] in over else None)(self.job(jid)), 900) or self.job(jid)
         bad = [a for a in self.alerts(jid) if a["severity"] != "info"]
         log = self.tmp / name / "steps.json"
         typical = json.loads(log.read_text())["median_step_s"] if log.exists() else None
@@ -163,7 +164,8 @@ class Bench:
         if not wait_for(marks, 300, every=0.2):
             j = self.job(jid)
             self.stop(jid)
-            return Row(f.name, kind, False, None, limit, False, f"the fault never struck (job {j['state']}: {j.get('reason')})")
+            return Row(f.name, kind, False, None, limit, False,
+                       f"the fault never struck (job {j['state']}: {j.get('reason')})")
         t_fault = min(float(p.read_text()) for p in marks())
         if f.name == "sigstop":
             self._stopped = [int(p.read_text()) for p in out.glob("pid.*")]
@@ -195,7 +197,8 @@ class Bench:
             return Row(f.name, kind, False, None, limit, False, seen)
         text = f"{a['message']}\n{a.get('stack') or ''}"
         named = any(c in text for c in f.cause)
-        where = f.name in ("sigstop", "worker_dies", "slow_rank", "memory") or "userdata.py" in text or "ddp_loop.py" in text
+        where = (f.name in ("sigstop", "worker_dies", "slow_rank", "memory") or "userdata.py" in text
+                 or "ddp_loop.py" in text)
         ranked = kind != "ddp" or f"rank {rank}" in text
         return Row(f.name, kind, True, a["created_at"] - t_fault, limit, named and where and ranked,
                    a["message"].splitlines()[0][:110])
@@ -226,7 +229,9 @@ def report(rows: list[Row], healthy: list[dict]) -> str:
         lat = "-" if r.latency is None else f"{r.latency:.1f} s"
         out.append(f"| {r.fault} | {r.kind} | {'yes' if r.detected else 'NO'} | {lat} | {r.limit:.0f} s | "
                    f"{'yes' if r.cause else 'no'} | {r.note.replace('|', '/')} |")
-    out += ["", "| healthy run (irregular steps) | state | s | typical step | false alerts | most cycles of one kind | note |",
+    out += ["",
+            "| healthy run (irregular steps) | state | s | typical step | false alerts | most cycles of one kind | "
+            "note |",
             "|---|---|---|---|---|---|---|"]
     for h in healthy:
         out.append(f"| {h['kind']} | {h['state']} | {h['seconds']} | {h['typical'] or '-'} s | {h['false']} | "
@@ -235,9 +240,11 @@ def report(rows: list[Row], healthy: list[dict]) -> str:
     lats = [r.latency for r in det if r.latency is not None]
     in_goal = [r for r in det if r.latency is not None and r.latency <= r.limit]
     out += ["", f"detected {len(det)}/{len(rows)} ({100 * len(det) / max(1, len(rows)):.0f}%); right cause "
-                f"{sum(r.cause for r in det)}/{len(rows)} ({100 * sum(r.cause for r in det) / max(1, len(rows)):.0f}%); "
+                f"{sum(r.cause for r in det)}/{len(rows)} "
+                f"({100 * sum(r.cause for r in det) / max(1, len(rows)):.0f}%); "
                 f"within the latency goal {len(in_goal)}/{len(rows)}; latency median "
-                f"{statistics.median(lats) if lats else float('nan'):.1f} s, worst {max(lats, default=float('nan')):.1f} s; "
+                f"{statistics.median(lats) if lats else float('nan'):.1f} s, worst "
+                f"{max(lats, default=float('nan')):.1f} s; "
                 f"false alerts on healthy runs {sum(h['false'] for h in healthy)}"]
     return "\n".join(out)
 

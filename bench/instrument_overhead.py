@@ -43,7 +43,8 @@ COMMON = '''
     import json, sys, time
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    demo, steps, warmup, hidden, layers, batch, out, threads = sys.argv[1], *map(int, sys.argv[2:7]), sys.argv[7], int(sys.argv[8])
+    demo, out, threads = sys.argv[1], sys.argv[7], int(sys.argv[8])
+    steps, warmup, hidden, layers, batch = map(int, sys.argv[2:7])
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(demo)
     texts = [json.loads(l)["text"] for l in open(demo + "/demo.jsonl")]
@@ -236,7 +237,8 @@ def callback_cost_us(steps: int = 2000) -> float:
         state, control = TrainerState(), TrainerControl()
         state.max_steps, state.is_world_process_zero = 10 ** 6, True
         cb.on_train_begin(args, state, control)
-        batch = {"input_ids": torch.ones(8, 128, dtype=torch.long), "attention_mask": torch.ones(8, 128, dtype=torch.long)}
+        batch = {"input_ids": torch.ones(8, 128, dtype=torch.long),
+                 "attention_mask": torch.ones(8, 128, dtype=torch.long)}
         logs = {"loss": 1.0, "grad_norm": 0.5, "learning_rate": 1e-3, "epoch": 0.1}
         c0 = time.process_time()
         for i in range(steps):

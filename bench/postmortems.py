@@ -39,7 +39,8 @@ def sizes(tmp: Path) -> dict:
     return {
         "a": ([*m(small), "--data", str(short), "--max-steps", "300"], ["--max-steps", "30"]),
         "b": ([*m(big), "--data", str(src), "--max-steps", "2000"], []),
-        "c": ([*m(small), "--data", str(materials.long_texts(tmp / "c.jsonl", 200, 320, 1440, longest=1481, source=src)),
+        "c": ([*m(small), "--data",
+               str(materials.long_texts(tmp / "c.jsonl", 200, 320, 1440, longest=1481, source=src)),
                "--max-steps", "200"], ["--max-steps", "12"]),
         "d": ([*m(small), "--data", str(materials.long_texts(tmp / "d.jsonl", 400, 400, 1400, source=src)),
                "--max-steps", "100"], ["--max-steps", "12"]),
@@ -95,7 +96,8 @@ def main() -> None:
                 fx = None if a.no_fixed else run(c, srv, tmp, env, key, args + fixed_args, True, a.timeout)
                 rows.append((key, got, fx))
                 print(f"case {key}: {got['seconds']} s, cause {got['cause']}, fix {got['fix']}, step {got['step']}; "
-                      f"fixed: {len(fx['alerts']) if fx else '-'} alerts, {fx['state'] if fx else '-'}\n{got['text']}\n", flush=True)
+                      f"fixed: {len(fx['alerts']) if fx else '-'} alerts, "
+                      f"{fx['state'] if fx else '-'}\n{got['text']}\n", flush=True)
     finally:
         for p in srv.agents:
             p.terminate()

@@ -51,10 +51,12 @@ MLFLOW_VENV = Path(os.environ.get("MLFLOW_VENV", "/tmp/mlflow-venv"))
 # --rules: ten alert rules over the load's metrics (server/rules.py), every condition that reads a value
 RULES = [{"name": f"bench-{i}", **r} for i, r in enumerate([
     {"condition": "above", "metric": "loss", "threshold": 1e9}, {"condition": "below", "metric": "lr", "threshold": -1},
-    {"condition": "no_improvement", "metric": "loss", "steps": 10**8}, {"condition": "jump", "metric": "grad_norm", "sigmas": 1000},
+    {"condition": "no_improvement", "metric": "loss", "steps": 10**8},
+    {"condition": "jump", "metric": "grad_norm", "sigmas": 1000},
     {"condition": "nonfinite", "metric": "mfu"}, {"condition": "above", "metric": "rss_mb", "threshold": 1e12},
     {"condition": "no_improvement", "metric": "tokens_per_s", "steps": 10**8, "mode": "max"},
-    {"condition": "jump", "metric": "step_time_s", "sigmas": 1000}, {"condition": "below", "metric": "epoch", "threshold": -1},
+    {"condition": "jump", "metric": "step_time_s", "sigmas": 1000},
+    {"condition": "below", "metric": "epoch", "threshold": -1},
     {"condition": "state", "state": "failed"}])]
 KEYS = ("loss", "lr", "grad_norm", "rss_mb", "epoch", "tokens_per_s", "step_time_s", "mfu")
 # The issue's anchors (2 cores, measured earlier): printed only when the anchor cannot run here.
@@ -444,7 +446,8 @@ class Bench:
         db.close()
         self.res["ingest"] = {"offered_pts_s": 4 * a.rate, "pts_s": round((n1 - n0) / (t1 - t0)),
                               "cpu_us_per_pt": (c1 - c0) / max(1, n1 - n0) * 1e6,
-                              "server_cores": (c1 - c0) / (t1 - t0), "servers": len(self.servers), "sent": sent, "stored": stored,
+                              "server_cores": (c1 - c0) / (t1 - t0), "servers": len(self.servers), "sent": sent,
+                              "stored": stored,
                               "drain_s": max(o["drain_s"] for o in outs), "probe": probe_out, "ws": ws_out}
         log("ingest", json.dumps(self.res["ingest"]))
 
@@ -491,7 +494,8 @@ class Bench:
                 v = {"loss": spikes.get(s, 2.0 / (1 + s * 1e-4) + 0.01 * math.sin(s))}
                 if s % 10 == 0:
                     v["val_loss"] = 1.0 / (1 + s)
-                evs.append({"kind": "metrics", "job_id": job, "seq": s, "t": 1.7e9 + s, "data": {"step": s, "values": v}})
+                evs.append({"kind": "metrics", "job_id": job, "seq": s, "t": 1.7e9 + s,
+                            "data": {"step": s, "values": v}})
             r = ag.post(f"/api/agents/{aid}/events", json={"events": evs})
             r.raise_for_status()
             assert not r.json()["commands"], r.text  # still our job (a lost lease would cancel it)
@@ -502,7 +506,8 @@ class Bench:
         need = max(0, 10_000 - db.scalar("SELECT COUNT(*) FROM jobs"))
         numbers = ("generate_series(1, ?) AS n(i)" if db.pg else
                    "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n) AS n")
-        db.execute(f"""INSERT INTO jobs (name, state, spec, priority, created_at, attempt, next_seq, total_steps, step, last)
+        db.execute(f"""INSERT INTO jobs (name, state, spec, priority, created_at, attempt, next_seq, total_steps, step,
+                                         last)
             SELECT 'bulk-' || i, 'completed', spec, 0, created_at, 1, 0, 200, 200, '{{"loss": 1.5}}' FROM {numbers},
             (SELECT spec, created_at FROM jobs ORDER BY id LIMIT 1) AS first""", (need,))
         db.commit()
@@ -529,7 +534,8 @@ class Bench:
             assert s["total_points"] == n and len(s["step"]) <= 1000, (s["total_points"], len(s["step"]))
             assert max(s["value"]) == 100.0 and min(s["value"]) == -100.0, "a spike was lost"
             assert s["step"][0] == 0 and s["step"][-1] == n - 1
-        self.res["read_full"] = timed(f"/api/jobs/{job}/metrics", {"keys": "val_loss", "max_points": 1_000_000}, 10, full)
+        self.res["read_full"] = timed(f"/api/jobs/{job}/metrics", {"keys": "val_loss", "max_points": 1_000_000}, 10,
+                                      full)
         self.res["read_down"] = timed(f"/api/jobs/{job}/metrics", {"keys": "loss", "max_points": 1000}, 20, down)
         self.res["read_down_lttb"] = timed(f"/api/jobs/{job}/metrics", {"keys": "loss", "max_points": 1000,
                                                                         "mode": "lttb"}, 5)
@@ -537,7 +543,8 @@ class Bench:
         self.res["jobs_list"]["jobs"] = njobs
         log("reads", {k: self.res[k] for k in ("read_full", "read_down", "read_down_lttb", "jobs_list")})
         plans = {
-            "full history": ("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? ORDER BY step", (job, 1)),
+            "full history": ("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? ORDER BY step",
+                             (job, 1)),
             "range ends": ("SELECT MIN(step) FROM metrics WHERE job_id = ? AND key_id = ? AND step > ?", (job, 1, 5)),
             "rollups": ("SELECT * FROM metric_rollups WHERE job_id = ? AND key_id = ? AND bucket BETWEEN ? AND ? "
                         "ORDER BY bucket", (job, 1, 0, 9)),
@@ -578,7 +585,8 @@ class Bench:
             self.res["anchor_src"] = f"measured in this run (--duration {self.a.anchor_duration})"
         else:
             self.res["anchor"] = None
-            self.res["anchor_src"] = f"anchor failed (rc {r.returncode}, see {self.dir / 'anchor.log'}): issue's numbers"
+            self.res["anchor_src"] = (f"anchor failed (rc {r.returncode}, see {self.dir / 'anchor.log'}): "
+                                      "issue's numbers")
 
     def anchor_on_postgres(self, mlpy: Path):
         """MLflow's tracking server on the same PostgreSQL (its own database there), and the anchor
@@ -640,7 +648,7 @@ class Bench:
         ml = (an or {}).get("mlflow", {})
         sq = (an or {}).get("sqlite", {})
         w1 = (an or {}).get("mlflow_workers1", {})
-        I = ISSUE_ANCHORS
+        anchor = ISSUE_ANCHORS
         mark = "" if an else " (issue)"
 
         def m(path, fmt, fallback):
@@ -658,48 +666,58 @@ class Bench:
             ("ingest, 4 agent processes, real protocol (points/s)", ">= 50,000",
              f"{sustained:,.0f} all stored (offered {ing.get('offered_pts_s', 0):,} for {dur:.0f} s, backlog "
              f"drained {ing.get('drain_s', 0):.2f} s after); {ing.get('pts_s', 0):,} stored/s in the timed window",
-             m(lambda: b4()["pts_per_s"], lambda v: f"{v:,} (batches of 1000, 4 clients)", f"{I['ingest']:,}"),
-             m(lambda: sq["lean_executemany_1000_per_txn"]["pts_per_s"], lambda v: f"{v:,}", f"{I['sqlite_ingest']:,}"),
+             m(lambda: b4()["pts_per_s"], lambda v: f"{v:,} (batches of 1000, 4 clients)", f"{anchor['ingest']:,}"),
+             m(lambda: sq["lean_executemany_1000_per_txn"]["pts_per_s"], lambda v: f"{v:,}",
+               f"{anchor['sqlite_ingest']:,}"),
              sustained >= 50_000),
             ("stored = sent after drain (nothing lost)", "equal",
              f"{ing.get('stored', 0):,} / {ing.get('sent', 0):,} (drained in {ing.get('drain_s', 0):.2f} s)",
              "-", "-", ing.get("stored") == ing.get("sent") and ing.get("sent", 0) > 0),
             ("server CPU per point", "<= 10 us",
              f"{ing.get('cpu_us_per_pt', 0):.1f} us ({ing.get('server_cores', 0):.2f} cores, fan-out included)",
-             m(lambda: b4()["server_cpu_s"] / b4()["points"] * 1e6, lambda v: f"{v:.0f} us", f"~{I['cpu_us']} us"),
+             m(lambda: b4()["server_cpu_s"] / b4()["points"] * 1e6, lambda v: f"{v:.0f} us", f"~{anchor['cpu_us']} us"),
              "~2.3 us (issue)", ing.get("cpu_us_per_pt", 99) <= 10),
             (f"metric -> {ws.get('clients', 0)} websockets during ingest, p99", "<= 50 ms",
              f"p99 {ws.get('p99_ms', float('nan')):.1f} ms, p50 {ws.get('p50_ms', float('nan')):.1f} ms, "
              f"max {ws.get('max_ms', float('nan')):.0f} ms ({ws.get('latencies', 0):,} deliveries, "
              f"{ws.get('mbytes', 0)} MB; +1 stalled client)", "-", "-", ws.get("p99_ms", 1e9) <= 50),
-            ("probe agent POST during ingest, p99", "-", f"{ing.get('probe', {}).get('post_p99_ms', float('nan')):.1f} ms",
+            ("probe agent POST during ingest, p99", "-",
+             f"{ing.get('probe', {}).get('post_p99_ms', float('nan')):.1f} ms",
              "-", "-", None),
             ("keep-alive calls, 1 client (TCP_NODELAY probe)", "no 44 ms stall",
              f"{r['keepalive']['calls_per_s']:,} calls/s, p50 {r['keepalive']['p50_ms']:.2f} ms",
-             m(lambda: ml["c_log_metric_1client"], lambda v: f"{v['pts_per_s']} calls/s, p50 {v['call_lat']['p50_ms']:.0f} ms"
-               + m(lambda: w1["c_log_metric_1client"], lambda w: f" (--workers 1: {w['pts_per_s']}/s)", ""), f"{I['calls']}/s"),
+             m(lambda: ml["c_log_metric_1client"],
+               lambda v: f"{v['pts_per_s']} calls/s, p50 {v['call_lat']['p50_ms']:.0f} ms"
+               + m(lambda: w1["c_log_metric_1client"], lambda w: f" (--workers 1: {w['pts_per_s']}/s)", ""),
+               f"{anchor['calls']}/s"),
              m(lambda: sq["lean_1_row_per_txn"]["pts_per_s"], lambda v: f"{v:,} rows/s (1 a txn)", "53,000"),
              r["keepalive"]["p50_ms"] < 20),
             ("read one metric's full history, 100k points", "<= 150 ms", f"{r['read_full']['p50_ms']:.0f} ms "
              f"(p90 {r['read_full']['p90_ms']:.0f}, JSON parsed)",
-             m(lambda: ml["d_read_rest_get_history"]["p50_ms"], lambda v: f"{v / 1e3:.2f} s", f"{I['read100k']} s"),
-             m(lambda: sq["lean_read_100k_plus_json_columnar"]["p50_ms"], lambda v: f"{v:.0f} ms (with JSON)", "140 ms"),
+             m(lambda: ml["d_read_rest_get_history"]["p50_ms"], lambda v: f"{v / 1e3:.2f} s",
+               f"{anchor['read100k']} s"),
+             m(lambda: sq["lean_read_100k_plus_json_columnar"]["p50_ms"], lambda v: f"{v:.0f} ms (with JSON)",
+               "140 ms"),
              r["read_full"]["p50_ms"] <= 150),
             ("downsampled chart, 1,000 of 1,000,000 points (minmax)", "<= 30 ms",
              f"{r['read_down']['p50_ms']:.1f} ms (p90 {r['read_down']['p90_ms']:.1f}; spikes kept)",
-             m(lambda: ml["d_read_bulk_interval_1000"]["p50_ms"], lambda v: f"{v / 1e3:.2f} s (1,000 of 100k)", f"{I['down']} s (1,000 of 100k)"),
+             m(lambda: ml["d_read_bulk_interval_1000"]["p50_ms"], lambda v: f"{v / 1e3:.2f} s (1,000 of 100k)",
+               f"{anchor['down']} s (1,000 of 100k)"),
              "-", r["read_down"]["p50_ms"] <= 30),
             ("  same, lttb over the rollups", "-", f"{r['read_down_lttb']['p50_ms']:.1f} ms", "-", "-", None),
             (f"jobs list, first page of {r['jobs_list']['jobs']:,} jobs", "<= 30 ms",
-             f"{r['jobs_list']['p50_ms']:.1f} ms (p90 {r['jobs_list']['p90_ms']:.1f})", "-", "-", r["jobs_list"]["p50_ms"] <= 30),
+             f"{r['jobs_list']['p50_ms']:.1f} ms (p90 {r['jobs_list']['p90_ms']:.1f})", "-", "-",
+             r["jobs_list"]["p50_ms"] <= 30),
             ("disk per metric point", "<= 80 B",
              f"{r['disk']['file_b_per_pt']:.0f} B whole file ({r['disk']['points']:,} pts)"
-             + (f", {r['disk']['metric_tables_b_per_pt']:.0f} B metric tables" if r['disk']['metric_tables_b_per_pt'] else ""),
-             m(lambda: ml["db"]["bytes_per_point"], lambda v: f"{v:.0f} B", f"{I['bytes']} B"),
-             m(lambda: sq["lean_db_bytes_per_point"], lambda v: f"{v:.0f} B", f"{I['sqlite_bytes']} B"),
+             + (f", {r['disk']['metric_tables_b_per_pt']:.0f} B metric tables"
+                if r['disk']['metric_tables_b_per_pt'] else ""),
+             m(lambda: ml["db"]["bytes_per_point"], lambda v: f"{v:.0f} B", f"{anchor['bytes']} B"),
+             m(lambda: sq["lean_db_bytes_per_point"], lambda v: f"{v:.0f} B", f"{anchor['sqlite_bytes']} B"),
              r["disk"]["file_b_per_pt"] <= 80),
             ("heartbeats (1/2 s) + phase events (1/s) from 100 agents", "< 5% of a core",
-             f"{hb.get('core_pct', 0):.1f}% ({hb.get('heartbeats', 0)} hb + {hb.get('phase_batches', 0)} phase batches; "
+             f"{hb.get('core_pct', 0):.1f}% ({hb.get('heartbeats', 0)} hb + {hb.get('phase_batches', 0)} phase "
+             "batches; "
              f"~{hb.get('cpu_ms_per_request', 0):.1f} ms CPU a request)",
              "-", "-", hb.get("core_pct", 100) < 5),
         ]

@@ -43,12 +43,13 @@ def setup(cache: Path, n_train: int) -> dict:
     """Tokenizer, initial model and data files, built once per (n_train) and shared by all cases."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
     from worker.training.bpe import train_bpe
     cache.mkdir(parents=True, exist_ok=True)
     meta_path = cache / f"meta-{n_train}.json"
     if meta_path.exists():
         return json.loads(meta_path.read_text())
-    texts = [json.loads(l)["text"] for l in FORTUNES.open()]
+    texts = [json.loads(line)["text"] for line in FORTUNES.open()]
     model_dir = cache / "model-init"
     if not (model_dir / "model.safetensors").exists():
         tok = train_bpe(texts, 8192)
@@ -74,7 +75,7 @@ def setup(cache: Path, n_train: int) -> dict:
 def encode(tok, path: str) -> list[list[int]]:
     """The worker's own tokenization (special tokens, then EOS), cut at 1024 for every case."""
     from worker.training.tokenization import encode_batch
-    texts = [json.loads(l)["text"] for l in open(path)]
+    texts = [json.loads(line)["text"] for line in open(path)]
     t = encode_batch(tok, [("", x) for x in texts], is_pair=False, mask_prompt=False)
     return [t.tokens[t.offsets[i]:t.offsets[i + 1]][:MAXLEN].tolist() for i in range(t.n)]
 
@@ -98,8 +99,14 @@ def heldout_loss(model, tok, path: str) -> float:
 def run_trainer(case: str, meta: dict, quick: bool) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening, Trainer,
-                              TrainerCallback, TrainingArguments)
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DataCollatorWithFlattening,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
     tok = AutoTokenizer.from_pretrained(meta["model"])
     model = AutoModelForCausalLM.from_pretrained(meta["model"], dtype=torch.float32)
     model.config.use_cache = False
@@ -228,8 +235,9 @@ def run_plain(meta: dict) -> dict:
 # ---- tokenpulse worker ------------------------------------------------------------------------------
 
 def run_worker(meta: dict, cache: Path, torch_compile: str = "auto") -> dict:
-    from tokenpulse.protocol import JobSpec
     from transformers import AutoTokenizer
+
+    from tokenpulse.protocol import JobSpec
     from worker.training.controls import Controls
     from worker.training.emit import Emitter
     from worker.training.session import Session
@@ -257,7 +265,9 @@ def run_worker(meta: dict, cache: Path, torch_compile: str = "auto") -> dict:
     chosen = {k: v for d in infos for k, v in d.items() if k in ("padding", "precision", "bf16_speedup", "batch_size",
                                                               "row_len", "grad_accum", "max_seq_length", "loss_head",
                                                               "compiled_loss_speedup")}
-    chosen.update({"loss_head_reason": d["reason"] for d in infos if "loss_head" in d and "reason" in d})
+    reasons = [d["reason"] for d in infos if "loss_head" in d and "reason" in d]
+    if reasons:
+        chosen["loss_head_reason"] = reasons[-1]
     return {"real_tok_s": r["real"] / r["seconds"], "steps": s.result.step, "padding_frac": 1 - r["real"] / r["padded"],
             "train_wall_s": r["seconds"], "process_wall_s": wall, "chosen": chosen,
             "final_loss": heldout_loss(s.model, tok, meta["heldout"])}
@@ -284,7 +294,8 @@ def table(results: dict) -> str:
     for c, r in results.items():
         pf = "-" if r.get("padding_frac") is None else f"{r['padding_frac']:.3f}"
         fl = "-" if r.get("final_loss") is None else f"{r['final_loss']:.4f}"
-        lines.append(f"{c}) {names[c]:<33} {r['real_tok_s']:>10.0f} {pf:>8} {fl:>10} {r['peak_rss_mb']:>11.0f} {r['steps']:>5}")
+        lines.append(f"{c}) {names[c]:<33} {r['real_tok_s']:>10.0f} {pf:>8} {fl:>10} {r['peak_rss_mb']:>11.0f} "
+                     f"{r['steps']:>5}")
     if "e" in results:
         e = results["e"]["real_tok_s"]
         ratios = "  ".join(f"e/{c} = {e / results[c]['real_tok_s']:.2f}" for c in "abcd" if c in results)
@@ -316,7 +327,7 @@ def main() -> None:
         p = subprocess.run([sys.executable, __file__, "--child", c, "--cache", str(args.cache), "--examples", str(n),
                             "--torch-compile", args.torch_compile]
                            + (["--quick"] if args.quick else []), capture_output=True, text=True, cwd=ROOT)
-        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         if p.returncode != 0 or not line:
             print(f"case {c} failed:\n{p.stderr[-3000:]}", file=sys.stderr)
             continue

@@ -2,16 +2,46 @@
 bounded pool: each child costs hundreds of MB and a core for seconds, so at most `slots` run at
 once and the rest wait their turn, and no one caller holds more than `per_user` places (running
 or waiting): past that, `Busy` (the analyze route answers 429 with Retry-After; a submit's
-preflight skips its analysis, the job is queued all the same).
+preflight skips its analysis, the job is queued all the same). `run_analyzer` starts the child
+and reads its answer, for both.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
+import tempfile
 from collections import Counter
 from typing import Hashable, Optional
 
+from tokenpulse.protocol import JobSpec
+
 RETRY_AFTER_S = 10
+ANALYZER = "worker.training.analyze"
+
+
+async def run_analyzer(spec: JobSpec, timeout: float, *args: str) -> tuple[Optional[dict], bytes]:
+    """`python -m worker.training.analyze --spec SPEC *args` in a child, so the server itself never
+    loads torch or a tokenizer: the JSON object of its last stdout line (None when it printed none)
+    and its stderr. Past `timeout` the child is killed and waited for (a pool slot is free only once
+    it is gone), then asyncio.TimeoutError is raised."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        f.write(spec.model_dump_json())
+        f.flush()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", ANALYZER, "--spec", f.name, *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise
+    try:
+        return json.loads(out.decode().strip().splitlines()[-1]), err
+    except (IndexError, ValueError):
+        return None, err
 
 
 class Busy(Exception):

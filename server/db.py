@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import itertools
 import queue
 import sqlite3
-import sys
 import threading
 import time
 from pathlib import Path
@@ -99,14 +97,6 @@ class Database:
         if url.startswith("sqlite") and self.engine.url.database not in (None, "", ":memory:"):
             self._checkpointer = threading.Thread(target=self._checkpoints, name="db-checkpoint", daemon=True)
             self._checkpointer.start()
-        # The writer is CPU-bound Python for tens of ms per big batch; every wake-up of the event
-        # loop (a request, a websocket send) must first win the GIL from it. A 1 ms switch interval
-        # (default 5) bounds that wait at 1 ms per hand-off: live latency, not throughput.
-        sys.setswitchinterval(0.001)
-        # The server is built by now (app, routes, models: ~120k objects). Freezing them keeps a full
-        # garbage collection, which holds the GIL, from scanning them all: measured 87 ms -> 1 ms,
-        # a stall every request and websocket would otherwise feel now and then under ingest.
-        gc.freeze()
 
     def read(self) -> Session:
         return self.Session()

@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 
 from server.store import TransitionError
-from server.validate import SpecError, every_spec_error_async
+from server.validate import every_spec_error_async
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import CommandSpec, JobSpec
 
 
@@ -71,7 +72,8 @@ def plain_message(errors: list[dict]) -> str:
     if kind == "too_long":
         return f"must have at most {ctx.get('max_length')} items"
     if kind == "string_too_short":
-        return "must not be empty" if ctx.get("min_length", 1) == 1 else f"must be at least {ctx.get('min_length')} characters"
+        least = ctx.get("min_length", 1)
+        return "must not be empty" if least == 1 else f"must be at least {least} characters"
     if kind == "string_too_long":
         return f"must be at most {ctx.get('max_length')} characters"
     return str(e.get("msg", "invalid")).removeprefix("Value error, ")

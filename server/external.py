@@ -3,7 +3,8 @@
 It is a job like any other (events, metrics, alerts, the same pages), with no agent: created
 `starting` by the script's own watchdog process (tokenpulse/watchdog.py) with a person's token, which
 then sends event batches for it, with the job's own credential (returned once by the create call;
-only it or an admin may post the job's events), exactly as an agent does (per-job seq numbers, acknowledged, replays ignored). No
+only it or an admin may post the job's events), exactly as an agent does (per-job seq numbers, acknowledged, replays
+ignored). No
 schema of its own: kind "external", the job's info carries {"external": {...}}, and its spec only
 its name (never run by any agent). It is never queued, so no agent can claim it; pause, resume and
 clone are refused (there is nothing tokenpulse could restart), cancel reaches the watchdog in the
@@ -43,7 +44,7 @@ class ExternalRun(BaseModel):
         try:
             size = len(json.dumps(v, allow_nan=False))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"must be plain JSON (finite numbers): {e}")
+            raise ValueError(f"must be plain JSON (finite numbers): {e}") from None
         if size > MAX_CONFIG_BYTES:
             raise ValueError(f"at most {MAX_CONFIG_BYTES} bytes as JSON")
         return v

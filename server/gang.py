@@ -125,11 +125,6 @@ def lost_gangs(s: Session, agent_id: int) -> list[Job]:
         Job.state.in_([x.value for x in ACTIVE_STATES]))))
 
 
-def count_members(s: Session, job_id: int, attempt: int) -> int:
-    return s.scalar(select(func.count()).select_from(GangMember).where(
-        GangMember.job_id == job_id, GangMember.attempt == attempt)) or 0
-
-
 def stale_shares(s: Session, agent_id: int, job_ids: list[int]) -> list[int]:
     """Of the multi-node shares an agent still runs (the jobs whose ranks it reports without holding
     them), those whose attempt is over: the gang failed without it (node rank 0's agent lost, the

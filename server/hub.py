@@ -55,6 +55,16 @@ class Frame:
         self.key = coalesce_key(payload)
         self.payload = payload  # kept for merging events frames of a lagging client
 
+    @classmethod
+    def from_text(cls, text: str, droppable: bool) -> "Frame":
+        """A frame another server process serialized (server/relay.py): its text kept as sent,
+        parsed once for coalescing and merging."""
+        f = cls.__new__(cls)
+        f.text, f.droppable = text, droppable
+        f.payload = orjson.loads(text)
+        f.key = coalesce_key(f.payload)
+        return f
+
 
 def merge(frames: list[Frame]) -> tuple[Frame, int]:
     """Several queued frames with one key -> one frame; returns it and how many events were lost
@@ -193,8 +203,7 @@ class Hub:
         subs = self.by_topic.get(topic)
         if not subs:
             return
-        from server.relay import frame_from_text
-        frame = frame_from_text(text, droppable)
+        frame = Frame.from_text(text, droppable)
         for sub in subs:
             sub.push(frame)
 

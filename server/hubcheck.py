@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from server.validate import SpecError
+from tokenpulse.errors import SpecError
 
 HUB_TIMEOUT_S = 10.0
 

@@ -22,6 +22,7 @@ class ReaperLock:
     async def acquire(self) -> bool:
         """True while this process holds the lock (checked alive, or newly won)."""
         import psycopg
+
         from server.relay import conninfo
         try:
             if self.conn is None or self.conn.closed:

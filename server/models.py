@@ -6,7 +6,6 @@ from typing import Optional
 from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-
 # 64-bit integers on both stores: SQLite's INTEGER is 64-bit already (and must stay INTEGER for rowid
 # primary keys); on PostgreSQL the values bound in queries are BIGINT, so a step or id up to 2**63 - 1
 # works as on SQLite (server/dialect.py makes the columns BIGINT too).

@@ -23,8 +23,6 @@ import asyncio
 import hashlib
 import json
 import os
-import sys
-import tempfile
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -32,7 +30,7 @@ from typing import Optional
 
 from sqlalchemy import select
 
-from server.analysis_pool import AnalysisPool, Busy
+from server.analysis_pool import AnalysisPool, Busy, run_analyzer
 from server.models import Job
 from tokenpulse.preflight import batch_size_warnings, spec_warnings
 from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, JobSpec
@@ -71,23 +69,12 @@ def cache_key(spec: JobSpec) -> str:
 
 
 async def run_analysis(spec: JobSpec, settings, timeout: float) -> dict:
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-        f.write(spec.model_dump_json())
-        f.flush()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "worker.training.analyze", "--spec", f.name, "--sample", str(PREFLIGHT_SAMPLE),
-            "--cache-dir", str(settings.data_dir / "preflight-cache"),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return {"error": f"the analysis took longer than {timeout:.0f} s"}
     try:
-        return json.loads(out.decode().strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return {"error": "the analysis printed no result"}
+        result, _ = await run_analyzer(spec, timeout, "--sample", str(PREFLIGHT_SAMPLE),
+                                       "--cache-dir", str(settings.data_dir / "preflight-cache"))
+    except asyncio.TimeoutError:
+        return {"error": f"the analysis took longer than {timeout:.0f} s"}
+    return result if result is not None else {"error": "the analysis printed no result"}
 
 
 async def analysis(spec: JobSpec, settings, pool: Optional[AnalysisPool] = None,
@@ -128,7 +115,8 @@ async def analysis(spec: JobSpec, settings, pool: Optional[AnalysisPool] = None,
 def measured_before(s, spec: JobSpec) -> Optional[tuple[int, dict]]:
     """The newest job on the same model and data whose batch-size autotune left its table."""
     for job_id, spec_json, info_json in s.execute(
-            select(Job.id, Job.spec, Job.info).where(Job.info.contains('"measured"')).order_by(Job.id.desc()).limit(200)):
+            select(Job.id, Job.spec, Job.info).where(Job.info.contains('"measured"'))
+            .order_by(Job.id.desc()).limit(200)):
         other = json.loads(spec_json)
         if other.get("model") == spec.model and other.get("dataset") == spec.dataset:
             info = json.loads(info_json)

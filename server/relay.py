@@ -19,8 +19,6 @@ import uuid
 from collections import deque
 from typing import Optional
 
-import orjson
-
 log = logging.getLogger("tokenpulse.relay")
 CHANNEL = "tokenpulse_frames"
 PART_BYTES = 7600  # under NOTIFY's 8,000-byte limit, with room for the header
@@ -188,13 +186,3 @@ class Relay:
         for origin in [o for o, (_, at) in self.remote.items() if now - at > FORGET_S]:
             del self.remote[origin]
         self.wanted_topics = set().union(*(t for t, _ in self.remote.values())) if self.remote else set()
-
-
-def frame_from_text(text: str, droppable: bool):
-    """A hub Frame from text serialized by another process (parsed once, for coalescing)."""
-    from server.hub import Frame, coalesce_key
-    f = Frame.__new__(Frame)
-    f.text, f.droppable = text, droppable
-    f.payload = orjson.loads(text)
-    f.key = coalesce_key(f.payload)
-    return f

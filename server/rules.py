@@ -174,7 +174,8 @@ class Rules:
         c = r.condition
         if c == "nonfinite":
             bad = not math.isfinite(v)
-            return bad, (f"{r.name}: {r.metric} = {v} at step {step}" if bad else f"{r.metric} finite again at step {step}")
+            return bad, (f"{r.name}: {r.metric} = {v} at step {step}" if bad else
+                         f"{r.metric} finite again at step {step}")
         if not math.isfinite(v):
             return None
         if c in ("above", "below"):

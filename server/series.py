@@ -11,10 +11,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Optional, Sequence
 
-from server.ingest.metrics import ROLLUP_SHIFT
-
-ROLLUP_COLS = ("first_step, first_t, first_value, last_step, last_t, last_value, "
-               "min_step, min_t, min_value, max_step, max_t, max_value")
+from server.ingest.metrics import ROLLUP_COLS, ROLLUP_SHIFT, Rollup
 
 
 def read_series(cur, job_id: int, key_id: int, max_points: int, mode: str = "minmax",
@@ -36,7 +33,7 @@ def read_series(cur, job_id: int, key_id: int, max_points: int, mode: str = "min
     buckets = max(1, max_points // 4)
     if (hi - lo + 1) >> ROLLUP_SHIFT >= buckets:  # at least one rollup per chart bucket
         rolls = rollups(cur, job_id, key_id, lo, hi)
-        total = sum(r[0] for r in rolls)
+        total = sum(r.n for r in rolls)
         if total > max_points:
             picked = from_rollups(rolls, buckets) if mode != "lttb" else lttb(rollup_points(rolls), max_points)
             out = columns(picked)
@@ -47,40 +44,39 @@ def read_series(cur, job_id: int, key_id: int, max_points: int, mode: str = "min
     return downsample(rows, max_points, mode)
 
 
-def rollups(cur, job_id: int, key_id: int, lo: int, hi: int) -> list[tuple]:
-    """(n, first, last, min, max) per rollup covering steps lo..hi; a rollup cut by lo or hi (an
-    after_step/before_step range) is recomputed from its points inside the range."""
-    rolls = cur.execute(f"SELECT n, {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? "
-                        "AND bucket BETWEEN ? AND ? ORDER BY bucket",
-                        (job_id, key_id, lo >> ROLLUP_SHIFT, hi >> ROLLUP_SHIFT)).fetchall()
+def rollups(cur, job_id: int, key_id: int, lo: int, hi: int) -> list[Rollup]:
+    """The rollups covering steps lo..hi; a rollup cut by lo or hi (an after_step/before_step range)
+    is recomputed from its points inside the range."""
+    rolls = [Rollup(*row) for row in cur.execute(
+        f"SELECT {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? AND bucket BETWEEN ? AND ? "
+        "ORDER BY bucket", (job_id, key_id, lo >> ROLLUP_SHIFT, hi >> ROLLUP_SHIFT)).fetchall()]
     for i in {0, len(rolls) - 1} if rolls else ():
         r = rolls[i]
-        if r[1] < lo or r[4] > hi:
+        if r.first_step < lo or r.last_step > hi:
             pts = cur.execute("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND step "
-                              "BETWEEN ? AND ? ORDER BY step", (job_id, key_id, max(lo, r[1]), min(hi, r[4]))
-                              ).fetchall()
-            rolls[i] = (len(pts), *pts[0], *pts[-1], *min(pts, key=lambda p: p[2]),
-                        *max(pts, key=lambda p: p[2]))
+                              "BETWEEN ? AND ? ORDER BY step",
+                              (job_id, key_id, max(lo, r.first_step), min(hi, r.last_step))).fetchall()
+            rolls[i] = Rollup.of_points(pts)
     return rolls
 
 
-def from_rollups(rolls: list[tuple], buckets: int) -> list[tuple]:
+def from_rollups(rolls: list[Rollup], buckets: int) -> list[tuple]:
     """minmax over whole rollups: each chart bucket merges k consecutive rollups."""
     k = -(-len(rolls) // buckets)
     out: list[tuple] = []
     for b in range(0, len(rolls), k):
         group = rolls[b:b + k]
-        first, last = group[0][1:4], group[-1][4:7]
-        mn = min(group, key=lambda r: r[9])[7:10]
-        mx = max(group, key=lambda r: r[12])[10:13]
+        first, last = group[0].first, group[-1].last
+        mn = min(group, key=lambda r: r.min_value).low
+        mx = max(group, key=lambda r: r.max_value).high
         out.extend(sorted({first, mn, mx, last}, key=lambda p: p[0]))
     return out
 
 
-def rollup_points(rolls: list[tuple]) -> list[tuple]:
+def rollup_points(rolls: list[Rollup]) -> list[tuple]:
     out: list[tuple] = []
     for r in rolls:
-        out.extend(sorted({r[1:4], r[4:7], r[7:10], r[10:13]}, key=lambda p: p[0]))
+        out.extend(sorted({r.first, r.last, r.low, r.high}, key=lambda p: p[0]))
     return out
 
 

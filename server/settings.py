@@ -1,7 +1,6 @@
 """One Settings object for the server: environment variables TOKENPULSE_*, or flags of `tokenpulse`."""
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
@@ -53,8 +52,3 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
-
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

@@ -14,8 +14,19 @@ from sqlalchemy.orm import Session
 
 from server import ranks
 from server.models import Agent, Alert, Attempt, Job
-from tokenpulse.protocol import (ACTIVE_STATES, COMMAND, EXTERNAL, FINAL_STATES, TRAIN, CommandSpec, Failure, JobSpec,
-                                 JobState, load_spec, spec_kind)
+from tokenpulse.protocol import (
+    ACTIVE_STATES,
+    COMMAND,
+    EXTERNAL,
+    FINAL_STATES,
+    TRAIN,
+    CommandSpec,
+    Failure,
+    JobSpec,
+    JobState,
+    load_spec,
+    spec_kind,
+)
 
 # Which transitions are legal. Anything else is refused (409), never silently applied.
 TRANSITIONS: dict[JobState, set[JobState]] = {
@@ -48,10 +59,13 @@ def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optiona
                owner: Optional[int] = None) -> Job:
     """owner: the submitting token's principal (server/security.py Caller.principal_id)."""
     command = isinstance(spec, CommandSpec)
-    job = Job(name=spec.name or (spec.label() if command else ""), state=JobState.queued.value,
-              kind=spec_kind(spec), spec=spec.model_dump_json(), priority=spec.priority, parent_id=parent_id,
-              created_at=time.time(), attempt=0, next_seq=0, total_steps=None if command else spec.max_steps,
-              nnodes=getattr(spec, "nnodes", 1), owner_token_id=owner)
+    if isinstance(spec, CommandSpec):
+        name, total_steps = spec.name or spec.label(), None
+    else:
+        name, total_steps = spec.name or "", spec.max_steps
+    job = Job(name=name, state=JobState.queued.value, kind=spec_kind(spec), spec=spec.model_dump_json(),
+              priority=spec.priority, parent_id=parent_id, created_at=time.time(), attempt=0, next_seq=0,
+              total_steps=total_steps, nnodes=spec.nnodes, owner_token_id=owner)
     s.add(job)
     s.flush()
     if not job.name:
@@ -154,7 +168,7 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
     if agent is None:
         return None
     running = s.scalar(select(func.count()).select_from(Job).where(
-        Job.agent_id == agent_id, Job.state.in_([x.value for x in ACTIVE_STATES])))
+        Job.agent_id == agent_id, Job.state.in_([x.value for x in ACTIVE_STATES]))) or 0
     if running >= agent.capacity:
         return None
     # Command jobs run code: only agents started with --allow-commands are handed them.
@@ -173,6 +187,7 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
         if job_id is None:
             return None
         job = s.get(Job, job_id)
+        assert job is not None  # the row this transaction has just claimed
         s.refresh(job)
         attempt = Attempt(job_id=job.id, attempt=job.attempt, agent_id=agent_id, started_at=time.time(),
                           resumed_from=job.checkpoint)
@@ -209,15 +224,16 @@ def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, sin
         return []
     out = []
     if held is None:
-        held = s.scalars(select(Job).where(Job.agent_id == agent_id,
-                                           Job.state.in_([x.value for x in ACTIVE_STATES])))
+        held = list(s.scalars(select(Job).where(Job.agent_id == agent_id,
+                                                Job.state.in_([x.value for x in ACTIVE_STATES]))))
     for job in held:
         if job.id in reported or now - (job.alive_at or 0) < lease_s:
             continue
         if delivered is not None and now - delivered.get(job.id, 0.0) < lease_s:
             continue
         end_attempt(s, job, JobState.failed, f"agent {agent_id} is alive but does not run this job "
-                    f"(not in its heartbeats for {now - (job.alive_at or 0):.0f} s; a lost claim answer?)", Failure.LOST)
+                    f"(not in its heartbeats for {now - (job.alive_at or 0):.0f} s; a lost claim answer?)",
+                    Failure.LOST)
         out.append(job)
     return out
 

@@ -17,23 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
+from server.hubcheck import check_hub_repo
 from server.settings import Settings
+from tokenpulse.errors import SpecError
 from tokenpulse.hubid import hub_repo_id
 from tokenpulse.protocol import BUILTIN_DATASET, BUILTIN_MODEL, CommandSpec, JobSpec
 
 DATA_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet", ".txt"}
 HEAD_BYTES = 1 << 20  # enough for a header, a first JSON line or a config; never the whole data
 CHECK_TIMEOUT_S = 20.0
-
-
-class SpecError(ValueError):
-    """errors: every field's problem when more than one was found ({"field", "message"} each)."""
-
-    def __init__(self, field: str, message: str, errors: Optional[list[dict]] = None):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-        self.errors = errors or [{"field": field, "message": message}]
 
 
 # A field the file checks refused is set aside to check the rest; these are judged against it (a
@@ -247,7 +239,6 @@ def check_spec(spec, settings: Settings):
 def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
     model_repo = hub_repo_id(spec.model, "model") if spec.model != BUILTIN_MODEL else None
     if model_repo:  # a Hub id: resolved on the Hub (or, offline, in the cache); agents download it
-        from server.hubcheck import check_hub_repo
         check_hub_repo(model_repo, "model", spec.revision, "model", "revision", spec.hub_token_secret,
                        settings.allow_remote_code)
     elif spec.model != BUILTIN_MODEL:
@@ -268,7 +259,6 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
     if spec.dataset == BUILTIN_DATASET:
         columns: Optional[list[str]] = ["text"]
     elif data_repo:  # its columns are checked by the worker once downloaded
-        from server.hubcheck import check_hub_repo
         check_hub_repo(data_repo, "dataset", spec.dataset_revision, "dataset", "dataset_revision",
                        spec.hub_token_secret)
         columns = None
@@ -281,7 +271,8 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
     if columns is not None:
         for field, name in wanted:
             if name and name not in columns:
-                raise SpecError(field, f"column {name!r} is not in the dataset{has_columns(settings, spec.dataset, columns)}")
+                raise SpecError(field,
+                                f"column {name!r} is not in the dataset{has_columns(settings, spec.dataset, columns)}")
         named = any(name for _, name in wanted)
         alpaca = "instruction" in columns and "output" in columns
         if not named and not ({"text", "messages"} & set(columns) or alpaca):

@@ -153,7 +153,8 @@ class Server:
         self.agents.append(p)
         return p
 
-    def wait_job(self, job_id: int, states=("completed", "failed", "cancelled", "paused"), timeout: float = 120) -> dict:
+    def wait_job(self, job_id: int, states=("completed", "failed", "cancelled", "paused"),
+                 timeout: float = 120) -> dict:
         with self.client() as c:
             deadline = time.time() + timeout
             while time.time() < deadline:

@@ -9,8 +9,6 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import wait_for
-
 QUICK = {"max_steps": 4, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32"}
 
 

@@ -26,4 +26,5 @@ def test_a_restarted_agent_keeps_its_row_and_another_work_dir_is_another_agent(s
 
         server.start_agent("a2")  # another work dir: another agent
         both = wait_for(lambda: (lambda a: a if len(a) == 2 else None)(online(c)), 60, "a second agent")
-        assert {a["id"] for a in both} == {agent["id"], max(a["id"] for a in both)} and len({a["id"] for a in both}) == 2
+        ids = {a["id"] for a in both}
+        assert ids == {agent["id"], max(ids)} and len(ids) == 2

@@ -15,6 +15,7 @@ import time
 from conftest import wait_for
 from test_detection import Receiver
 from test_ui import browser  # noqa: F401 (a fixture: headless Chromium)
+
 from worker.agent.headline import folded, gang_headline, stall_headline
 from worker.agent.hysteresis import Latch
 from worker.agent.ranks import RankBoard

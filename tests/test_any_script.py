@@ -19,6 +19,7 @@ from pathlib import Path
 
 from conftest import wait_for
 from test_instrument import SCRIPTS, tiny_model  # noqa: F401  (the module-scoped model fixture)
+
 from tokenpulse import run
 from tokenpulse.events import Emitter
 from tokenpulse.instrument import patch_tqdm
@@ -114,7 +115,8 @@ def test_a_torchrun_ddp_script_shows_each_ranks_anatomy_and_names_the_blocked_ra
         assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
 
 
-def test_a_trainer_whose_collator_deadlocks_is_alerted_although_tqdm_redraws_its_bar(server_factory, tiny_model, tmp_path):  # noqa: F811
+def test_a_trainer_whose_collator_deadlocks_is_alerted_although_tqdm_redraws_its_bar(server_factory, tiny_model,  # noqa: F811
+                                                                                     tmp_path):
     srv = server_factory()
     srv.start_agent("cmd", "--allow-commands")
     root = Path(__file__).resolve().parent.parent
@@ -124,7 +126,8 @@ def test_a_trainer_whose_collator_deadlocks_is_alerted_although_tqdm_redraws_its
     with srv.client() as c:
         r = c.post("/api/jobs/command", json={
             "command": argv, "cwd": str(tmp_path), "max_retries": 0,
-            "env": {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"},
+            "env": {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf"),
+                    "TOKENIZERS_PARALLELISM": "false"},
             # a noise-made new phase would get the 300 s first-step allowance: the test waits far less
             "stall": {"floor_s": 5, "factor": 3, "first_step_s": 300, "phase_s": 300}})
         jid = r.json()["id"]

@@ -5,8 +5,7 @@ import json
 
 import httpx
 import pytest
-from websockets.exceptions import InvalidStatus, ConnectionClosed
-
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 BAD_SPECS = [
     ({"learning_rate": -1}, "learning_rate"),

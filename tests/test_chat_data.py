@@ -16,11 +16,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tokenpulse.errors import SpecError  # noqa: E402
 from tokenpulse.protocol import JobSpec  # noqa: E402
 from worker.training.controls import Controls  # noqa: E402
 from worker.training.data import DEMO_DIR, alpaca_prompt  # noqa: E402
 from worker.training.emit import Emitter  # noqa: E402
-from worker.training.errors import EXIT_OK, SpecError  # noqa: E402
+from worker.training.errors import EXIT_OK  # noqa: E402
 from worker.training.modeling import builtin_config, load_tokenizer  # noqa: E402
 from worker.training.packing import IGNORE, Layout, collate  # noqa: E402
 from worker.training.prepare import load_tokenized  # noqa: E402

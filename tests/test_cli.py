@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import httpx
-
 from conftest import ROOT, wait_for
 
 # Small and fixed-shape, so the jobs these tests run take seconds on a busy CPU.

@@ -8,6 +8,7 @@ import sys
 import threading
 
 from conftest import ROOT, wait_for
+
 from tokenpulse.progress import RateEstimator, format_duration
 
 

@@ -49,7 +49,8 @@ def test_trainer_command_job_reports_pauses_and_resumes_at_the_same_step(server_
         assert c.post(f"/api/jobs/{job_id}/resume").status_code == 200
         wait_for(lambda: max(series(c, job_id, "loss")["step"]) > step + 1, 240, "steps after the resume",
                  show=lambda: c.get(f"/api/jobs/{job_id}").json())
-        events = c.get(f"/api/jobs/{job_id}/events", params={"kinds": ["info", "phase"], "limit": 10000}).json()["events"]
+        events = c.get(f"/api/jobs/{job_id}/events",
+                       params={"kinds": ["info", "phase"], "limit": 10000}).json()["events"]
         resumed = next(i for i, e in enumerate(events) if e["data"].get("resumed_from") == ckpt)
         first = next(e["data"] for e in events[resumed:] if e["kind"] == "phase" and e["data"]["name"] == "training")
         assert first["done"] == step, first  # the resumed attempt starts where the pause saved

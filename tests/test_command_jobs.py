@@ -18,8 +18,8 @@ import traceback
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, wait_for
+
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
 
 PY = sys.executable
@@ -32,7 +32,8 @@ def write(path: Path, code: str) -> Path:
 
 
 def logs(c, job_id: int) -> list[dict]:
-    return [e["data"] for e in c.get(f"/api/jobs/{job_id}/events", params={"kinds": "log", "limit": 10000}).json()["events"]]
+    return [e["data"] for e in c.get(f"/api/jobs/{job_id}/events",
+                                     params={"kinds": "log", "limit": 10000}).json()["events"]]
 
 
 def submit(c, **spec) -> dict:
@@ -200,7 +201,8 @@ def test_command_job_completes_folded_fails_with_frame_and_is_confined(server_fa
         lines = logs(c, ok["id"])
         out = [x["line"] for x in lines if x["stream"] in ("stdout", "stderr")]
         assert f"setting 42 job {ok['id']} cwd {proj.resolve()}" in out, out
-        assert out.count("step 500/500") == 1 and not any(x.startswith("step") and x != "step 500/500" for x in out), out
+        assert out.count("step 500/500") == 1, out
+        assert not any(x.startswith("step") and x != "step 500/500" for x in out), out
         bars = [x for x in out if x.startswith("epoch")]
         assert len(bars) == 1 and "1000/1000" in bars[0], bars  # 1,000 redraws, one line
         assert "finished" in out
@@ -208,7 +210,8 @@ def test_command_job_completes_folded_fails_with_frame_and_is_confined(server_fa
 
         job = srv.wait_job(bad["id"], timeout=120)
         assert job["state"] == "failed" and job["failure"] == "error" and job["exit_code"] == 1, job
-        assert job["reason"].startswith("fail.py:7 in main: ValueError: learning rate 1000000000.0 is too high"), job["reason"]
+        assert job["reason"].startswith("fail.py:7 in main: ValueError: learning rate 1000000000.0 is too "
+                                        "high"), job["reason"]
         assert len(job["attempts"]) == 1, "a script's own error is not retried"
         alerts = c.get("/api/alerts", params={"job_id": bad["id"]}).json()
         assert any(a["kind"] == "crashed" and "fail.py:7 in main" in a["message"] for a in alerts), alerts
@@ -254,7 +257,8 @@ def test_cancel_stops_a_command_sigterm_then_sigkill_and_pause_is_refused(server
     env = cli_env(srv)
     with srv.client() as c:
         # A script that ignores SIGTERM: followed from the CLI; Ctrl+C stops following, not the job.
-        cli = subprocess.Popen([PY, "-m", "tokenpulse.cli", "run", "-f", "--", PY, "sleeper.py", str(proj / "m1"), "ignore"],
+        cli = subprocess.Popen([PY, "-m", "tokenpulse.cli", "run", "-f", "--", PY, "sleeper.py", str(proj / "m1"),
+                                "ignore"],
                                cwd=proj, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wait_for(lambda: (proj / "m1.pids").exists(), 60, "the first sleeper to start")
         job_id = c.get("/api/jobs").json()["jobs"][0]["id"]
@@ -416,7 +420,8 @@ def test_browser_command_mode_submits_and_job_page_shows_the_command(server_fact
     ui = pytest.importorskip("test_ui")  # its driver, login and screenshot helpers (selenium)
     from selenium.webdriver.common.by import By
     roots = tmp_path / "roots"
-    write(roots / "proj" / "hello.py", 'import os\nprint("hello", os.environ["GREETING"], len(os.environ["TP_UI_SECRET"]))\n')
+    write(roots / "proj" / "hello.py",
+          'import os\nprint("hello", os.environ["GREETING"], len(os.environ["TP_UI_SECRET"]))\n')
     srv = server_factory(path_roots=[str(roots)])
     srv.start_agent("cmd", "--allow-commands", env={"TP_UI_SECRET": "ui-secret-value"})
     d = ui.make_driver()
@@ -461,7 +466,9 @@ def test_migration_gives_the_initial_user_token_the_commands_scope(tmp_path):
     """An installation from before command jobs: after the upgrade its first-start user token may
     submit them (one machine keeps just working); every other token may not."""
     import sqlite3
+
     from alembic import command
+
     from server.db import alembic_config, upgrade_to_head
     url = f"sqlite:///{tmp_path / 'old.db'}"
     command.upgrade(alembic_config(url), "0003")

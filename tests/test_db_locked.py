@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import wait_for
+
 from tests import pg
 
 pytestmark = pytest.mark.skipif(pg.enabled(), reason="SQLite only: a SQLite file locked by another process")

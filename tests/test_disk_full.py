@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
-
 from conftest import make_server, wait_for
 from smallfs import fill, small_fs
+
 from tests import pg
 
 pytestmark = pytest.mark.skipif(pg.enabled(), reason="SQLite only: the SQLite file on a full disk")
@@ -100,7 +100,8 @@ def test_server_disk_full_answers_507_naming_it_and_recovers_losing_nothing(tmp_
                 assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
                 ended = s.wait_job(jid, timeout=60)
                 assert ended["state"] == "cancelled" and ended["attempt"] == 1, ended  # never lost, never retried
-                steps = c.get(f"/api/jobs/{jid}/metrics", params={"keys": ["loss"], "max_points": 100000}).json()["series"]["loss"]["step"]
+                steps = c.get(f"/api/jobs/{jid}/metrics",
+                              params={"keys": ["loss"], "max_points": 100000}).json()["series"]["loss"]["step"]
                 assert steps == list(range(steps[0], steps[0] + len(steps))), "a gap in the stored loss series"
                 assert c.get("/api/agents").json()[0]["state"] == "online"
                 wait_for(lambda: [b for _, b in rx.bodies if b["kind"] == "disk_full" and b["state"] == "cleared"],

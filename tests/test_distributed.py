@@ -3,12 +3,11 @@ and its ranks running the training process under DistributedDataParallel."""
 from __future__ import annotations
 
 import os
-import sys
 import signal
+import sys
 import time
 
 import pytest
-
 from conftest import wait_for
 from test_cli import cli, ok
 
@@ -254,7 +253,8 @@ def test_two_agents_form_one_gang_and_a_third_takes_no_half_of_it(server_factory
     with srv.client() as c:
         jid = c.post("/api/jobs", json={**SPEC, "name": "gang", "nnodes": 2}).json()["id"]
         rows = wait_for(lambda: (lambda r: r if len(r) == 2 and all(x["step"] for x in r) else None)(ranks_of(c, jid)),
-                        240, "ranks 0 and 1 stepping, one per agent", show=lambda: (ranks_of(c, jid), c.get(f"/api/jobs/{jid}").json()["reason"]))
+                        240, "ranks 0 and 1 stepping, one per agent",
+                        show=lambda: (ranks_of(c, jid), c.get(f"/api/jobs/{jid}").json()["reason"]))
         assert rows[0]["agent_id"] != rows[1]["agent_id"], rows
         agents = {a["id"]: a for a in c.get("/api/agents").json()}
         gang = {rows[0]["agent_id"], rows[1]["agent_id"]}

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
-
 from conftest import is_training, wait_for
 
 # Tiny and fast: builtin model, fixed shapes (no autotune), fp32 on CPU, one metric point per step.
@@ -183,7 +181,8 @@ def test_agent_shutdown_checkpoints_and_requeues_its_job(server_factory):
     srv = server_factory()
     a1 = srv.start_agent("a1")
     with srv.client() as c:
-        jid = c.post("/api/jobs", json={**SPEC, "max_steps": 10, "name": srv.plan_fault("slow", step_sleep_s=0.2)}).json()["id"]
+        jid = c.post("/api/jobs",
+                     json={**SPEC, "max_steps": 10, "name": srv.plan_fault("slow", step_sleep_s=0.2)}).json()["id"]
         wait_for(lambda: (job(c, jid)["step"] or 0) >= 3, 90, "3 steps", show=lambda: why(job(c, jid)))
         a1.send_signal(signal.SIGTERM)  # systemd stopping the agent: not a reason to cancel anybody's job
         a1.wait(60)
@@ -317,7 +316,8 @@ def test_nan_loss_stops_with_alert_naming_the_step(server_factory):
     srv = server_factory()
     srv.start_agent("a1")
     with srv.client() as c:
-        jid = c.post("/api/jobs", json={**SPEC, "max_steps": 4, "name": srv.plan_fault("nan", nan_at_step=2)}).json()["id"]
+        jid = c.post("/api/jobs",
+                     json={**SPEC, "max_steps": 4, "name": srv.plan_fault("nan", nan_at_step=2)}).json()["id"]
         j = srv.wait_job(jid, states=("completed", "failed"), timeout=90)
         alerts = c.get("/api/alerts", params={"job_id": jid}).json()
     assert j["state"] == "failed" and j["failure"] == "nan" and len(j["attempts"]) == 1, j

@@ -59,7 +59,8 @@ def test_a_refused_request_is_a_409_naming_the_state(server):
     with server.client() as c:
         job = c.post("/api/jobs", json={"name": "q"}).json()
         r = c.post(f"/api/jobs/{job['id']}/resume")
-        assert r.status_code == 409 and r.json()["detail"] == f"job {job['id']} is queued; only a paused job can be resumed"
+        assert r.status_code == 409
+        assert r.json()["detail"] == f"job {job['id']} is queued; only a paused job can be resumed"
         assert c.post(f"/api/jobs/{job['id']}/cancel").json()["state"] == "cancelled"
         r = c.post(f"/api/jobs/{job['id']}/cancel")
         assert r.status_code == 409 and "is cancelled; only queued, paused or running jobs" in r.json()["detail"]

@@ -7,11 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
-
 from conftest import ROOT
+
 from tokenpulse.protocol import JobSpec
 from worker.training.evaluation import hold_out, subset
 from worker.training.tokenization import Tokenized
@@ -99,6 +98,7 @@ def test_separate_eval_dataset(tmp_path):
     """eval_dataset: a file of its own, tokenized with the training fields; evaluated at the end only
     when no eval_every is given."""
     from test_training import Recorder, quick_spec
+
     from worker.training.controls import Controls
     from worker.training.data import DEMO_DIR
     from worker.training.session import Session
@@ -118,9 +118,10 @@ def test_eval_split_of_a_saved_dataset_dict(tmp_path):
     works the same way); a split it does not have fails naming eval_split."""
     import datasets
     from test_training import Recorder, quick_spec
+
+    from tokenpulse.errors import SpecError
     from worker.training.controls import Controls
     from worker.training.data import DEMO_DIR
-    from worker.training.errors import SpecError
     from worker.training.session import Session
     texts = [json.loads(line)["text"] for line in (DEMO_DIR / "demo.jsonl").read_text().splitlines()[:60]]
     path = tmp_path / "dd"

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
-
 from conftest import ROOT, wait_for
 
 LOOP = Path(__file__).resolve().parent / "scripts" / "plain_loop.py"
@@ -43,7 +41,8 @@ def test_a_plain_loop_started_by_hand_becomes_an_external_job(server, tmp_path):
         series = c.get(f"/api/jobs/{job['id']}/metrics", params={"keys": ["loss", "lr"]}).json()["series"]
         assert series["loss"]["step"] == list(range(1, 31))
         assert series["lr"]["value"][-1] == 0.05
-        phases = [e["data"] for e in c.get(f"/api/jobs/{job['id']}/events", params={"kinds": ["phase"]}).json()["events"]]
+        phases = [e["data"] for e in c.get(f"/api/jobs/{job['id']}/events",
+                                           params={"kinds": ["phase"]}).json()["events"]]
         assert {"name": "preparing data", "done": 20.0, "total": 20.0, "unit": "batches"} in phases
         # an external job has no agent to restart it: pause and resume are refused, clearly
         for refused in ("pause", "resume", "clone"):
@@ -104,7 +103,8 @@ def test_an_uncaught_exception_fails_the_job_naming_the_line(server, tmp_path):
         [job] = external_jobs(c)
         job = server.wait_job(job["id"], timeout=60)
         assert job["state"] == "failed" and job["failure"] == "error", job
-        assert job["reason"].startswith(f"plain_loop.py:{raise_line} in <module>: ValueError: loss exploded at step 7"), job
+        assert job["reason"].startswith(f"plain_loop.py:{raise_line} in <module>: ValueError: loss exploded at step "
+                                        "7"), job
         alerts = c.get("/api/alerts", params={"job_id": job["id"]}).json()
         assert any(a["kind"] == "crashed" and f"plain_loop.py:{raise_line}" in a["message"] for a in alerts), alerts
 
@@ -121,7 +121,8 @@ def test_events_for_an_agents_job_or_another_job_are_refused(server):
         assert r.status_code == 422 and "job_id" in str(r.json()["detail"])
         r = c.post("/api/jobs/external", json={"name": "x" * 201})
         assert r.status_code == 422 and "name" in str(r.json()["detail"])
-        ok = {"events": [{"kind": "metrics", "job_id": ext, "seq": 0, "t": 1.0, "data": {"step": 1, "values": {"loss": 2.0}}}]}
+        ok = {"events": [{"kind": "metrics", "job_id": ext, "seq": 0, "t": 1.0,
+                          "data": {"step": 1, "values": {"loss": 2.0}}}]}
         assert c.post(f"/api/jobs/{ext}/events", json=ok).json()["acked"] == {str(ext): 0}
         assert c.get(f"/api/jobs/{ext}").json()["state"] == "running"
 
@@ -137,6 +138,7 @@ def test_a_trainer_with_the_callback_started_by_hand_reports_as_an_external_job(
     with server.client() as c:
         [job] = [j for j in c.get("/api/jobs").json()["jobs"] if j["name"] == "trainer_by_hand.py"]
         assert job["state"] == "completed", job
-        series = c.get(f"/api/jobs/{job['id']}/metrics", params={"keys": ["loss", "tokens_per_s", "padded_tokens_per_s"]}).json()["series"]
+        series = c.get(f"/api/jobs/{job['id']}/metrics",
+                       params={"keys": ["loss", "tokens_per_s", "padded_tokens_per_s"]}).json()["series"]
         assert series["loss"]["step"] == [1, 2, 3, 4, 5]
         assert all(r < p for r, p in zip(series["tokens_per_s"]["value"], series["padded_tokens_per_s"]["value"]))

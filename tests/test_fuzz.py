@@ -41,7 +41,8 @@ def test_rest_api_never_answers_5xx(server_factory):
         op = result.ok()
         if (op.method.upper(), op.path) in SKIP:
             continue
-        is_agent = op.path.startswith("/api/agents/{agent_id}") or (op.path == "/api/agents" and op.method.upper() == "POST")
+        is_agent = (op.path.startswith("/api/agents/{agent_id}")
+                    or (op.path == "/api/agents" and op.method.upper() == "POST"))
         headers = agent if is_agent else user
         revoke = op.path == "/api/tokens/{token_id}/revoke"  # never revoke the tokens the fuzzer uses
 

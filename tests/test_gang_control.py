@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 
 import pytest
-
 from conftest import wait_for
 from test_cli import cli, ok
 from test_distributed import FAST, _alive, _children, alerts, job_step, losses, ranks_of
@@ -102,7 +101,8 @@ def test_a_lost_member_agent_fails_the_whole_gang_and_the_job_completes_on_a_new
                     if e["kind"] == "log" and "attempt 2: " in e["data"].get("line", "")]
             assert any(f"resuming from {second['resumed_from']}" in x for x in said), said
             assert names.get(second["agent_id"]) != lost
-            loss = c.get(f"/api/jobs/{jid}/metrics", params={"keys": "loss", "max_points": 100000}).json()["series"]["loss"]
+            loss = c.get(f"/api/jobs/{jid}/metrics",
+                         params={"keys": "loss", "max_points": 100000}).json()["series"]["loss"]
             assert sorted(loss["step"]) == list(range(1, 61))  # every step stored once
             assert {r["exit"] for r in ranks_of(c, jid)} == {"completed"}
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from test_ranks import SUMMARY, WAITING, board, dump
+
 from worker.agent import gangstacks
 from worker.agent.gangwatch import GangState, exits, judge
 

@@ -9,7 +9,6 @@ import threading
 import time
 
 import httpx
-
 from conftest import wait_for
 
 from server.hub import MAX_MERGED_BYTES, MAX_MERGED_EVENTS, Frame, Hub
@@ -44,7 +43,7 @@ def test_merged_events_are_capped_and_say_what_was_missed():
     hub = Hub(max_frames=4)
     sub = hub.subscribe(["job:1"])
     n = 0
-    for i in range(40):
+    for _ in range(40):
         hub.publish("job:1", events(1, range(n, n + 1000)))
         n += 1000
     hub.publish("job:1", events(1, range(n, n + 1), state=True))  # a state change: never dropped
@@ -77,8 +76,9 @@ def test_stalled_websocket_client_does_not_delay_others(server_factory):
     raw = socket.socket()
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
     raw.connect(("127.0.0.1", server.port))
-    from websockets.sync.client import ClientConnection, connect
-    stalled = connect(f"ws://127.0.0.1:{server.port}/ws?topics={topics}", sock=raw, max_queue=1, ping_interval=None, max_size=None,
+    from websockets.sync.client import connect
+    stalled = connect(f"ws://127.0.0.1:{server.port}/ws?topics={topics}", sock=raw, max_queue=1, ping_interval=None,
+                      max_size=None,
                       additional_headers={"Authorization": f"Bearer {server.token}"})
     live = server.ws(topics)
     got: dict[int, float] = {}  # seq -> arrival time, at the live client

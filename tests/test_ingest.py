@@ -16,7 +16,7 @@ def start_job(server, name: str) -> tuple[httpx.Client, int, int]:
                          headers={"Authorization": f"Bearer {server.agent_token}"})
     aid = agent.post("/api/agents", json={"name": name, "host": "h"}).json()["id"]
     with server.client() as user:
-        jid = user.post("/api/jobs", json={"name": name}).json()["id"]
+        assert user.post("/api/jobs", json={"name": name}).json()["id"]
     # claim until we get ours (other threads may claim concurrently; each agent has capacity 1)
     r = agent.post(f"/api/agents/{aid}/claim")
     assert r.status_code == 200, r.text
@@ -103,7 +103,8 @@ def test_bad_batch_refused_whole_and_mixed_kinds_stored(server):
     assert counts(server, jid) == {}
     evs = [{"kind": "phase", "job_id": jid, "seq": 0, "t": 1.0, "data": {"name": "training", "done": 0, "total": 9}},
            metric(jid, 1, 0),
-           {"kind": "metrics", "job_id": jid, "seq": 2, "t": 2.0, "data": {"step": 1, "values": {"loss": 2, "lr": 1e-4}}},
+           {"kind": "metrics", "job_id": jid, "seq": 2, "t": 2.0,
+            "data": {"step": 1, "values": {"loss": 2, "lr": 1e-4}}},
            {"kind": "log", "job_id": jid, "seq": 3, "t": 3.0, "data": {"line": "hello"}}]
     r = agent.post(f"/api/agents/{aid}/events", json={"events": evs})
     assert r.status_code == 200, r.text

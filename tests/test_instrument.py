@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, wait_for
+
 from tokenpulse.instrument import hook_dir
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -63,7 +63,7 @@ class PipeJob:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            raise AssertionError(f"script did not finish in {timeout} s; output:\n{self.log()}")
+            raise AssertionError(f"script did not finish in {timeout} s; output:\n{self.log()}") from None
         self.reader.join(10)
         return rc
 

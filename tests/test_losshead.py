@@ -10,14 +10,13 @@ import types
 
 import numpy as np
 import torch
+from test_training import Recorder, quick_spec, tiny_llama
 
 from worker.training import losshead
 from worker.training.controls import Controls
 from worker.training.errors import EXIT_OK
 from worker.training.packing import Layout, collate, epoch_steps
 from worker.training.session import Session
-
-from test_training import Recorder, quick_spec, tiny_llama
 
 CPU = torch.device("cpu")
 

@@ -11,10 +11,9 @@ import anyio
 import pytest
 
 mcp = pytest.importorskip("mcp")
+from conftest import ROOT, wait_for  # noqa: E402
 from mcp import ClientSession  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
-
-from conftest import ROOT, wait_for  # noqa: E402
 
 TOOLS = {"list_jobs", "get_job", "job_metrics", "why_slow", "where_stuck", "ranks", "job_logs", "submit",
          "clone_job", "cancel", "pause", "resume"}
@@ -46,7 +45,8 @@ def test_mcp_tools_against_a_real_server(server_factory, tmp_path):
     server.start_agent("mcp", "--allow-commands")
     work = tmp_path / "w"
     work.mkdir()
-    (work / "loop.py").write_text("import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n")
+    (work / "loop.py").write_text("import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    "
+                                  "time.sleep(0.1)\n")
     with server.client() as c:
         other = c.post("/api/tokens", json={"name": "someone", "role": "user"}).json()["token"]
 
@@ -54,14 +54,16 @@ def test_mcp_tools_against_a_real_server(server_factory, tmp_path):
         out = {}
         tools = await s.list_tools()
         out["tools"] = {t.name for t in tools.tools}
-        r = await s.call_tool("submit", {"spec": {"command": [sys.executable, "loop.py"], "cwd": str(work), "name": "mcp-loop"}})
+        r = await s.call_tool("submit",
+                              {"spec": {"command": [sys.executable, "loop.py"], "cwd": str(work), "name": "mcp-loop"}})
         assert not r.is_error, r
         jid = answer(r)["id"]
         out["jid"] = jid
         await anyio.to_thread.run_sync(lambda: wait_for(
             lambda: server.client().get(f"/api/jobs/{jid}").json()["state"] == "running", 90, "running"))
         await anyio.to_thread.run_sync(lambda: wait_for(
-            lambda: server.client().get(f"/api/jobs/{jid}/logs", params={"grep": "tick"}).json()["matched"] > 0, 30, "ticks"))
+            lambda: server.client().get(f"/api/jobs/{jid}/logs", params={"grep": "tick"}).json()["matched"] > 0, 30,
+            "ticks"))
         await anyio.to_thread.run_sync(lambda: wait_for(lambda: server.client().get(
             f"/api/jobs/{jid}/metrics", params={"prefix": "sys/"}).json()["series"], 30, "system metrics"))
         for name, args in [("list_jobs", {"query": "mcp-loop"}), ("get_job", {"job_id": jid}),

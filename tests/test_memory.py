@@ -12,8 +12,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT
+
 from worker.training.memory import HEADROOM_ENV, is_oom
 
 HEADROOM = {HEADROOM_ENV: "700"}
@@ -73,7 +73,8 @@ def test_analysis_measures_the_largest_micro_batch_per_sequence_length(server_fa
     for line in out.stdout.splitlines():
         cells = [c.strip() for c in line.strip().strip("│").split("│")]
         if len(cells) == 4 and cells[0].replace(",", "").isdigit() and cells[1].endswith(("row", "rows")):
-            table[int(cells[0].replace(",", ""))] = (int(cells[1].split()[0]), float(cells[2].replace(",", "")), cells[3])
+            table[int(cells[0].replace(",", ""))] = (int(cells[1].split()[0]), float(cells[2].replace(",", "")),
+                                                     cells[3])
     assert {256, 512, 1024, 2048} <= set(table), out.stdout
     rows = [table[L][0] for L in (256, 512, 1024, 2048)]
     assert all(table[L][2] == "memory" and table[L][1] > 0 for L in (256, 512, 1024, 2048)), out.stdout

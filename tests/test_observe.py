@@ -7,13 +7,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-
-import httpx
-from selenium.webdriver.common.by import By
 
 from conftest import ROOT, wait_for
+from selenium.webdriver.common.by import By
 from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+
 from worker.agent.slow import SlowDetector
 
 SCRIPT = textwrap.dedent("""
@@ -57,14 +55,16 @@ def test_system_metrics_and_logs(server_factory, browser, tmp_path):
         # from its first seconds: the first sample about a second after the start
         first_t = series["sys/cpu_pct"]["t"][0]
         assert first_t - job["started_at"] < 4.0, (first_t, job["started_at"])
-        assert {"sys/rss_mb", "sys/disk_write_mbps", "sys/host_cpu_pct", "sys/host_mem_pct"} <= set(series), series.keys()
+        assert {"sys/rss_mb", "sys/disk_write_mbps", "sys/host_cpu_pct",
+                "sys/host_mem_pct"} <= set(series), series.keys()
         assert all(k.startswith("sys/") for k in series)
         assert series["sys/rss_mb"]["value"][0] > 1  # a Python process holds megabytes
         # system samples are not the job's step or its latest metrics
         j = c.get(f"/api/jobs/{jid}").json()
         assert not any(k.startswith("sys/") for k in j["last"]) and (j["step"] or 0) < 10**6, j
         # the workers page's machine summary (the agent posts it every 5 s)
-        agent = wait_for(lambda: next((a for a in c.get("/api/agents").json() if a["system"]), None), 30, "machine sample")
+        agent = wait_for(lambda: next((a for a in c.get("/api/agents").json() if a["system"]), None), 30,
+                         "machine sample")
         assert agent["system"]["cores"] >= 1 and agent["system"]["mem_total_mb"] > 0 and agent["system"]["gpus"] == []
 
         # the job page's System panels
@@ -72,14 +72,15 @@ def test_system_metrics_and_logs(server_factory, browser, tmp_path):
         d = browser
         d.get(f"{server.url}/jobs/{jid}")
         until(d, 30, lambda d: d.find_element(By.ID, "system").is_displayed(), "System panel shown")
-        until(d, 30, lambda d: int(d.find_element(By.ID, "sys-cpu").get_attribute("data-points")) >= 2, "CPU chart has points")
+        until(d, 30, lambda d: int(d.find_element(By.ID, "sys-cpu").get_attribute("data-points")) >= 2,
+              "CPU chart has points")
         assert "job (% of one core)" in d.find_element(By.ID, "sys-cpu").get_attribute("data-series")
         assert d.find_element(By.ID, "sys-mem").get_attribute("data-points") != "0"
         assert not d.find_elements(By.ID, "charts-sys"), "sys/ series also drawn as step charts"
         cpu = max(v for v in c.get(f"/api/jobs/{jid}/metrics", params={"keys": "sys/cpu_pct"}).json()
                   ["series"]["sys/cpu_pct"]["value"])
         assert cpu > 10, cpu  # the busy loop shows (two cores shared with the suite)
-        d.find_element(By.ID, "system").location_once_scrolled_into_view
+        d.find_element(By.ID, "system").location_once_scrolled_into_view  # noqa: B018 -- reading it scrolls there
         shot(d, "job-system-panels")
         d.get(f"{server.url}/workers")
         until(d, 30, lambda d: "CPU" in text(d, "td.machine") and "memory" in text(d, "td.machine"), "machine column")

@@ -8,9 +8,9 @@ import sys
 
 import httpx
 import pytest
+from conftest import ROOT
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT
 from tests import pg
 
 
@@ -46,9 +46,12 @@ def test_metrics_endpoint(server):
     aid = agent.post("/api/agents", json={"name": "a", "host": "h"}).json()["id"]
     claim = agent.post(f"/api/agents/{aid}/claim").json()
     seq, jid = claim["seq_start"], claim["job_id"]
-    evs = [{"kind": "metrics", "job_id": jid, "seq": seq, "t": 1.0, "data": {"step": 1, "values": {"loss": 2.0, "lr": 0.1}}},
-           {"kind": "metrics", "job_id": jid, "seq": seq + 1, "t": 2.0, "data": {"step": 2, "values": {"loss": 1.5, "lr": 0.1}}},
-           {"kind": "phase", "job_id": jid, "seq": seq + 2, "t": 2.0, "data": {"name": "training", "done": 2, "total": 3}}]
+    evs = [{"kind": "metrics", "job_id": jid, "seq": seq, "t": 1.0,
+            "data": {"step": 1, "values": {"loss": 2.0, "lr": 0.1}}},
+           {"kind": "metrics", "job_id": jid, "seq": seq + 1, "t": 2.0,
+            "data": {"step": 2, "values": {"loss": 1.5, "lr": 0.1}}},
+           {"kind": "phase", "job_id": jid, "seq": seq + 2, "t": 2.0,
+            "data": {"name": "training", "done": 2, "total": 3}}]
     agent.post(f"/api/agents/{aid}/events", json={"events": evs}).raise_for_status()
     agent.post(f"/api/agents/{aid}/events", json={"events": evs[:1]}).raise_for_status()
     m = scrape(server)

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, make_server
 
 sys.path.insert(0, str(ROOT / "bench" / "postmortems"))
@@ -86,8 +84,9 @@ def test_c_padding_to_2048_names_the_length_and_the_data_share(pm):
 def test_d_truncation_is_counted_exactly_with_the_measure_command(pm):
     got = run_case(pm, "d", ["--data", str(pm[2]["d"]), "--max-length", "256", "--max-steps", "200"])
     assert got["all_kinds"] and got["cause"] and got["fix"], got
-    from transformers import AutoTokenizer
     import json
+
+    from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(pm[1]))
     lens = [len(tok(json.loads(x)["text"] + tok.eos_token)["input_ids"]) for x in pm[2]["d"].read_text().splitlines()]
     assert f"{sum(n > 256 for n in lens)} of {len(lens)} examples" in got["text"], got
@@ -99,7 +98,8 @@ def test_e_a_silent_stream_is_quiet_not_hung_and_names_the_fetch(pm):
     assert got["all_kinds"] and got["cause"] and got["fix"], got
     # the job's own phase line (the jobs list, the job page) said it too, not "loading model 1/1"
     with pm[3].client() as c:
-        phases = [e["data"] for e in c.get(f"/api/jobs/{got['job']}/events", params={"kinds": "phase"}).json()["events"]]
+        phases = [e["data"] for e in c.get(f"/api/jobs/{got['job']}/events",
+                                           params={"kinds": "phase"}).json()["events"]]
     quiet = [p for p in phases if p.get("quiet") and "since 'loading model' finished" in p["name"]]
     assert quiet and quiet[-1]["name"].startswith("no progress reported since"), phases
     assert "last output: Dataset loaded" in quiet[-1]["name"], quiet
@@ -143,6 +143,7 @@ def test_the_submit_analysis_and_the_job_say_what_they_counted_the_truncation_on
     """Issue 25 item 7: 224 at submit and 240 in the job's alert for the same data: the submit-time
     analysis tokenizes a sample, the job all the data, with the same rule; each says which."""
     import numpy as np
+
     from tokenpulse.preflight import analysis_warnings
     from tokenpulse.protocol import JobSpec
     from worker.training.analysis import analyze_lengths

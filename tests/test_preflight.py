@@ -3,18 +3,17 @@ that costs little, truncation above 1% of examples is an alert, and the analysis
 their fixes) come back from a submit and are printed by `tokenpulse submit`."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 
 import numpy as np
-
 from conftest import ROOT
+
+from tokenpulse.preflight import analysis_warnings, spec_warnings
 from tokenpulse.protocol import JobSpec
 from worker.training.analysis import analyze_lengths, recommend_max_len
-from tokenpulse.preflight import analysis_warnings, spec_warnings
 
 
 def issue_lengths() -> np.ndarray:
@@ -62,6 +61,7 @@ def test_warning_rules_name_the_field_and_the_fix():
 
 def test_truncation_above_one_percent_is_an_alert(tmp_path):
     from test_training import Recorder, quick_spec
+
     from worker.training.controls import Controls
     from worker.training.session import Session
     em = Recorder()
@@ -120,7 +120,8 @@ def test_batch_size_far_from_an_earlier_measurement_is_a_warning(server):
                     {"row_len": 512, "rows": 8, "tokens_per_s": 7000.0, "fits": True}]
         agent.post(f"/api/agents/{aid}/events", json={"events": [
             {"kind": "info", "job_id": jid, "seq": 0, "t": time.time(),
-             "data": {"batch_size": 16, "row_len": 256, "max_seq_length": 256, "measured": measured}}]}).raise_for_status()
+             "data": {"batch_size": 16, "row_len": 256, "max_seq_length": 256,
+                      "measured": measured}}]}).raise_for_status()
         r = c.post("/api/jobs", json={"batch_size": 1, "max_seq_length": 256}).json()
         bw = [w for w in r["warnings"] if w["kind"] == "batch_size"]
         assert bw and f"job #{jid} measured 16 rows of 256 tokens fastest" in bw[0]["message"], r["warnings"]

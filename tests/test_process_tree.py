@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_for
+
 from worker.agent.tree import JobTree, cgroup_base
 
 WRAPPED = """\

@@ -11,7 +11,6 @@ import time
 
 import httpx
 import psutil
-
 from conftest import ROOT, free_port, wait_for
 
 

@@ -3,7 +3,6 @@ the field), and a stored spec that no longer validates fails its own job at clai
 job is handed out."""
 from __future__ import annotations
 
-
 import pytest
 
 QUICK = {"max_steps": 5, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32"}

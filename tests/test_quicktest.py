@@ -31,7 +31,8 @@ def test_good_spec_passes_the_test_run_then_runs_in_full(agent_server):
                                               "checkpoint", "eval", "save", "resume", "reload")}, checks
         evs = events(c, job["id"], "phase", "log")
         phases = [e["data"]["name"] for e in evs if e["kind"] == "phase"]
-        assert phases[0] == "test run" and phases.index("training") > max(i for i, p in enumerate(phases) if p == "test run")
+        assert phases[0] == "test run" and phases.index("training") > max(i for i,
+                                                                          p in enumerate(phases) if p == "test run")
         done = [e["data"] for e in evs if e["kind"] == "phase" and e["data"]["name"] == "test run"][-1]
         assert done["done"] == done["total"] == 10 and done["detail"] == "passed"
         log = "\n".join(e["data"]["line"] for e in evs if e["kind"] == "log")

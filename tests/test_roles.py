@@ -14,12 +14,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import ROOT, wait_for
+
 from tests import pg
 
 PY = sys.executable
@@ -251,7 +250,8 @@ def test_only_an_external_jobs_own_credential_posts_its_events(server):
     refused(server.client(cred).post(f"/api/jobs/{other['id']}/events", json={"events": []}), 401)
 
     # its own credential reports; so may an admin
-    ok = {"events": [{"kind": "metrics", "job_id": jid, "seq": 0, "t": t, "data": {"step": 1, "values": {"loss": 2.0}}}]}
+    ok = {"events": [{"kind": "metrics", "job_id": jid, "seq": 0, "t": t,
+                      "data": {"step": 1, "values": {"loss": 2.0}}}]}
     assert server.client(cred).post(f"/api/jobs/{jid}/events", json=ok).json()["acked"] == {str(jid): 0}
     ok["events"][0]["seq"] = 1
     assert admin.post(f"/api/jobs/{jid}/events", json=ok).json()["acked"] == {str(jid): 1}
@@ -296,6 +296,7 @@ def test_an_upgrade_keeps_tokens_working_and_says_who_is_admin(server_factory, t
     server's output), the others stay users, agent tokens keep command and gang rights, old jobs are
     the admin's."""
     from alembic import command
+
     from server.auth import hash_token
     from server.db import alembic_config
     data = tmp_path / "s0" / "data"  # where server_factory's first server keeps its database
@@ -303,7 +304,8 @@ def test_an_upgrade_keeps_tokens_working_and_says_who_is_admin(server_factory, t
     db_file = data / "tokenpulse.db"
     command.upgrade(alembic_config(f"sqlite:///{db_file}"), "0008")
     with sqlite3.connect(db_file) as db:
-        db.executemany("INSERT INTO tokens (name, role, hash, created_at, revoked_at, scopes) VALUES (?, ?, ?, 0, ?, ?)",
+        db.executemany("INSERT INTO tokens (name, role, hash, created_at, revoked_at, scopes) VALUES (?, ?, ?, 0, ?, "
+                       "?)",
                        [("gone", "user", hash_token("tpu_gone"), 1.0, "commands"),
                         ("ops", "user", hash_token("tpu_ops"), None, "commands"),
                         ("box", "agent", hash_token("tpa_box"), None, ""),

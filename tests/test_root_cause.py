@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 
-
 def test_a_dataset_broken_at_row_1200_fails_naming_the_row(agent_server, tmp_path):
     data = tmp_path / "broken.jsonl"
     with data.open("w") as f:

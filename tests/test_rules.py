@@ -61,7 +61,8 @@ def test_every_rule_condition_fires_once_and_clears(server_factory, tmp_path):
         # validation: each missing or wrong field named
         for body, field in [({"name": "x", "condition": "above", "metric": "loss"}, "threshold"),
                             ({"name": "x", "condition": "state"}, "state"),
-                            ({"name": "x", "condition": "jump", "metric": "m", "sigmas": 3, "scope": "name"}, "pattern"),
+                            ({"name": "x", "condition": "jump", "metric": "m", "sigmas": 3, "scope": "name"},
+                             "pattern"),
                             ({"name": "x", "condition": "nan"}, "condition"),
                             ({"name": "x", "condition": "nonfinite", "metric": "m",
                               "channels": [{"url": "ftp://x", "format": "slack"}]}, "channels.0.url")]:
@@ -96,7 +97,8 @@ def test_every_rule_condition_fires_once_and_clears(server_factory, tmp_path):
         def alerts(rule: str) -> list[dict]:
             return c.get("/api/alerts", params={"kind": f"rule:{rules[rule]}"}).json()
         for rule in ("above", "below", "plateau", "jump", "nan", "stalled"):
-            wait_for(lambda: [a["state"] for a in alerts(rule)] == ["cleared"], 30, f"rule {rule} fired once and cleared",
+            wait_for(lambda: [a["state"] for a in alerts(rule)] == ["cleared"], 30,
+                     f"rule {rule} fired once and cleared",
                      show=lambda: alerts(rule))
             assert alerts(rule)[0]["job_id"] == run["id"]
         assert "not improved for 3 steps" in alerts("plateau")[0]["message"]

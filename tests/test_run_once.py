@@ -9,7 +9,6 @@ import textwrap
 import time
 
 import httpx
-
 from conftest import wait_for
 
 LINES = 150_000  # ~15 MB of output: its upload outlasts the 3 s lease (60,000 did not on 2 cores)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import secrets
 import stat
 import subprocess
@@ -20,9 +19,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
-import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT
 from worker.agent.masking import SecretMask, forms
 from worker.agent.output import LineFolder
 
@@ -208,7 +206,8 @@ def test_files_outside_the_roots_are_refused_unread_and_never_quoted(server_fact
     (roots / "link.csv").symlink_to(private / "creds.csv")
     srv = server_factory(path_roots=[str(roots)])
     with srv.client() as c:
-        for path in (private / "creds.csv", private / "creds.jsonl", roots / "link.csv", f"{roots}/../private/creds.csv"):
+        for path in (private / "creds.csv", private / "creds.jsonl", roots / "link.csv",
+                     f"{roots}/../private/creds.csv"):
             for url in ("/api/jobs", "/api/datasets/analyze"):
                 r = c.post(url, json={"dataset": str(path), "text_field": "nope"})
                 assert r.status_code == 422 and r.json()["detail"]["field"] == "dataset", r.text

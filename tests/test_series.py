@@ -21,7 +21,7 @@ from tokenpulse.protocol import JobSpec
 
 def walk(n: int, seed: int = 0) -> list[float]:
     rnd, v, out = random.Random(seed), 0.0, []
-    for i in range(n):
+    for _ in range(n):
         v += rnd.gauss(0, 1)
         out.append(v + (1000.0 if rnd.random() < 0.001 else 0.0) - (1000.0 if rnd.random() < 0.001 else 0.0))
     return out

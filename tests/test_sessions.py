@@ -3,13 +3,11 @@ token); failed logins are throttled; a cookie-authenticated websocket must come 
 origin, scheme included."""
 from __future__ import annotations
 
-
 import httpx
 import pytest
+from conftest import wait_for
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
-
-from conftest import wait_for
 
 
 def log_in(srv, token=None) -> httpx.Response:

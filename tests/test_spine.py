@@ -7,7 +7,6 @@ import math
 import time
 
 import pytest
-
 from conftest import wait_for
 
 

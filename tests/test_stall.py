@@ -1,8 +1,6 @@
 """Pure logic of the stall and slow detectors, with a fake clock: no processes, no waiting."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tokenpulse.protocol import JobSpec, StallSpec
@@ -254,7 +252,7 @@ def test_periodic_stalls_every_n_steps():
     s, c = SlowDetector(CFG), Clock()
     step = 2
     v = None
-    for k in range(60):
+    for _ in range(60):
         step += 1
         dt = 0.1
         if step % 10 == 0:

@@ -10,9 +10,9 @@ import json
 import time
 
 import httpx
-
 from test_cli import cli, ok
 from test_ui_job import post_events
+
 from worker.agent.advice import Advisor
 from worker.agent.headline import folded, stall_headline
 from worker.agent.ranks import RankBoard, _our_frames
@@ -56,7 +56,7 @@ def test_the_straggler_alert_says_which_part_of_the_step_is_slow_and_what_the_ot
 # ---- the user's frames leave out the startup hook's wrappers -------------------------------------------
 
 def test_your_code_skips_the_startup_hooks_wrappers():
-    stack = dump(7, f"recv (/usr/lib/python3.11/multiprocessing/connection.py:430)",
+    stack = dump(7, "recv (/usr/lib/python3.11/multiprocessing/connection.py:430)",
                  f"install_dataloader.<locals>.__next__ ({HOOK}:203)",
                  "read_shard (/home/u/proj/train.py:41)", "main (/home/u/proj/train.py:80)")
     assert stall_headline(45, stack, "x") == "Stuck 45 s in read_shard (train.py:41)"
@@ -123,10 +123,10 @@ def test_cli_ranks_and_show_print_each_ranks_step_anatomy_and_the_verdicts(serve
 
 def test_the_tokenizer_hook_measures_the_first_steps_then_takes_itself_off():
     import transformers.tokenization_utils_base as tub
+    from conftest import ROOT
     from transformers import AutoTokenizer
 
     from tokenpulse.instrument import firststeps, patch_torch
-    from conftest import ROOT
     cls = tub.PreTrainedTokenizerBase
     saved_call, saved_flag, saved_steps = cls.__call__, cls.__dict__.get("_tp_patched"), patch_torch.STATE.opt_steps
     tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenpulse" / "demo"))

@@ -370,8 +370,9 @@ def test_train_subprocess_sigterm_cancels(tmp_path):
 
 
 def test_lora_trains_adapters_only_and_final_reloads_merged(tmp_path):
-    from tokenpulse.protocol import LoraSpec
     from transformers import AutoModelForCausalLM
+
+    from tokenpulse.protocol import LoraSpec
     em = Recorder()
     s = Session(quick_spec(lora=LoraSpec(rank=4), gradient_checkpointing=True), tmp_path, em, Controls())
     assert s.run() == EXIT_OK
@@ -383,8 +384,8 @@ def test_lora_trains_adapters_only_and_final_reloads_merged(tmp_path):
 
 
 def test_load_in_4bit_refused_without_cuda(tmp_path):
+    from tokenpulse.errors import SpecError
     from tokenpulse.protocol import LoraSpec
-    from worker.training.errors import SpecError
     with pytest.raises(SpecError, match="CUDA") as e:
         Session(quick_spec(lora=LoraSpec(load_in_4bit=True)), tmp_path, Recorder(), Controls()).run()
     assert e.value.field == "lora"

@@ -25,7 +25,8 @@ def test_narration_phases_choices_steps_and_end(capsys):
     em.close()
     out = capsys.readouterr().out.splitlines()
     assert out[:6] == ["loading model · builtin:tiny-llama", "loading model done · 1,066,112 parameters", "tokenizing",
-                       "tokenizing done 1,500/1,500 examples", "chose precision=fp32 (asked for)", "training 2,000 steps"], out[:6]
+                       "tokenizing done 1,500/1,500 examples", "chose precision=fp32 (asked for)",
+                       "training 2,000 steps"], out[:6]
     steps = [x for x in out if x.startswith("step ")]
     assert 15 <= len(steps) <= 25, len(steps)  # about twenty, not 2,000
     assert steps[0] == "step 1/2,000 · loss 2 · lr 0.0003 · 5,000 tok/s · ETA 3 min 20 s", steps[0]

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ARTIFACTS, wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -58,7 +57,8 @@ def login(d, server) -> None:
     assert "/login" in d.current_url
     d.find_element(By.ID, "token").send_keys(server.token)
     d.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    wait(d, 30).until(lambda d: d.current_url.rstrip("/") == server.url and d.find_elements(By.CSS_SELECTOR, "#conn.on"))
+    wait(d, 30).until(lambda d: d.current_url.rstrip("/") == server.url
+                      and d.find_elements(By.CSS_SELECTOR, "#conn.on"))
 
 
 def wait(d, timeout: float) -> WebDriverWait:
@@ -71,7 +71,8 @@ def until(d, timeout: float, cond, what: str) -> None:
         wait(d, timeout).until(cond)
     except TimeoutException:
         raise AssertionError(f"{what} within {timeout} s; page: state={text(d, '#job-state')!r} "
-                             f"phase={text(d, '#phase-text')!r} error={text(d, '.error')!r} url={d.current_url}") from None
+                             f"phase={text(d, '#phase-text')!r} error={text(d, '.error')!r} "
+                             f"url={d.current_url}") from None
 
 
 def text(d, css: str) -> str:
@@ -183,20 +184,23 @@ def test_ui_end_to_end(agent_server, browser):
     wait(d, 30).until(lambda d: "a1" in text(d, "#workers-body") and "online" in text(d, "#workers-body"))
     shot(d, "workers")
     d.get(f"{server.url}/compare?job={job_id}")
-    wait(d, 30).until(lambda d: d.execute_script("return document.querySelectorAll('#chart-cmp-loss canvas').length") == 1)
+    wait(d, 30).until(lambda d: d.execute_script("return document.querySelectorAll('#chart-cmp-loss "
+                                                 "canvas').length") == 1)
     shot(d, "compare")
     errors += console_errors(d)
 
     # -- cancel a slow job from its page --
     with server.client() as c:
-        slow = c.post("/api/jobs", json={"name": server.plan_fault("slow", step_sleep_s=0.2), "max_steps": 2000, **FAST}).json()
+        slow = c.post("/api/jobs",
+                      json={"name": server.plan_fault("slow", step_sleep_s=0.2), "max_steps": 2000, **FAST}).json()
     d.get(f"{server.url}/jobs/{slow['id']}")
     until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"),
           "the slow job is not training")
     until(d, 60, lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 2,
           "no chart points for the slow job")
     hb = d.find_element(By.CSS_SELECTOR, "#heartbeat time")
-    assert "hb-ok" in hb.get_attribute("class") and hb.get_attribute("title"), "heartbeat age with absolute time on hover"
+    assert "hb-ok" in hb.get_attribute("class") and hb.get_attribute("title"), \
+        "heartbeat age with absolute time on hover"
     shot(d, "job-running")
     # pause (a checkpoint, the process ends), resume (queued again, continues from the checkpoint)
     d.find_element(By.ID, "pause").click()
@@ -229,7 +233,8 @@ def test_reconnect_fills_gap(server_factory, browser):
     d = browser
     login(d, server)
     with server.client() as c:
-        job = c.post("/api/jobs", json={"name": server.plan_fault("restart", step_sleep_s=0.1), "max_steps": 40, **FAST}).json()
+        job = c.post("/api/jobs",
+                     json={"name": server.plan_fault("restart", step_sleep_s=0.1), "max_steps": 40, **FAST}).json()
     d.get(f"{server.url}/jobs/{job['id']}")
     until(d, 180, lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 3,
           "no chart points before the restart")
@@ -304,12 +309,14 @@ def test_alert_banner_stack_ack_and_notification(server, browser):
     d.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """
         window.__notes = [];
         window.Notification = class { constructor(title, o) { window.__notes.push([title, o && o.body]); }
-          static get permission() { return "granted"; } static requestPermission() { return Promise.resolve("granted"); } };"""})
+          static get permission() { return "granted"; }
+          static requestPermission() { return Promise.resolve("granted"); } };"""})
     login(d, server)
     d.get(f"{server.url}/jobs/{jid}")
     until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on") and text(d, "#job-state"), "page not live")
     now = time.time()
-    events = [{"kind": "phase", "job_id": jid, "seq": 0, "t": now, "data": {"name": "training", "done": 3, "total": 10, "unit": "steps"}},
+    events = [{"kind": "phase", "job_id": jid, "seq": 0, "t": now,
+               "data": {"name": "training", "done": 3, "total": 10, "unit": "steps"}},
               {"kind": "metrics", "job_id": jid, "seq": 1, "t": now, "data": {"step": 3, "values": {"loss": 2.5}}},
               {"kind": "alert", "job_id": jid, "seq": 2, "t": now, "data": {
                   "kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 60 s",
@@ -322,7 +329,8 @@ def test_alert_banner_stack_ack_and_notification(server, browser):
     assert text(d, "#job-name") == "stuck <img src=x onerror=alert(1)>"  # names are text, never markup
     assert not d.find_elements(By.CSS_SELECTOR, "main img")
     until(d, 30, lambda d: text(d, "#alert-count") == "⚠ 1", "header badge")
-    assert d.execute_script("return window.__notes") == [[f"tokenpulse: job {jid} stalled", "stalled: no progress in 'training' for 60 s"]]
+    assert d.execute_script("return window.__notes") == [[f"tokenpulse: job {jid} stalled",
+                                                          "stalled: no progress in 'training' for 60 s"]]
     banner.find_element(By.TAG_NAME, "summary").click()
     assert 'line 42 in step' in banner.find_element(By.TAG_NAME, "pre").text
     shot(d, "job-alert")

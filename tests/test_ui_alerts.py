@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
-
 from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser is a fixture)
 from test_ui_pages import fake_agent, pytestmark  # noqa: F401 (skipped without chromium)
 
 
 def alert_rows(d) -> list[str]:
-    return [r.find_element(By.CSS_SELECTOR, ".kind").text for r in d.find_elements(By.CSS_SELECTOR, "#alerts-body tr[data-alert]")]
+    return [r.find_element(By.CSS_SELECTOR, ".kind").text for r in d.find_elements(By.CSS_SELECTOR,
+                                                                                   "#alerts-body tr[data-alert]")]
 
 
 def test_alerts_page_filters_badge_and_a_rule_added_in_the_browser(server, browser):
@@ -20,7 +20,8 @@ def test_alerts_page_filters_badge_and_a_rule_added_in_the_browser(server, brows
         for name in ("sft-a", "sft-b"):
             c.post("/api/jobs", json={"name": name, "max_steps": 50}).raise_for_status()
     (agent, aid), (agent2, aid2) = fake_agent(server, "one"), fake_agent(server, "two")
-    jobs = [agent.post(f"/api/agents/{aid}/claim").json()["job_id"], agent2.post(f"/api/agents/{aid2}/claim").json()["job_id"]]
+    jobs = [agent.post(f"/api/agents/{aid}/claim").json()["job_id"],
+            agent2.post(f"/api/agents/{aid2}/claim").json()["job_id"]]
     login(d, server)
     d.get(server.url + "/alerts")
     until(d, 15, lambda d: "No rules yet." in text(d, "#rules-body"), "the empty rules table")
@@ -37,7 +38,8 @@ def test_alerts_page_filters_badge_and_a_rule_added_in_the_browser(server, brows
     until(d, 10, lambda d: "loss > 5" in text(d, "#rules-body"), "the new rule listed")
     # alerts on two jobs: the rule's (critical) on the first, a built-in stall on the second
     agent.post(f"/api/agents/{aid}/events", json={"events": [
-        {"kind": "metrics", "job_id": jobs[0], "seq": 0, "t": 1.0, "data": {"step": 1, "values": {"loss": 9.5}}}]}).raise_for_status()
+        {"kind": "metrics", "job_id": jobs[0], "seq": 0, "t": 1.0,
+         "data": {"step": 1, "values": {"loss": 9.5}}}]}).raise_for_status()
     agent2.post(f"/api/agents/{aid2}/events", json={"events": [{"kind": "alert", "job_id": jobs[1], "seq": 0, "t": 1.0,
          "data": {"kind": "stalled", "message": "no step for 10 min", "severity": "warning"}}]}).raise_for_status()
     until(d, 15, lambda d: len(alert_rows(d)) == 2, "both alerts listed live")
@@ -52,11 +54,13 @@ def test_alerts_page_filters_badge_and_a_rule_added_in_the_browser(server, brows
     assert f"job_id={jobs[1]}" in d.current_url  # the filters live in the URL
     # the header badge opens the open alerts; clearing the rule's condition clears its alert
     agent.post(f"/api/agents/{aid}/events", json={"events": [
-        {"kind": "metrics", "job_id": jobs[0], "seq": 1, "t": 2.0, "data": {"step": 2, "values": {"loss": 1.0}}}]}).raise_for_status()
+        {"kind": "metrics", "job_id": jobs[0], "seq": 1, "t": 2.0,
+         "data": {"step": 2, "values": {"loss": 1.0}}}]}).raise_for_status()
     d.get(server.url + "/")
     until(d, 15, lambda d: text(d, "#alert-count") == "⚠ 1", "the badge counts the stall only")
     d.find_element(By.ID, "alert-count").click()
-    until(d, 15, lambda d: "/alerts?state=open" in d.current_url and alert_rows(d) == ["stalled"], "badge -> open alerts")
+    until(d, 15, lambda d: "/alerts?state=open" in d.current_url and alert_rows(d) == ["stalled"],
+          "badge -> open alerts")
     Select(d.find_element(By.ID, "f-state")).select_by_value("cleared")
     until(d, 10, lambda d: alert_rows(d) == [rule_kind], "the cleared rule alert")
     shot(d, "alerts-cleared")

@@ -11,7 +11,6 @@ import time
 
 import httpx
 from selenium.webdriver.common.by import By
-
 from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import post_events
 
@@ -32,7 +31,8 @@ def open_job(server_factory, d, name: str, windows: list[dict]) -> tuple:
     evs = [("phase", {"name": "training", "done": 0, "unit": "steps"}, t0)]
     for k, values in enumerate(windows):
         step = 10 * (k + 1)
-        evs.append(("metrics", {"step": step, "values": {"step_time_s": 0.3, "loss": 5 - k / 10, **values}}, t0 + 3 * k))
+        evs.append(("metrics", {"step": step, "values": {"step_time_s": 0.3, "loss": 5 - k / 10, **values}},
+                    t0 + 3 * k))
     post_events(agent, aid, jid, 0, evs)
     login(d, server)
     d.get(f"{server.url}/jobs/{jid}")
@@ -42,7 +42,8 @@ def open_job(server_factory, d, name: str, windows: list[dict]) -> tuple:
 
 
 def rows(d) -> dict:
-    return {int(r.get_attribute("data-rank")): r for r in d.find_elements(By.CSS_SELECTOR, "#anatomy-bars .anatomy-row")}
+    return {int(r.get_attribute("data-rank")): r for r in d.find_elements(By.CSS_SELECTOR,
+                                                                          "#anatomy-bars .anatomy-row")}
 
 
 def test_a_two_rank_job_shows_each_ranks_step_as_data_collectives_compute(server_factory, browser):
@@ -57,7 +58,9 @@ def test_a_two_rank_job_shows_each_ranks_step_as_data_collectives_compute(server
     assert text1 == "0.35 s a step: waiting for data 3%, in collectives 3%, computing 94%", text1
     seg = r[0].find_element(By.CSS_SELECTOR, ".seg-comm_s")
     assert seg.size["width"] > 0.6 * r[0].find_element(By.CSS_SELECTOR, ".anatomy-bar").size["width"]
-    until(d, 10, lambda d: [d.find_element(By.ID, f"anatomy-chart-r{k}").get_attribute("data-points") for k in (0, 1)] == ["6", "6"],
+    until(d, 10,
+          lambda d: [d.find_element(By.ID, f"anatomy-chart-r{k}").get_attribute("data-points")
+                     for k in (0, 1)] == ["6", "6"],
           "a chart over the steps per rank")
     assert d.find_elements(By.CSS_SELECTOR, "#anatomy-chart-r1 canvas")
     # no automatic chart per anatomy metric any more; the job's other metrics keep theirs

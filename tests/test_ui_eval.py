@@ -7,7 +7,6 @@ import time
 
 import httpx
 from selenium.webdriver.common.by import By
-
 from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import js, post_events
 
@@ -27,7 +26,8 @@ def test_eval_loss_on_chart_generations_panel_and_compare(server_factory, browse
         evs.append(("metrics", {"step": s, "values": {"loss": 6 - s / 10, "lr": 1e-4}}, t0 + s))
         if s % 10 == 0:
             evs.append(("metrics", {"step": s, "values": {"eval/loss": 6.5 - s / 20, "eval/ppl": 100.0 - s}}, t0 + s))
-            evs.append(("info", {"eval_step": s, "eval_generations": [{"prompt": "Q: why", "output": f"because {s}"}]}, t0 + s))
+            evs.append(("info", {"eval_step": s, "eval_generations": [{"prompt": "Q: why", "output": f"because {s}"}]},
+                        t0 + s))
     evs.append(("state", {"state": "completed", "reason": "trained 20 steps"}, t0 + 21))
     post_events(agent, aid, jid, 0, evs)
 
@@ -37,7 +37,9 @@ def test_eval_loss_on_chart_generations_panel_and_compare(server_factory, browse
     until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-series") == "train loss,eval loss",
           "eval loss beside train loss on the loss chart")
     # the eval column holds the two eval points, at steps 10 and 20
-    col = js(d, "const u = TPJOB.charts['chart-loss']; return u.data[0].map((x, i) => [x, u.data[2][i]]).filter((p) => p[1] !== null)")
+    col = js(d,
+             "const u = TPJOB.charts['chart-loss']; return u.data[0].map((x, i) => [x, u.data[2][i]]).filter((p) => "
+             "p[1] !== null)")
     assert col == [[10, 6.0], [20, 5.5]], col
     until(d, 10, lambda d: d.find_element(By.ID, "generations").is_displayed(), "the Generations panel")
     gens = text(d, "#generations-list")

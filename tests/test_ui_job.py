@@ -13,12 +13,10 @@ import re
 import time
 
 import httpx
-import pytest
+from conftest import wait_for
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
-
-from conftest import wait_for
 from test_ui import FAST, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 
 
@@ -61,17 +59,20 @@ class FakeRun:
 
         t0 = time.time() - 80
         evs = [("info", {"device": "cpu", "reason": "no accelerator found"}, t0),
-               ("info", {"peak_flops": 1.6e11, "flops_per_token": 6.5e6, "reason": "MFU is measured against a matmul"}, t0),
+               ("info", {"peak_flops": 1.6e11, "flops_per_token": 6.5e6, "reason": "MFU is measured against a matmul"},
+                t0),
                ("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, t0)]
         for s in range(1, 81):
             fast = s % 2 == 0
             evs.append(("metrics", {"step": s, "values": {
-                "loss": 1000.0 if s == 40 else 5 - s / 40, "lr": 3e-4 * (100 - s) / 100, "grad_norm": 1.0, "rss_mb": 500.0 + s,
+                "loss": 1000.0 if s == 40 else 5 - s / 40, "lr": 3e-4 * (100 - s) / 100, "grad_norm": 1.0,
+                "rss_mb": 500.0 + s,
                 "tokens_per_s": 3000.0 if fast else 1000.0, "padded_tokens_per_s": 3300.0 if fast else 1100.0,
                 "step_time_s": 0.1 if fast else 0.3, "eta_s": (100 - s) * (0.1 if fast else 0.3), "mfu": 0.7}}, t0 + s))
             evs.append(("phase", {"name": "training", "done": s, "total": 100, "unit": "steps"}, t0 + s))
         seq = post_events(agent, aid, jid, 0, evs)
-        until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-points") == "80", "80 loss points")
+        until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-points") == "80",
+              "80 loss points")
         self.d, self.agent, self.aid, self.jid, self.seq, self.t0 = d, agent, aid, jid, seq, t0
 
     def post(self, events: list[tuple]) -> None:
@@ -104,13 +105,15 @@ def test_chart_log_clip_wallclock_keyboard_export_and_text(server_factory, brows
     d, jid, t0 = run.d, run.jid, run.t0
     # 20: text alternative, outlier clipping, log scale, keyboard zoom, wall-clock axis
     summary = d.find_element(By.ID, "chart-loss-summary").get_attribute("textContent")
-    assert summary.startswith("Loss: 80 points from step 1 to step 80.") and "highest 1000 (step 40)" in summary, summary
+    assert summary.startswith("Loss: 80 points from step 1 to step 80."), summary
+    assert "highest 1000 (step 40)" in summary, summary
     assert d.find_element(By.ID, "chart-loss").get_attribute("aria-describedby") == "chart-loss-summary chart-keys"
     ymax = lambda: js(d, "return TPJOB.charts['chart-loss'].scales.y.max")  # noqa: E731
     assert ymax() >= 1000
     d.find_element(By.ID, "clip").click()
     until(d, 5, lambda d: ymax() < 10, "the spike still sets the loss axis with clipping on")
-    assert "1 point is outside the clipped y range" in d.find_element(By.ID, "chart-loss-summary").get_attribute("textContent")
+    clipped = d.find_element(By.ID, "chart-loss-summary").get_attribute("textContent")
+    assert "1 point is outside the clipped y range" in clipped
     shot(d, "job-clipped", full=True)
     d.find_element(By.ID, "logy").click()
     until(d, 5, lambda d: js(d, "return TPJOB.charts['chart-loss'].scales.y.distr") == 3, "no log scale")
@@ -149,16 +152,20 @@ def test_stall_marks_speed_and_eta_stale(server_factory, browser, tmp_path):
     run = FakeRun(server_factory, browser, tmp_path, "stall")
     d = run.d
     # 15: a stall marks tokens/s and ETA stale, with the reason; recovery clears it
-    run.post([("alert", {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 60 s"},
+    run.post([("alert",
+               {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 60 s"},
                time.time())])
-    until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag") and d.find_elements(By.CSS_SELECTOR, "#eta .stale-tag"),
+    until(d, 10,
+          lambda d: (d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag")
+                     and d.find_elements(By.CSS_SELECTOR, "#eta .stale-tag")),
           "tokens/s and ETA not marked stale during a stall")
     assert "stalled: no progress" in d.find_element(By.ID, "eta").get_attribute("title")
     assert "stale" in d.find_element(By.ID, "tps").get_attribute("class")
     js(d, "window.scrollTo(0, 0)")
     shot(d, "job-stale")
     run.post([("alert", {"kind": "stalled", "message": "progressing again", "clear": True}, time.time())])
-    until(d, 10, lambda d: not d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag"), "still stale after the stall cleared")
+    until(d, 10, lambda d: not d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag"),
+          "still stale after the stall cleared")
     assert not console_errors(d), console_errors(d)
 
 
@@ -180,7 +187,8 @@ def test_completed_job_final_phase_line(server_factory, browser, tmp_path):
     until(d, 5, lambda d: text(d, "#phase-text") == "completed · 100 steps · final model saved", "final phase line")
     assert not d.find_element(By.ID, "phase-progress").is_displayed()
     xs = "const u = TPJOB.charts['chart-loss']; return [u.data[0].length, u.scales.x.max]"
-    until(d, 5, lambda d: js(d, xs) == [100, 100], "the last points are not drawn (a shorter series set every chart's x range)")
+    until(d, 5, lambda d: js(d, xs) == [100, 100],
+          "the last points are not drawn (a shorter series set every chart's x range)")
     assert text(d, "#elapsed-label") == "Ran for" and text(d, "#lr") == "0" and text(d, "#eta") == "–"
     assert not d.find_elements(By.CSS_SELECTOR, ".stale-tag")
     shot(d, "job-completed-final", full=True)
@@ -196,7 +204,8 @@ def test_job_page_log_stack_pause_cancel(agent_server, browser):
         name = server.plan_fault("log", step_sleep_s=0.2)
         jid = c.post("/api/jobs", json={"name": name, "max_steps": 2000, **FAST}).json()["id"]
     d.get(f"{server.url}/jobs/{jid}")
-    until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"), "not training")
+    until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"),
+          "not training")
     # 18: the training process's output, not only the agent's one line
     until(d, 60, lambda d: re.search(r"^step \d+/2,000 · loss ", text(d, "#log"), re.M), "no step lines in the log")
     log = text(d, "#log")
@@ -220,6 +229,7 @@ def test_job_page_log_stack_pause_cancel(agent_server, browser):
     d.find_element(By.ID, "cancel").click()
     d.find_element(By.ID, "cancel-confirm").click()
     until(d, 60, lambda d: text(d, "#job-state") == "cancelled", "not cancelled")
-    until(d, 10, lambda d: re.fullmatch(r"cancelled at step [\d,]+/2,000", text(d, "#phase-text")), "cancelled phase line")
+    until(d, 10, lambda d: re.fullmatch(r"cancelled at step [\d,]+/2,000", text(d, "#phase-text")),
+          "cancelled phase line")
     shot(d, "job-cancelled-final")
     assert not console_errors(d), console_errors(d)

@@ -4,11 +4,15 @@ real agent protocol, so the page is fed exactly what a script's events would sto
 from __future__ import annotations
 
 import httpx
-
-from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser is a fixture)
-from test_ui import pytestmark  # noqa: F401 (skips without Debian's chromium)
-
 from selenium.webdriver.common.by import By  # noqa: E402
+from test_ui import (  # noqa: F401 (browser is a fixture)
+    browser,
+    console_errors,
+    login,
+    pytestmark,  # noqa: F401 (skips without Debian's chromium)
+    shot,
+    until,
+)
 
 
 def test_every_logged_metric_gets_a_chart_grouped_by_prefix(server, browser):
@@ -24,7 +28,8 @@ def test_every_logged_metric_gets_a_chart_grouped_by_prefix(server, browser):
         values = {"loss": 3.0 / step, "lr": 1e-4, "train/accuracy": step / 40, "custom_score": step % 7}
         if step % 10 == 0:
             values.update({"eval/loss": 3.2 / step, "eval/ppl": 2.0 ** (3.2 / step), "eval_accuracy": step / 50})
-        evs.append({"kind": "metrics", "job_id": jid, "seq": seq, "t": 1e9 + step, "data": {"step": step, "values": values}})
+        evs.append({"kind": "metrics", "job_id": jid, "seq": seq, "t": 1e9 + step,
+                    "data": {"step": step, "values": values}})
         seq += 1
     agent.post(f"/api/agents/{aid}/events", json={"events": evs}).raise_for_status()
 

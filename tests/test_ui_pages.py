@@ -10,15 +10,14 @@ import sys
 import httpx
 import numpy as np
 import pytest
-
 from conftest import ROOT
-from test_ui import browser, console_errors, login, shot, text, until, wait  # noqa: F401 (browser is a fixture)
-
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
+from test_ui import browser, console_errors, login, shot, text, until, wait  # noqa: F401 (browser is a fixture)
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(os.environ.get("TOKENPULSE_CHROMIUM", "/usr/bin/chromium"))
-                                     and os.path.exists(os.environ.get("TOKENPULSE_CHROMEDRIVER", "/usr/bin/chromedriver"))),
+                                     and os.path.exists(os.environ.get("TOKENPULSE_CHROMEDRIVER",
+                                                                       "/usr/bin/chromedriver"))),
                                 reason="needs Debian's chromium and chromedriver")
 
 
@@ -55,18 +54,21 @@ def test_clone_and_edit_fills_the_form_and_any_job_can_be_picked(server, browser
     new_id = int(d.current_url.rsplit("/", 1)[1])
     with server.client() as c:
         spec = c.get(f"/api/jobs/{new_id}").json()["spec"]
-    assert (spec["name"], spec["learning_rate"], spec["max_steps"], spec["seed"], spec["padding"], spec["lora"]["rank"]) == \
+    assert (spec["name"], spec["learning_rate"], spec["max_steps"], spec["seed"], spec["padding"],
+            spec["lora"]["rank"]) == \
         ("source (clone)", 0.001, 7, 42, "dynamic", 4), spec
 
     # the oldest job, far beyond the newest 100, by its id; then one by name
     d.get(f"{server.url}/submit")
     box = wait(d, 15).until(lambda d: d.find_element(By.ID, "clone-from"))
     box.send_keys(f"#{src['id']}", Keys.ENTER)
-    until(d, 15, lambda d: d.find_element(By.NAME, "learning_rate").get_attribute("value") == "0.001", "job 1 not picked by id")
+    until(d, 15, lambda d: d.find_element(By.NAME, "learning_rate").get_attribute("value") == "0.001",
+          "job 1 not picked by id")
     assert f"clone={src['id']}" in d.current_url
     box.clear()
     box.send_keys("filler-3", Keys.ENTER)
-    until(d, 15, lambda d: d.find_element(By.NAME, "name").get_attribute("value") == "filler-3 (clone)", "not picked by name")
+    until(d, 15, lambda d: d.find_element(By.NAME, "name").get_attribute("value") == "filler-3 (clone)",
+          "not picked by name")
     assert d.find_element(By.NAME, "max_steps").get_attribute("value") == "3"
     box.clear()
     box.send_keys("#99999", Keys.ENTER)
@@ -83,14 +85,14 @@ def test_clone_and_edit_fills_the_form_and_any_job_can_be_picked(server, browser
 
     # the compare page's picker finds it too, by id or by name, though it lists only the 200 newest
     d.get(f"{server.url}/compare")
-    until(d, 15, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-pick input")) >= 200, "compare picker not filled")
+    until(d, 15, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-pick input")) >= 200,
+          "compare picker not filled")
     d.find_element(By.ID, "pick-search").send_keys(f"#{src['id']}")
-    until(d, 15, lambda d: [e.get_attribute("value") for e in d.find_elements(By.CSS_SELECTOR, "#compare-pick input")] == [str(src["id"])],
-          "compare cannot find the oldest job by id")
+    picked = lambda: [e.get_attribute("value") for e in d.find_elements(By.CSS_SELECTOR, "#compare-pick input")]  # noqa: E731
+    until(d, 15, lambda d: picked() == [str(src["id"])], "compare cannot find the oldest job by id")
     d.find_element(By.ID, "pick-search").clear()
     d.find_element(By.ID, "pick-search").send_keys("sourc")
-    until(d, 15, lambda d: str(src["id"]) in [e.get_attribute("value") for e in d.find_elements(By.CSS_SELECTOR, "#compare-pick input")],
-          "compare cannot find the oldest job by name")
+    until(d, 15, lambda d: str(src["id"]) in picked(), "compare cannot find the oldest job by name")
     assert not console_errors(d), console_errors(d)
 
 
@@ -124,10 +126,13 @@ def test_jobs_list_search_by_hash_id_worker_and_no_worker_notice(server, browser
     agent, aid = fake_agent(server, "gpu-box")
     until(d, 20, lambda d: not d.find_element(By.ID, "no-worker").is_displayed(), "notice stays with a worker online")
     claimed = agent.post(f"/api/agents/{aid}/claim").json()["job_id"]
-    until(d, 15, lambda d: text(d, f'tr[data-job="{claimed}"] td[data-label=Worker]') == "gpu-box", "running job's worker")
+    until(d, 15, lambda d: text(d, f'tr[data-job="{claimed}"] td[data-label=Worker]') == "gpu-box",
+          "running job's worker")
     agent.post(f"/api/agents/{aid}/events", json={"events": [
-        {"kind": "state", "job_id": claimed, "seq": 0, "t": 1.0, "data": {"state": "completed", "reason": "done"}}]}).raise_for_status()
-    until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{claimed}"] .badge.completed'), "not completed")
+        {"kind": "state", "job_id": claimed, "seq": 0, "t": 1.0,
+         "data": {"state": "completed", "reason": "done"}}]}).raise_for_status()
+    until(d, 15, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{claimed}"] .badge.completed'),
+          "not completed")
     assert text(d, f'tr[data-job="{claimed}"] td[data-label=Worker]') == "gpu-box"  # kept from the live frame
     d.refresh()
     until(d, 15, lambda d: text(d, f'tr[data-job="{claimed}"] td[data-label=Worker]') == "gpu-box",

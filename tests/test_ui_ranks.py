@@ -1,9 +1,8 @@
 """The job page's rank table in headless Chromium, for a real 2-rank job (torchrun, gloo)."""
 from __future__ import annotations
 
-from selenium.webdriver.common.by import By
-
 from conftest import wait_for
+from selenium.webdriver.common.by import By
 from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
 
 
@@ -25,7 +24,8 @@ def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
                 for tr in d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")]
         assert [r[0] for r in rows] == ["0", "1"]
         assert [r[2] for r in rows] == [str(x["pid"]) for x in rest]
-        assert all(r[1] == rest[0]["host"] and r[3] == "cpu" and r[4] != "–" and r[8].endswith("MiB") for r in rows), rows
+        assert all(r[1] == rest[0]["host"] and r[3] == "cpu" and r[4] != "–" and r[8].endswith("MiB")
+                   for r in rows), rows
         assert all("ago" in r[7] for r in rows), rows
         assert all(r[9] == "–" for r in rows), rows  # no exit while it runs
         # each rank's identity in the automatic choices, its pid exact (not rounded like a measurement)

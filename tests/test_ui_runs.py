@@ -8,9 +8,8 @@ import time
 
 import httpx
 import pytest
-from selenium.webdriver.common.by import By
-
 from conftest import make_server
+from selenium.webdriver.common.by import By
 from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import js, post_events
 
@@ -29,7 +28,8 @@ def runs(tmp_path_factory):
                                             "eval_fraction": 0.1, "eval_every": 10}).json()["id"]
             assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
             t0 = time.time() - 30
-            evs = [("metrics", {"step": s, "values": {"loss": 6 - s * (i + 1) / 20, "lr": lr, "grad_norm": 1.0 + i}}, t0 + s)
+            evs = [("metrics", {"step": s, "values": {"loss": 6 - s * (i + 1) / 20, "lr": lr, "grad_norm": 1.0 + i}},
+                    t0 + s)
                    for s in range(1, 21)]
             evs += [("metrics", {"step": s, "values": {"eval/loss": 6.5 - s * (i + 1) / 40}}, t0 + s) for s in (10, 20)]
             evs.append(("state", {"state": "completed", "reason": "trained 20 steps"}, t0 + 21))
@@ -44,7 +44,8 @@ def test_compare_five_runs_any_metric_stable_colours(runs, browser):
     d = browser
     login(d, server)
     d.get(f"{server.url}/compare?{'&'.join(f'job={i}' for i in ids)}")
-    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#compare-metrics input[value='eval/loss']"), "the metric picker")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#compare-metrics input[value='eval/loss']"),
+          "the metric picker")
     # eval loss is overlaid by default, for all five runs
     until(d, 10, lambda d: js(d, "const u = TPCMP.charts['chart-cmp-eval_loss']; return u ? u.series.length : 0") == 6,
           "five eval-loss curves")
@@ -57,11 +58,13 @@ def test_compare_five_runs_any_metric_stable_colours(runs, browser):
     d.find_element(By.CSS_SELECTOR, "#compare-metrics input[value='grad_norm']").click()
     until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-cmp-grad_norm .uplot"), "the grad_norm chart")
     # colours come from the job id: the same for a run whatever else is compared
-    colour = js(d, f"return TPCMP.charts['chart-cmp-loss'].series.find((s) => s.label === '#{ids[2]} sweep-2').stroke()")
+    colour = js(d,
+                f"return TPCMP.charts['chart-cmp-loss'].series.find((s) => s.label === '#{ids[2]} sweep-2').stroke()")
     assert colour == js(d, f"return TP.jobColor({ids[2]})"), colour
     shot(d, "compare-five", full=True)
     d.get(f"{server.url}/compare?job={ids[2]}&job={ids[4]}")
-    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-cmp-grad_norm .uplot"), "grad_norm kept across visits")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-cmp-grad_norm .uplot"),
+          "grad_norm kept across visits")
     again = js(d, f"return TPCMP.charts['chart-cmp-loss'].series.find((s) => s.label === '#{ids[2]} sweep-2').stroke()")
     assert again == colour, (again, colour)
     assert not console_errors(d), console_errors(d)
@@ -87,7 +90,8 @@ def test_jobs_list_column_picker_sort_and_filter(runs, browser):
     d.find_element(By.CSS_SELECTOR, "th.picked[data-col='last:eval/loss'] button.sort").click()
     until(d, 5, lambda d: column("last:eval/loss") == ["6", "5.5", "5", "4.5", "4"], "sorted the other way")
     d.find_element(By.CSS_SELECTOR, "input.col-filter[data-col='spec:learning_rate']").send_keys(">=0.0003")
-    until(d, 5, lambda d: column("spec:learning_rate") == ["0.0003", "0.0004", "0.0005"], "filtered on the learning rate")
+    until(d, 5, lambda d: column("spec:learning_rate") == ["0.0003", "0.0004", "0.0005"],
+          "filtered on the learning rate")
     shot(d, "jobs-columns")
     # kept per browser: a new visit shows the same columns, sort and filter
     d.get(server.url + "/")
@@ -100,14 +104,16 @@ def test_job_page_metric_picker_remembered(runs, browser):
     d = browser
     login(d, server)
     d.get(f"{server.url}/jobs/{ids[0]}")
-    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#panel-add option[value='eval/loss']"), "the metric picker")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#panel-add option[value='eval/loss']"),
+          "the metric picker")
     # the section links: only to sections this job shows (one process: no rank table)
     shown = lambda d: [a.text for a in d.find_elements(By.CSS_SELECTOR, "#jump a") if a.is_displayed()]  # noqa: E731
     until(d, 10, shown, "the section links")
     links = shown(d)
     assert {"Overview", "Charts", "Log"} <= set(links) and "Ranks" not in links, links
     for k in ("grad_norm", "eval/loss"):
-        d.execute_script("const s = document.getElementById('panel-add'); s.value = arguments[0]; s.dispatchEvent(new Event('change'))", k)
+        d.execute_script("const s = document.getElementById('panel-add'); s.value = arguments[0]; s.dispatchEvent(new "
+                         "Event('change'))", k)
     until(d, 10, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "grad_norm,eval/loss",
           "both metrics in the panel")
     assert js(d, "return TPJOB.charts['chart-custom'].data[1].filter((v) => v !== null).length") == 20
@@ -117,5 +123,6 @@ def test_job_page_metric_picker_remembered(runs, browser):
     until(d, 20, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "grad_norm,eval/loss",
           "the panel remembered for the same metric set")
     d.find_element(By.CSS_SELECTOR, "#panel-picked .chip[data-key='grad_norm'] button").click()
-    until(d, 10, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "eval/loss", "grad_norm removed")
+    until(d, 10, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "eval/loss",
+          "grad_norm removed")
     assert not console_errors(d), console_errors(d)

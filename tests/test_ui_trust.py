@@ -10,11 +10,9 @@ import time
 
 import httpx
 import pytest
-
 from conftest import make_server
-from test_ui import CHROMEDRIVER, CHROMIUM, console_errors, login, make_driver, shot, text, until  # noqa: F401
-
 from selenium.webdriver.common.by import By  # noqa: E402
+from test_ui import CHROMEDRIVER, CHROMIUM, console_errors, login, make_driver, shot, text, until  # noqa: F401
 
 TRACEBACK = ("train.py:42 in main: ValueError: learning rate must be positive\n"
              "command exited with code 1; last output:\n"
@@ -75,11 +73,15 @@ def jobs(srv):
             made[name] = (job, agent)
     job, a = made["stalled"]
     a.send(job, ("phase", {"name": "training", "done": 120, "total": 400, "unit": "steps"}),
-           *[("metrics", {"step": s, "values": {"loss": 3 - s / 100, "lr": 2e-4 if s < 60 else 0.00197, "tokens_per_s": 8915 + 20 * s,
-                                                  "eta_s": 600 - s, "step_time_s": 0.5, "mfu": 1.14, "rss_mb": 736.5 + (s % 3) / 2,
+           *[("metrics",
+              {"step": s,
+               "values": {"loss": 3 - s / 100, "lr": 2e-4 if s < 60 else 0.00197, "tokens_per_s": 8915 + 20 * s,
+                                                  "eta_s": 600 - s, "step_time_s": 0.5, "mfu": 1.14,
+                          "rss_mb": 736.5 + (s % 3) / 2,
                                                   "padding_frac": 0.12, "eval/runtime": 3.2}}) for s in range(1, 121)],
            ("info", {"device": "cpu", "peak_flops": 2e10}),
-           ("alert", {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 95 s"}))
+           ("alert",
+            {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 95 s"}))
     job, a = made["failed"]
     a.send(job, ("metrics", {"step": 1, "values": {"loss": 2.0}}),
            ("state", {"state": "failed", "reason": TRACEBACK, "failure": "error", "exit_code": 1}))
@@ -88,7 +90,9 @@ def jobs(srv):
            ("checkpoint", {"step": 369, "path": "/tmp/ckpt/step-369"}),
            ("state", {"state": "paused", "reason": "paused at step 369; resume from /tmp/ckpt/step-369"}))
     job, a = made["done"]
-    a.send(job, *[("metrics", {"step": s, "values": {"loss": 2.0 - s / 1000, "tokens_per_s": 1000.0 + s}}) for s in range(1, 51)],
+    a.send(job,
+           *[("metrics",
+              {"step": s, "values": {"loss": 2.0 - s / 1000, "tokens_per_s": 1000.0 + s}}) for s in range(1, 51)],
            ("state", {"state": "completed", "reason": "done"}))
     return {k: v[0] for k, v in made.items()}
 
@@ -98,7 +102,8 @@ def test_a_stalled_job_looks_stalled_in_the_list_as_on_its_page(srv, d, jobs):
     item 2: a failed job's root cause is readable in the list, not in a tooltip."""
     d.get(srv.url + "/")
     row = f'tr[data-job="{jobs["stalled"]}"]'
-    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} .badge.stalled"), "the list does not mark the stalled job")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} .badge.stalled"),
+          "the list does not mark the stalled job")
     assert d.find_elements(By.CSS_SELECTOR, f"{row} td[data-label='Real tokens/s'].stale .stale-tag")
     assert d.find_elements(By.CSS_SELECTOR, f"{row} td[data-label=ETA].stale .stale-tag")
     assert not d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{jobs["done"]}"] .stale-tag')
@@ -115,7 +120,8 @@ def test_a_stalled_job_looks_stalled_in_the_list_as_on_its_page(srv, d, jobs):
     d.set_window_size(1280, 800)
 
     d.get(f"{srv.url}/jobs/{jobs['stalled']}")
-    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag"), "the job page does not mark tokens/s stale")
+    until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag"),
+          "the job page does not mark tokens/s stale")
 
 
 def test_numbers_mfu_never_above_100_and_one_formatter_per_unit(srv, d, jobs):
@@ -126,7 +132,8 @@ def test_numbers_mfu_never_above_100_and_one_formatter_per_unit(srv, d, jobs):
     until(d, 20, lambda d: "peak measured too low" in text(d, "#mfu"), "MFU over 100 % is not explained")
     assert "114" not in text(d, "#mfu") and "%" not in text(d, "#mfu").split("peak")[0], text(d, "#mfu")
     assert text(d, "#lr") == "1.97e-3", text(d, "#lr")
-    fmt = d.execute_script("""return [TP.compact(8915, 'tok/s'), TP.compact(10512, 'tok/s'), TP.small(2e-4), TP.small(0.00197),
+    fmt = d.execute_script("""return [TP.compact(8915, 'tok/s'), TP.compact(10512, 'tok/s'), TP.small(2e-4),
+        TP.small(0.00197),
         TP.ticks([736.5, 737, 737.5]), TP.ticks([0.0002, 0.0004, 0.0006]), TP.metricFormat('padding_frac').value(0.12),
         TP.metricFormat('eval/runtime').value(3.2)]""")
     assert fmt[:4] == ["8.92 ktok/s", "10.5 ktok/s", "2.00e-4", "1.97e-3"], fmt
@@ -135,7 +142,8 @@ def test_numbers_mfu_never_above_100_and_one_formatter_per_unit(srv, d, jobs):
     until(d, 20, lambda d: d.find_elements(By.ID, "chart-x-padding_frac"), "no padding_frac chart")
     assert text(d, "#chart-x-padding_frac-title") == "padding_frac (%)"
     assert text(d, "#chart-x-eval_runtime-title") == "eval/runtime (s)"
-    smoothed = d.execute_script("return ['chart-step', 'chart-x-padding_frac'].map((id) => TPJOB.charts[id].series.map((s) => s.label))")
+    smoothed = d.execute_script("return ['chart-step', 'chart-x-padding_frac'].map((id) => "
+                                "TPJOB.charts[id].series.map((s) => s.label))")
     assert all("smoothed" in labels for labels in smoothed), smoothed
     shot(d, "trust-job-stalled", full=True)
     assert not console_errors(d), console_errors(d)
@@ -152,7 +160,8 @@ def test_a_failed_commands_traceback_once_in_monospace_and_pause_one_step(srv, d
     assert "monospace" in tb.value_of_css_property("font-family") and tb.value_of_css_property("white-space") == "pre"
     outside_log = d.execute_script("""const c = document.getElementById('job').cloneNode(true);
         c.querySelector('#log').remove(); c.querySelector('#config').remove(); return c.textContent""")
-    assert outside_log.count("Traceback (most recent call last)") == 1, outside_log.count("Traceback (most recent call last)")
+    assert outside_log.count("Traceback (most recent call last)") == 1, outside_log.count("Traceback (most recent call "
+                                                                                          "last)")
     cell = d.find_element(By.CSS_SELECTOR, "#attempts td.wrap")
     assert "ValueError" in cell.text and "Traceback" not in cell.text
     assert cell.find_element(By.TAG_NAME, "a").get_attribute("href").endswith("#reason")
@@ -160,7 +169,8 @@ def test_a_failed_commands_traceback_once_in_monospace_and_pause_one_step(srv, d
     d.set_window_size(390, 844)
     d.refresh()
     until(d, 20, lambda d: text(d, "#reason .reason-head"), "phone: no reason headline")
-    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")  # the pre scrolls, not the page
+    # the pre scrolls, not the page
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
     shot(d, "trust-job-failed-phone")
     d.set_window_size(1280, 800)
 
@@ -198,7 +208,8 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     form has processes per machine, max retries and priority."""
     d.get(srv.url + "/submit")
     until(d, 20, lambda d: d.find_element(By.ID, "submit").is_enabled(), "no submit form")
-    assert not d.find_element(By.NAME, "revision").is_displayed() and not d.find_element(By.ID, "details-hub").get_attribute("open")
+    assert not d.find_element(By.NAME, "revision").is_displayed()
+    assert not d.find_element(By.ID, "details-hub").get_attribute("open")
     d.find_element(By.NAME, "streaming").click()
     d.find_element(By.NAME, "epochs").send_keys("2")
     d.find_element(By.NAME, "name").send_keys("warned once")
@@ -236,7 +247,8 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     box.send_keys("many")
     d.find_element(By.ID, "c-command").send_keys("true")
     d.find_element(By.ID, "command-submit").click()
-    until(d, 20, lambda d: "whole number" in text(d, "#c-nproc-per-node-error"), "a bad rank count is not named beside its field")
+    until(d, 20, lambda d: "whole number" in text(d, "#c-nproc-per-node-error"),
+          "a bad rank count is not named beside its field")
     d.set_window_size(390, 844)
     shot(d, "trust-submit-command-phone")
     d.set_window_size(1280, 800)
@@ -267,7 +279,8 @@ def pending_check(s, d):
     until(d, 20, lambda d: "checking your data" in text(d, "#submit-warnings"), "no 'checking your data'")
     assert "/submit" in d.current_url
     shot(d, "trust-submit-checking-data")
-    until(d, 180, lambda d: "max_seq_length" in text(d, "#submit-warnings ul.warnings"), "the pending analysis' warning never shown")
+    until(d, 180, lambda d: "max_seq_length" in text(d, "#submit-warnings ul.warnings"),
+          "the pending analysis' warning never shown")
     assert "/submit" in d.current_url and "would be cut" in text(d, "#submit-warnings")
     shot(d, "trust-submit-pending-warnings")
     with s.client() as c:
@@ -283,7 +296,8 @@ def test_eval_prompts_one_box_each_and_clone_keeps_a_multiline_prompt_whole(srv,
     API-submitted "Q: ...?\\nA:" prompt keeps it one prompt."""
     want = ["Q: what is 2+2?\nA:", "Once upon a time"]
     with srv.client() as c:
-        src = c.post("/api/jobs", json={"name": "prompted", "max_steps": 5, "eval_fraction": 0.1, "eval_prompts": want}).json()["id"]
+        src = c.post("/api/jobs",
+                     json={"name": "prompted", "max_steps": 5, "eval_fraction": 0.1, "eval_prompts": want}).json()["id"]
     d.get(f"{srv.url}/submit?clone={src}")
     until(d, 20, lambda d: d.find_element(By.ID, "clone-note").is_displayed(), "not cloned")
     boxes = d.find_elements(By.CSS_SELECTOR, "textarea[name=eval_prompts]")
@@ -313,7 +327,8 @@ def test_a_queued_job_says_what_it_waits_for(srv, d, jobs):
     assert f"behind #{first} first in line" in text(d, "#phase-text"), text(d, "#phase-text")
     assert "worker" in text(d, "#phase-text")
     assert text(d, "#elapsed-label") == "Queued for" and "waiting" not in text(d, "#elapsed")
-    assert not [b for b in d.find_elements(By.CSS_SELECTOR, ".charts .chart-box") if b.is_displayed()], "empty charts shown"
+    assert not [b for b in d.find_elements(By.CSS_SELECTOR, ".charts .chart-box") if b.is_displayed()], \
+        "empty charts shown"
     shot(d, "trust-job-queued")
     with srv.client() as c:  # out of the way of the other tests' stand-in agents
         for j in (first, second):
@@ -325,18 +340,21 @@ def test_rank_table_keeps_up_ticks_explains_and_ends_where_the_job_did(srv, d, j
     last-progress ages tick; "own work" is explained on the page; a completed job's ranks end at its
     last step (not 297 and 298 of 300); on a phone every column is readable."""
     with srv.client() as c:
-        jid = c.post("/api/jobs", json={"name": "two ranks", "max_steps": 300, "nproc_per_node": 2, "priority": 90}).json()["id"]
+        jid = c.post("/api/jobs",
+                     json={"name": "two ranks", "max_steps": 300, "nproc_per_node": 2, "priority": 90}).json()["id"]
     a = StandIn(srv, "box-ranks")
     assert a.claim() == jid
     now = time.time()
     a.http.post(f"/api/agents/{a.id}/heartbeat", json={"jobs": {str(jid): now}, "ranks": {str(jid): [
-        {"rank": r, "host": "box", "pid": 100 + r, "device": "cpu", "step": 120 - r, "step_time_s": 0.5, "busy_s": 0.3 + r / 10,
+        {"rank": r, "host": "box", "pid": 100 + r, "device": "cpu", "step": 120 - r, "step_time_s": 0.5,
+         "busy_s": 0.3 + r / 10,
          "rss_mb": 500, "alive_at": now, "progress_at": now - 3} for r in (0, 1)]}}).raise_for_status()
     a.send(jid, ("phase", {"name": "training", "done": 125, "total": 300, "unit": "steps"}),
            ("metrics", {"step": 125, "values": {"loss": 1.0}}))
     d.get(f"{srv.url}/jobs/{jid}")
     until(d, 20, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")) == 2, "no rank rows")
-    cells = lambda: [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")]  # noqa: E731
+    cells = lambda: [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]  # noqa: E731
+                     for tr in d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")]
     until(d, 10, lambda d: cells()[0][4] == "125", "rank 0 lags the header")
     assert text(d, "#step").startswith("125")
     age = cells()[0][7]
@@ -345,11 +363,13 @@ def test_rank_table_keeps_up_ticks_explains_and_ends_where_the_job_did(srv, d, j
     d.set_window_size(390, 844)
     d.execute_script("document.getElementById('ranks').scrollIntoView()")
     assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
-    assert d.execute_script("return [...document.querySelectorAll('#ranks-body tr:first-child td')].every((td) => td.getBoundingClientRect().right <= window.innerWidth + 1)")
+    assert d.execute_script("return [...document.querySelectorAll('#ranks-body tr:first-child td')].every((td) => "
+                            "td.getBoundingClientRect().right <= window.innerWidth + 1)")
     shot(d, "trust-ranks-phone")
     d.set_window_size(1280, 800)
     a.send(jid, ("phase", {"name": "training", "done": 300, "total": 300, "unit": "steps"}),
-           ("state", {"state": "completed", "reason": "done", "ranks": {"0": "exited with code 0", "1": "exited with code 0"}}))
+           ("state",
+            {"state": "completed", "reason": "done", "ranks": {"0": "exited with code 0", "1": "exited with code 0"}}))
     until(d, 20, lambda d: [r[4] for r in cells()] == ["300", "300"], "a completed job's ranks end short")
     d.execute_script("document.getElementById('ranks').scrollIntoView()")
     shot(d, "trust-ranks-ended")
@@ -363,8 +383,10 @@ def test_generations_as_a_prompt_by_step_table_and_a_long_summary_stays_in_its_p
         jid = c.post("/api/jobs", json={"name": "generating", "max_steps": 20, "priority": 95}).json()["id"]
     a = StandIn(srv, "box-gen")
     assert a.claim() == jid
-    gens = lambda s: [{"prompt": "Q: 2+2?\nA:", "output": f" {s // 10 + 2}"}, {"prompt": "Once upon", "output": f"\na time {s}"}]  # noqa: E731
-    a.send(jid, *[("metrics", {"step": s, "values": {"loss": 3 - s / 10, "eval/loss": 3.1 - s / 10}}) for s in (10, 20)],
+    gens = lambda s: [{"prompt": "Q: 2+2?\nA:", "output": f" {s // 10 + 2}"},  # noqa: E731
+                      {"prompt": "Once upon", "output": f"\na time {s}"}]
+    a.send(jid,
+           *[("metrics", {"step": s, "values": {"loss": 3 - s / 10, "eval/loss": 3.1 - s / 10}}) for s in (10, 20)],
            *[("info", {"eval_step": s, "eval_generations": gens(s)}) for s in (10, 20)],
            ("info", {"train_summary": {f"metric_{i}_with_a_long_name": 123456.789 * i for i in range(40)}}))
     d.get(f"{srv.url}/jobs/{jid}")
@@ -394,9 +416,11 @@ def test_server_gone_banner_with_the_time_of_the_last_data(srv, d, jobs):
     d.get(f"{srv.url}/jobs/{jobs['done']}")
     until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#conn.on"), "not live")
     srv.kill(signal.SIGTERM)
-    until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#offline-banner:not([hidden])"), "no banner when the server is gone")
+    until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#offline-banner:not([hidden])"),
+          "no banner when the server is gone")
     banner = text(d, "#offline-banner")
     assert "not answering" in banner and "ago" in banner or "just now" in banner, banner
     shot(d, "trust-offline-banner")
     srv.start()
-    until(d, 60, lambda d: not d.find_element(By.ID, "offline-banner").is_displayed(), "the banner stays after the server is back")
+    until(d, 60, lambda d: not d.find_element(By.ID, "offline-banner").is_displayed(),
+          "the banner stays after the server is back")

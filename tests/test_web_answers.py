@@ -8,7 +8,6 @@ import signal
 
 import httpx
 import pytest
-
 from conftest import make_server
 
 

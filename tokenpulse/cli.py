@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from tokenpulse.client import ApiError, Client, DEFAULT_URL
+from tokenpulse.client import DEFAULT_URL, ApiError, Client
 
 FINAL = {"completed", "failed", "cancelled", "paused"}
 
@@ -35,10 +35,13 @@ def cmd_up(args) -> int:
 
 def serve(settings, embedded_agents: int = 0, demo: bool = False) -> int:
     import uvicorn
-    from server.app import create_app
+
+    from server.app import create_app, tune_serving_process
 
     url = f"http://{settings.host}:{settings.port}"
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+    app = create_app(settings)
+    tune_serving_process()
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_level="warning", ws_max_size=1 << 20,
                             # Frames are serialized once for all subscribers; per-message deflate
                             # would compress each one again per socket (most of the fan-out CPU).
@@ -256,7 +259,8 @@ def watch(c: Client, job_id: int) -> int:
         return _watch(c, job_id)
     except KeyboardInterrupt:
         _console().print(f"\nstopped watching; job {job_id} keeps running on its worker. "
-                         f"Cancel it with: [bold]tokenpulse cancel {job_id}[/]  (watch again: tokenpulse watch {job_id})",
+                         f"Cancel it with: [bold]tokenpulse cancel {job_id}[/]  (watch again: tokenpulse watch "
+                         f"{job_id})",
                          soft_wrap=True)  # one line: a command to copy must not break in two
         return 130
 
@@ -470,7 +474,8 @@ def make_action(action: str):
             job = client(args).action(args.job, action)
         except ApiError as e:
             return report_error(e)
-        _console().print(f"job {job['id']}: {job['state']}" + (f" ({action} requested)" if job.get("requested_action") else ""))
+        requested = f" ({action} requested)" if job.get("requested_action") else ""
+        _console().print(f"job {job['id']}: {job['state']}{requested}")
         return 0
     return run
 
@@ -505,7 +510,8 @@ def rule_when(r: dict) -> str:
     c = r["condition"]
     return {"above": f"{r['metric']} > {r['threshold']:g}" if c == "above" else "",
             "below": f"{r['metric']} < {r['threshold']:g}" if c == "below" else "",
-            "no_improvement": f"{r['metric']} not better ({r['mode']}) for {r['steps']} steps" if c == "no_improvement" else "",
+            "no_improvement": (f"{r['metric']} not better ({r['mode']}) for {r['steps']} steps"
+                               if c == "no_improvement" else ""),
             "jump": f"{r['metric']} jumps {r['sigmas']:g} sigma" if c == "jump" else "",
             "nonfinite": f"{r['metric']} NaN or infinite", "state": f"job {r['state']}"}[c]
 
@@ -551,11 +557,11 @@ def cmd_tokens(args) -> int:
         else:
             from rich.table import Table
             table = Table("id", "name", "role", "scopes", "made by", "created", "revoked")
+            when = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
             for t in c.tokens():
                 table.add_row(str(t["id"]), t["name"], t["role"], " ".join(t.get("scopes", [])),
                               str(t["created_by"]) if t.get("created_by") else "",
-                              time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created_at"])),
-                              time.strftime("%Y-%m-%d %H:%M", time.localtime(t["revoked_at"])) if t["revoked_at"] else "")
+                              when(t["created_at"]), when(t["revoked_at"]) if t["revoked_at"] else "")
             console.print(table)
     except ApiError as e:
         return report_error(e)
@@ -594,6 +600,7 @@ def cmd_analyze(args) -> int:
         print(json.dumps(a, indent=2))
         return 0
     from rich.table import Table
+
     from tokenpulse.protocol import DatasetAnalysis
     a = DatasetAnalysis.model_validate(a)  # the protocol's model: a renamed field fails here, by name
     console = _console()
@@ -615,7 +622,9 @@ def cmd_analyze(args) -> int:
         t = Table("max_seq_length", "largest micro-batch", "tokens/s", "limited by",
                   title=f"Measured on {mem['device']} ({mem['precision']}): rows of full length that fit")
         for m in mem["table"]:
-            t.add_row(f"{m['seq_len']:,}", f"{m['max_rows']} row{'' if m['max_rows'] == 1 else 's'}" if m["fits"] else ("does not fit" if m["fits"] is False else "not measured"),
+            fits = (f"{m['max_rows']} row{'' if m['max_rows'] == 1 else 's'}" if m["fits"] else
+                    "does not fit" if m["fits"] is False else "not measured")
+            t.add_row(f"{m['seq_len']:,}", fits,
                       f"{m['tokens_per_s']:,.0f}" if m["fits"] else "", m["limited_by"])
         console.print(t)
     print_warnings(console, {"warnings": a.warnings})
@@ -668,7 +677,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting")
     p.add_argument("-f", "--follow", action="store_true", help="watch it until it ends")
     p.add_argument("--test", action="store_true", help="first a quick test run: the whole job end to end on a "
-                   "few steps (load, tokenize, train, eval, checkpoint, resume, save, reload); a failure ends it at once")
+                   "few steps (load, tokenize, train, eval, checkpoint, resume, save, reload); a failure ends it at "
+                   "once")
     p.set_defaults(fn=cmd_submit)
 
     p = sub.add_parser("run", help="run your own command as a job: tokenpulse run [options] -- python train.py ...",
@@ -708,7 +718,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("job", type=int)
     p.set_defaults(fn=cmd_show)
 
-    p = sub.add_parser("logs", help="a job's log: the whole of it, or the lines matching --grep; --follow for new lines")
+    p = sub.add_parser("logs",
+                       help="a job's log: the whole of it, or the lines matching --grep; --follow for new lines")
     p.add_argument("job", type=int)
     p.add_argument("--grep", help="only lines containing this text (case-insensitive)")
     p.add_argument("--regex", action="store_true", help="--grep is a regular expression")
@@ -721,7 +732,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                    "(TOKENPULSE_URL, TOKENPULSE_TOKEN: the agent gets this token's rights)")
     p.set_defaults(fn=cmd_mcp)
 
-    p = sub.add_parser("ranks", help="a distributed job's ranks (host, pid, step, step time, data/compute/comm, memory)")
+    p = sub.add_parser("ranks",
+                       help="a distributed job's ranks (host, pid, step, step time, data/compute/comm, memory)")
     p.add_argument("job", type=int)
     p.set_defaults(fn=cmd_ranks)
 
@@ -746,7 +758,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     a.add_argument("--below", type=float, metavar="VALUE")
     a.add_argument("--no-improvement", type=int, metavar="STEPS", help="no new best for this many steps")
     a.add_argument("--higher-is-better", action="store_true", help="with --no-improvement: best is the highest")
-    a.add_argument("--jump", type=float, metavar="SIGMAS", help="a value this many standard deviations from the recent mean")
+    a.add_argument("--jump", type=float, metavar="SIGMAS",
+                   help="a value this many standard deviations from the recent mean")
     a.add_argument("--nonfinite", action="store_true", help="the metric is NaN or infinite")
     a.add_argument("--state", choices=["failed", "completed", "cancelled", "stalled"])
     a.add_argument("--jobs", metavar="GLOB", help="only jobs whose name matches (sft-*); default all jobs")
@@ -794,7 +807,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--model", help="whose tokenizer to count with (a local directory or a Hub id)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--measure", type=float, default=0, metavar="SECONDS",
-                   help="also measure, per candidate sequence length, the largest micro-batch that fits and its tokens/s")
+                   help="also measure, per candidate sequence length, the largest micro-batch that fits and its "
+                        "tokens/s")
     p.set_defaults(fn=cmd_analyze)
 
     args = ap.parse_args(argv)

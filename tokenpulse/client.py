@@ -60,7 +60,8 @@ class Client:
 
     def logs(self, job_id: int, grep: Optional[str] = None, regex: bool = False, after_seq: int = -1,
              limit: int = 1000) -> dict:
-        """A job's log lines (all, or those matching grep): {"lines": [{seq, t, stream, line}], "matched", "last_seq"}."""
+        """A job's log lines (all, or those matching grep):
+        {"lines": [{seq, t, stream, line}], "matched", "last_seq"}."""
         params = {"after_seq": after_seq, "limit": limit, "regex": regex, **({"grep": grep} if grep else {})}
         return self.request("GET", f"/api/jobs/{job_id}/logs", params=params)
 

@@ -10,10 +10,15 @@ padding_frac, samples_per_s, step_time_s, eta_s, rss_mb, cuda_peak_mb; any other
 trainer logs (TRL's mean_token_accuracy, entropy...) as train/<name>. Phases: training step n/total,
 evaluating batch k/n, saving. Pause: SIGUSR2 -> save a checkpoint at the next step end and stop.
 
+Also the Trainer patches the callback relies on (install_trainer_class): real and padded tokens counted
+per micro-batch, a resume from TOKENPULSE_RESUME_FROM, the process ended after a pause checkpointed;
+the zero-code hook (instrument/patch_transformers.py) applies them with the callback added.
+
 Imports transformers: import this module only where transformers is wanted.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -22,6 +27,7 @@ import torch
 from transformers import TrainerCallback
 
 from tokenpulse import run
+from tokenpulse.instrument import patch_tqdm
 from tokenpulse.instrument.firststeps import FACTS
 
 FIRST_STEPS = 5  # optimizer steps each reported with their own speed (verdicts from step 1)
@@ -138,7 +144,6 @@ class TokenPulseCallback(TrainerCallback):
 
     # ---- Trainer events ------------------------------------------------------------------------
     def on_init_end(self, args, state, control, **kw):
-        from tokenpulse.instrument.patch_transformers import install_trainer_class
         from transformers import Trainer
         install_trainer_class(Trainer, auto_callback=False)  # token counting, pause exit, resume
 
@@ -255,3 +260,110 @@ class TokenPulseCallback(TrainerCallback):
         else:
             em.phase("training", done=state.global_step, total=state.max_steps, unit="steps",
                      detail="done")
+
+
+# ---- the Trainer patches the callback relies on -------------------------------------------------
+
+RESUME_ENV = "TOKENPULSE_RESUME_FROM"
+_resume_used = False
+
+
+def find_callback(trainer):
+    cached = trainer.__dict__.get("_tp_callback")
+    if cached is not None:
+        return cached
+    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+        if isinstance(cb, TokenPulseCallback):
+            trainer.__dict__["_tp_callback"] = cb
+            return cb
+    return None
+
+
+def install_trainer_class(Trainer, auto_callback: bool) -> None:
+    """Idempotent. The startup hook calls it with auto_callback (patch_transformers.install_trainer);
+    TokenPulseCallback calls it too (without the hook) for token counting, pause exit and resume."""
+    if not Trainer.__dict__.get("_tp_patched"):
+        Trainer._tp_patched = True
+        _patch_counting(Trainer)
+        _patch_train(Trainer)
+    if auto_callback and not Trainer.__dict__.get("_tp_auto"):
+        Trainer._tp_auto = True
+        _patch_init(Trainer)
+
+
+def _patch_init(Trainer) -> None:
+    orig = Trainer.__init__
+
+    @functools.wraps(orig)
+    def __init__(self, *a, **k):
+        orig(self, *a, **k)
+        if find_callback(self) is None:
+            self.add_callback(TokenPulseCallback(trainer_name=type(self).__name__))
+    Trainer.__init__ = __init__
+
+
+def _patch_counting(Trainer) -> None:
+    orig = getattr(Trainer, "_track_num_input_tokens", None)
+    if orig is not None:
+        @functools.wraps(orig)
+        def _track_num_input_tokens(self, inputs):
+            cb = find_callback(self)
+            if cb is not None:
+                cb.count_batch(inputs)
+            return orig(self, inputs)
+        Trainer._track_num_input_tokens = _track_num_input_tokens
+        return
+    orig_step = Trainer.training_step  # older transformers: one call per micro-batch as well
+
+    @functools.wraps(orig_step)
+    def training_step(self, model, inputs, *a, **k):
+        cb = find_callback(self)
+        if cb is not None:
+            cb.count_batch(inputs)
+        return orig_step(self, model, inputs, *a, **k)
+    Trainer.training_step = training_step
+
+
+def resume_path():
+    """The checkpoint the agent asks this job to continue from, once per process."""
+    global _resume_used
+    path = os.environ.get(RESUME_ENV)
+    if _resume_used or not path or not os.path.isdir(path):
+        return None
+    _resume_used = True
+    return path
+
+
+def _patch_train(Trainer) -> None:
+    orig_train, orig_eval = Trainer.train, Trainer.evaluate
+
+    @functools.wraps(orig_train)
+    def train(self, resume_from_checkpoint=None, *a, **k):
+        if resume_from_checkpoint in (None, False):
+            path = resume_path()
+            if path is not None:
+                resume_from_checkpoint = path
+                em = run.reporter(create=False)
+                if em is not None:
+                    em.info(resumed_from=path, reason=f"{RESUME_ENV} set by the agent")
+        patch_tqdm.enter_quiet()
+        try:
+            out = orig_train(self, resume_from_checkpoint, *a, **k)
+        finally:
+            patch_tqdm.leave_quiet()
+        cb = find_callback(self)
+        if cb is not None and cb.paused:
+            # The checkpoint is saved and the agent told: stop the script here, so it does not go on
+            # to save a "final" model or evaluate as if training had finished.
+            raise SystemExit(0)
+        return out
+
+    @functools.wraps(orig_eval)
+    def evaluate(self, *a, **k):
+        patch_tqdm.enter_quiet()
+        try:
+            return orig_eval(self, *a, **k)
+        finally:
+            patch_tqdm.leave_quiet()
+
+    Trainer.train, Trainer.evaluate = train, evaluate

@@ -39,8 +39,10 @@ def build(api: Client) -> MCPServer:
         if query:
             params["q"] = query
         r = _call(api.request, "GET", "/api/jobs", params=params)
-        return {"total": r["total"], "jobs": [{k: j.get(k) for k in ("id", "name", "kind", "state", "step", "total_steps",
-                                                                     "phase", "last", "created_at")} for j in r["jobs"]]}
+        return {"total": r["total"],
+                "jobs": [{k: j.get(k) for k in ("id", "name", "kind", "state", "step", "total_steps",
+                                                                     "phase", "last",
+                                                "created_at")} for j in r["jobs"]]}
 
     @app.tool()
     def get_job(job_id: int) -> dict:
@@ -51,7 +53,8 @@ def build(api: Client) -> MCPServer:
                                          "reason", "failure", "agent_id", "checkpoint", "output_dir", "parent_id",
                                          "created_at", "started_at", "finished_at", "spec")},
                 "attempts": j.get("attempts"),
-                "open_alerts": [{k: a[k] for k in ("kind", "severity", "message")} for a in alerts if a["state"] != "cleared"]}
+                "open_alerts": [{k: a[k] for k in ("kind", "severity", "message")} for a in alerts
+                                if a["state"] != "cleared"]}
 
     @app.tool()
     def job_metrics(job_id: int, keys: Optional[list[str]] = None, max_points: int = 50) -> dict:
@@ -70,9 +73,11 @@ def build(api: Client) -> MCPServer:
         j = _call(api.job, job_id)
         alerts = _call(api.alerts, job_id=job_id, limit=100)
         found = [{k: a[k] for k in ("kind", "severity", "state", "message")} for a in alerts
-                 if a["kind"] in SLOW_KINDS or (a["kind"] not in ("stalled", "crashed", "disk_full") and a["severity"] == "warning")]
+                 if a["kind"] in SLOW_KINDS
+                 or (a["kind"] not in ("stalled", "crashed", "disk_full") and a["severity"] == "warning")]
         sys_now = {}
-        series = _call(api.request, "GET", f"/api/jobs/{job_id}/metrics", params={"prefix": "sys/", "max_points": 2})["series"]
+        series = _call(api.request, "GET", f"/api/jobs/{job_id}/metrics",
+                       params={"prefix": "sys/", "max_points": 2})["series"]
         for k, s in series.items():
             if s["value"]:
                 sys_now[k] = s["value"][-1]
@@ -87,7 +92,8 @@ def build(api: Client) -> MCPServer:
         j = _call(api.job, job_id)
         stalls = _call(api.alerts, job_id=job_id, kind="stalled", limit=5)
         if not stalls:
-            return {"state": j["state"], "stalled": False, "verdict": "no stall: the job has not stopped making progress"}
+            return {"state": j["state"], "stalled": False,
+                    "verdict": "no stall: the job has not stopped making progress"}
         a = stalls[0]
         return {"state": j["state"], "stalled": a["state"] != "cleared", "verdict": a["message"],
                 "stack": (a.get("stack") or "")[-20000:], "since": a["created_at"]}

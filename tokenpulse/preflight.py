@@ -40,7 +40,8 @@ def analysis_warnings(spec: JobSpec, a: dict) -> list[dict]:
         # The submit-time analysis tokenizes a sample; the job counts all the data at its start with the
         # same rule, so its number can differ a little: each says what it measured.
         n = a.get("sample_size")
-        sample = f" (in a sample of {n:,})" if a.get("sampled") and n else (" (in a sample)" if a.get("sampled") else "")
+        sample = (f" (in a sample of {n:,})" if a.get("sampled") and n else
+                  " (in a sample)" if a.get("sampled") else "")
         field = "max_seq_length" if spec.max_seq_length != "auto" else "length_coverage"
         fix = (f"max_seq_length={rec} (covers {a.get('length_coverage', spec.length_coverage):g}% of examples whole"
                + (f" in a sample of {n:,}; the job recounts on all its data at start" if a.get("sampled") and n else "")
@@ -85,7 +86,8 @@ def batch_size_warnings(spec: JobSpec, chosen: dict, job_id: int) -> list[dict]:
                         f"batch_size={best} or batch_size=auto")]
     # compare tokens per micro-batch (rows x row length): the user's rows are max_seq_length long
     row_len = chosen.get("row_len") or 1
-    mine = bs * (spec.max_seq_length if isinstance(spec.max_seq_length, int) else chosen.get("max_seq_length") or row_len)
+    seq_len = spec.max_seq_length if isinstance(spec.max_seq_length, int) else chosen.get("max_seq_length") or row_len
+    mine = bs * seq_len
     if mine >= BATCH_FAR * best * row_len or mine * BATCH_FAR <= best * row_len:
         return [warning("batch_size", "batch_size", f"batch_size={bs} is far from what fits best: {seen}",
                         f"batch_size={best} or batch_size=auto (measures what fits and is fastest)")]

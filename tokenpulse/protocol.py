@@ -6,11 +6,10 @@ shapes cannot drift apart. Imports nothing heavy (pydantic only): the server nev
 from __future__ import annotations
 
 import enum
-import math
 import os
 import re
 import shlex
-from typing import Annotated, Any, Literal, Optional, TypedDict, Union
+from typing import Annotated, Any, Final, Literal, Optional, TypedDict, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -116,35 +115,75 @@ class LoraSpec(BaseModel):
 
 
 class StallSpec(BaseModel):
-    """Per-job overrides of the stall detector's thresholds (seconds)."""
+    """Per-job overrides of the stall detector's thresholds (seconds); None: the agent's default
+    (worker/agent/stall.py StallConfig). Each knob's title and description are the submit form's
+    label and help (web/pages.py reads them from here)."""
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    factor: Optional[float] = Field(None, gt=1, description="stalled after factor x typical interval")
-    floor_s: Optional[float] = Field(None, gt=0, description="never stalled before this many seconds")
-    ceiling_s: Optional[float] = Field(None, gt=0, description="always stalled after this many seconds")
-    first_step_s: Optional[float] = Field(None, gt=0, description="allowance for the first step")
-    phase_s: Optional[float] = Field(None, gt=0, description="budget for a phase with no counter")
-    slow_factor: Optional[float] = Field(None, gt=1, description="slow when throughput falls this many x below its own earlier rate")
-    slow_projection_factor: Optional[float] = Field(None, gt=1, description="... or this many x below the preflight projection")
-    slow_growth_factor: Optional[float] = Field(None, gt=1, description="slow when step time grows steadily by this factor")
-    slow_padding_frac: Optional[float] = Field(None, gt=0, le=1, description="slow when more than this fraction of batch tokens is padding")
-    slow_step_s: Optional[float] = Field(None, gt=0, description="an optimizer step slower than this crawls")
-    slow_periodic_frac: Optional[float] = Field(None, gt=0, le=1, description="periodic pauses costing this share of the time")
-    quiet_s: Optional[float] = Field(None, gt=0, description="a 'quiet' warning (with where the main thread waits) after a finished phase and this long without progress")
-    alert_open_s: Optional[float] = Field(None, ge=0, description="a slow/straggler condition must hold this long before its alert opens")
-    alert_clear_s: Optional[float] = Field(None, ge=0, description="an alert's condition must stay away this long before it clears")
+    factor: Optional[float] = Field(None, gt=1, title="Factor",
+                                    description="stalled after this many times the typical step interval")
+    floor_s: Optional[float] = Field(None, gt=0, title="Floor (s)",
+                                     description="never stalled before this many seconds without progress")
+    ceiling_s: Optional[float] = Field(None, gt=0, title="Ceiling (s)",
+                                       description="always stalled after this many seconds without progress")
+    first_step_s: Optional[float] = Field(None, gt=0, title="First step allowance (s)",
+                                          description="how long the first step may take")
+    phase_s: Optional[float] = Field(None, gt=0, title="Phase budget (s)",
+                                     description="budget for a phase with no progress counter")
+    slow_factor: Optional[float] = Field(
+        None, gt=1, title="Slow: below own rate (×)",
+        description="slow when throughput falls this many times below the job's own earlier rate")
+    slow_projection_factor: Optional[float] = Field(
+        None, gt=1, title="Slow: below projection (×)",
+        description="… or this many times below the preflight projection")
+    slow_growth_factor: Optional[float] = Field(
+        None, gt=1, title="Slow: step time growth (×)",
+        description="slow when step time grows steadily by this factor")
+    slow_padding_frac: Optional[float] = Field(
+        None, gt=0, le=1, title="Slow: padding share",
+        description="slow when more than this fraction (0–1) of batch tokens is padding")
+    slow_step_s: Optional[float] = Field(
+        None, gt=0, title="Slow: step time (s)",
+        description="an optimizer step slower than this counts as crawling")
+    slow_periodic_frac: Optional[float] = Field(
+        None, gt=0, le=1, title="Slow: periodic pauses share",
+        description="periodic pauses costing this share (0–1) of the time")
+    quiet_s: Optional[float] = Field(
+        None, gt=0, title="Quiet warning after (s)",
+        description="warn (with where the main thread waits) when a phase ended and nothing was reported "
+                    "for this long")
+    alert_open_s: Optional[float] = Field(
+        None, ge=0, title="Alert opens after (s)",
+        description="a slow or straggler condition must hold this long before its alert opens")
+    alert_clear_s: Optional[float] = Field(
+        None, ge=0, title="Alert clears after (s)",
+        description="an alert's condition must stay away this long before the alert clears")
 
 
 _HUB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 _REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 
 
-class JobSpec(BaseModel):
-    """What a user submits. Every field validated here, so a typo fails at submit, not hours later."""
+class SpecBase(BaseModel):
+    """What every job carries, whichever kind it is (JobSpec, CommandSpec): how the queue orders
+    and retries it, how its progress is judged, and how many processes and machines run it."""
     # Finite numbers only: JSON's 1e999 / Infinity parse to inf, which JSON cannot store (it became
     # null, and every claim of the job then failed). Refused at submit, with the field named.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: Optional[str] = Field(None, max_length=200, description="a label for the job")
+    name: Optional[str] = Field(None, max_length=200, description="a label for the job (default for a command: "
+                                                                    "the command)")
+    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
+    max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, a lost worker, a crash or "
+                                                          "a killing signal)")
+    stall: StallSpec = Field(default_factory=StallSpec)
+    nproc_per_node: int = Field(1, ge=1, le=64, description="training processes (ranks) per machine: "
+                                "more than 1 runs DistributedDataParallel under torchrun")
+    nnodes: int = Field(1, ge=1, le=16, description="machines (agents) that run the job together, "
+                        "claimed as one gang")
+
+
+class JobSpec(SpecBase):
+    """What a user submits. Every field validated here, so a typo fails at submit, not hours later."""
     model: str = Field(BUILTIN_MODEL, min_length=1, max_length=4096,
                        description=f"local Hugging Face model directory, a Hub id (org/name), or {BUILTIN_MODEL}")
     dataset: str = Field(BUILTIN_DATASET, min_length=1, max_length=4096,
@@ -169,7 +208,9 @@ class JobSpec(BaseModel):
     messages_field: Optional[str] = Field(
         None, max_length=200, description="column holding a chat (list of {role, content}), rendered with the "
         "tokenizer's chat template; default: a 'messages' column when no other field is named")
-    loss_on_response_only: bool = Field(True, description="mask prompt tokens (chat: all but assistant turns) out of the loss")
+    loss_on_response_only: bool = Field(True,
+                                        description="mask prompt tokens (chat: all but assistant turns) out of the "
+                                                    "loss")
     streaming: bool = Field(False, description="read the dataset as a stream, accumulating chunks")
 
     max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps (or use epochs)")
@@ -202,7 +243,6 @@ class JobSpec(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, le=100)
     log_every: int = Field(1, ge=1, description="steps between metric points")
     seed: int = Field(0, ge=0, le=2**32 - 1)
-    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
     # ---- evaluation and the quick test run ----
     eval_fraction: Optional[float] = Field(
         None, gt=0, le=0.5, description="hold out this fraction of the examples for evaluation (chosen by seed)")
@@ -219,13 +259,6 @@ class JobSpec(BaseModel):
     eval_max_new_tokens: int = Field(32, ge=1, le=256, description="tokens generated per eval prompt")
     test_run: bool = Field(False, description="first run the whole job end to end on a few steps; "
                                               "a failing check fails the job at once")
-
-    max_retries: int = Field(2, ge=0, le=20, description="automatic retries (OOM, lost worker, crash)")
-    stall: StallSpec = Field(default_factory=StallSpec)
-    nproc_per_node: int = Field(1, ge=1, le=64, description="training processes (ranks) per machine: "
-                                "more than 1 runs DistributedDataParallel under torchrun")
-    nnodes: int = Field(1, ge=1, le=16, description="machines (agents) that run the job together, "
-                        "claimed as one gang")
 
     @field_validator("model", "dataset")
     @classmethod
@@ -298,16 +331,13 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_ARGS, MAX_ARG_CHARS, MAX_ENV = 1000, 32768, 200
 
 
-class CommandSpec(BaseModel):
+class CommandSpec(SpecBase):
     """A job that runs a command (your own script) on an agent instead of tokenpulse's training.
 
     Code execution on the agent's machine: only tokens with the `commands` scope may submit one, and
     only agents started with --allow-commands run one. `env` values are plain settings, stored and
     shown on the job page; `secret_env` only names variables the agent passes on from its own
     environment, so their values never reach the server."""
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    name: Optional[str] = Field(None, max_length=200, description="a label for the job (default: the command)")
     command: list[str] = Field(min_length=1, max_length=MAX_ARGS,
                                description="argv, e.g. [\"python\", \"train.py\", \"--lr\", \"1e-4\"]; a string is "
                                            "split like a POSIX shell would (no shell runs it)")
@@ -321,9 +351,7 @@ class CommandSpec(BaseModel):
                                               "(Hub tokens, API keys): their values are never stored or shown")
     instrument: bool = Field(True, description="report Trainer/tqdm/datasets progress, metrics and stacks "
                                                "without code changes (a startup hook on PYTHONPATH)")
-    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
-    max_retries: int = Field(2, ge=0, le=20, description="automatic retries (killed by a signal, lost worker)")
-    stall: StallSpec = Field(default_factory=StallSpec)
+    # the shared fields (SpecBase) whose meaning differs for a command
     nproc_per_node: int = Field(1, ge=1, le=64, description="processes (ranks) per machine: more than 1 runs "
                                 "the command under torchrun (`--no-python`: the command as given, once per rank)")
     nnodes: int = Field(1, ge=1, le=1, description="machines: command jobs run on one agent")
@@ -397,10 +425,10 @@ def _env_name(k: str) -> None:
         raise ValueError(f"{k} is reserved: the agent sets it, or it is a tokenpulse credential")
 
 
-JOB_KINDS: dict[str, type[BaseModel]] = {TRAIN: JobSpec, COMMAND: CommandSpec}
+JOB_KINDS: dict[str, type[SpecBase]] = {TRAIN: JobSpec, COMMAND: CommandSpec}
 
 
-def spec_kind(spec: BaseModel) -> JobKind:
+def spec_kind(spec: SpecBase) -> JobKind:
     return COMMAND if isinstance(spec, CommandSpec) else TRAIN
 
 
@@ -488,10 +516,6 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "phase": PhaseData, "metrics": MetricsData, "log": LogData, "state": StateData,
     "alert": AlertData, "checkpoint": CheckpointData,
 }
-
-
-def finite_or_none(x: float) -> Optional[float]:
-    return x if x is not None and math.isfinite(x) else None
 
 
 # ---- agent protocol -------------------------------------------------------------------------------
@@ -675,16 +699,17 @@ class Claim(BaseModel):
 # REST shapes of server/schemas.py.
 
 FrameType = Literal["job", "events", "heartbeat", "alert", "agent", "error", "subscribed", "nudge", "work"]
-JOB_FRAME: FrameType = "job"
-EVENTS_FRAME: FrameType = "events"
-HEARTBEAT_FRAME: FrameType = "heartbeat"
-ALERT_FRAME: FrameType = "alert"
-AGENT_FRAME: FrameType = "agent"
-ERROR_FRAME: FrameType = "error"
-SUBSCRIBED_FRAME: FrameType = "subscribed"
+# Final: each constant keeps its own literal type, the one its frame's "type" key declares
+JOB_FRAME: Final = "job"
+EVENTS_FRAME: Final = "events"
+HEARTBEAT_FRAME: Final = "heartbeat"
+ALERT_FRAME: Final = "alert"
+AGENT_FRAME: Final = "agent"
+ERROR_FRAME: Final = "error"
+SUBSCRIBED_FRAME: Final = "subscribed"
 # to agents' websockets only (server/api/agent_ws.py), which send each as {"<type>": true}
-NUDGE_FRAME: FrameType = "nudge"  # a person asked for something on one of its jobs: heartbeat now
-WORK_FRAME: FrameType = "work"  # a job was queued: an idle agent claims now
+NUDGE_FRAME: Final = "nudge"  # a person asked for something on one of its jobs: heartbeat now
+WORK_FRAME: Final = "work"  # a job was queued: an idle agent claims now
 
 # The hub's topics (server/hub.py; a browser subscribes by these names, web/static/*.js).
 JOBS_TOPIC = "jobs"  # every job's summaries and heartbeats

@@ -23,7 +23,8 @@ def logged_in(request: Request) -> bool:
 def page(request: Request, name: str, status_code: int = 200, **ctx):
     if not logged_in(request):
         return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
-    return templates.TemplateResponse(request, name, {"page": name.removesuffix(".html"), **ctx}, status_code=status_code)
+    return templates.TemplateResponse(request, name, {"page": name.removesuffix(".html"), **ctx},
+                                      status_code=status_code)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -46,7 +47,8 @@ def login(request: Request, token: str = Form(..., max_length=500), next: str = 
         tp.login_throttle.failed(client)
         return templates.TemplateResponse(
             request, "login.html", {"next": next, "page": "login",
-                                    "error": "That token is not valid. It is in the server's data directory, file 'token'."},
+                                    "error": "That token is not valid. It is in the server's data directory, file "
+                                             "'token'."},
             status_code=401)
 
     def start(s):
@@ -119,14 +121,23 @@ def job_page(request: Request, job_id: str):
 FORM: list[tuple[str, str, list[tuple]]] = [
     ("data", "Model and data", [
         ("name", "Name", "text", "A label for the job, shown in lists and charts."),
-        ("model", "Model", "text", "A local Hugging Face model directory, a Hub id (e.g. Qwen/Qwen2.5-0.5B), or builtin:tiny-llama (a tiny model for trying things out)."),
-        ("dataset", "Dataset", "text", ".jsonl / .csv / .parquet / .txt file, a datasets save_to_disk directory, a Hub dataset id, or builtin:demo."),
+        ("model", "Model", "text",
+         "A local Hugging Face model directory, a Hub id (e.g. Qwen/Qwen2.5-0.5B), or builtin:tiny-llama (a tiny model "
+         "for trying things out)."),
+        ("dataset", "Dataset", "text",
+         ".jsonl / .csv / .parquet / .txt file, a datasets save_to_disk directory, a Hub dataset id, or builtin:demo."),
         ("text_field", "Text field", "text", "Column holding plain text. Leave empty to detect (text, content...)."),
-        ("prompt_field", "Prompt field", "text", "For prompt/response pairs: the prompt column (give both or neither)."),
+        ("prompt_field", "Prompt field", "text",
+         "For prompt/response pairs: the prompt column (give both or neither)."),
         ("response_field", "Response field", "text", "For prompt/response pairs: the response column."),
-        ("messages_field", "Messages field", "text", "For chat data: the column holding a list of {role, content}, rendered with the model's chat template. Leave empty to use a 'messages' column."),
-        ("loss_on_response_only", "Loss on the response only", "bool", "Mask prompt tokens out of the loss (prompt/response and Alpaca data; for chats, everything but the assistant's turns)."),
-        ("streaming", "Stream the dataset", "bool", "Read the dataset as a stream, accumulating chunks (for data larger than memory)."),
+        ("messages_field", "Messages field", "text",
+         "For chat data: the column holding a list of {role, content}, rendered with the model's chat template. Leave "
+         "empty to use a 'messages' column."),
+        ("loss_on_response_only", "Loss on the response only", "bool",
+         "Mask prompt tokens out of the loss (prompt/response and Alpaca data; for chats, everything but the "
+         "assistant's turns)."),
+        ("streaming", "Stream the dataset", "bool",
+         "Read the dataset as a stream, accumulating chunks (for data larger than memory)."),
     ]),
     # Only for a model or dataset on the Hugging Face Hub (or a saved DatasetDict's split): folded away.
     ("hub", "Hub model and dataset options", [
@@ -134,10 +145,13 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("dataset_config", "Dataset config", "text", "Hub dataset: the configuration (subset) name."),
         ("dataset_split", "Dataset split", "text", "The split to train on (default: train)."),
         ("dataset_revision", "Dataset revision", "text", "Hub dataset: a branch, tag or commit (default: main)."),
-        ("hub_token_secret", "Hub token secret", "text", "For private or gated Hub repos: the name of a secret on the workers (TOKENPULSE_SECRET_<NAME>); default: their HF_TOKEN. The token is never stored."),
+        ("hub_token_secret", "Hub token secret", "text",
+         "For private or gated Hub repos: the name of a secret on the workers (TOKENPULSE_SECRET_<NAME>); default: "
+         "their HF_TOKEN. The token is never stored."),
     ]),
     ("training", "Training", [
-        ("max_steps", "Max steps", "int", "Optimizer steps. Leave empty and set epochs instead; 200 when both are empty."),
+        ("max_steps", "Max steps", "int",
+         "Optimizer steps. Leave empty and set epochs instead; 200 when both are empty."),
         ("epochs", "Epochs", "float", "Passes over the data, used when max steps is empty."),
         ("learning_rate", "Learning rate", "float", "Peak learning rate (after warmup)."),
         ("warmup_steps", "Warmup steps", "int", "Steps of linear warmup from 0 to the peak learning rate."),
@@ -145,28 +159,50 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("seed", "Seed", "int", "Random seed for data order and initialisation."),
     ]),
     ("batching", "Batching, length and precision", [
-        ("max_seq_length", "Max sequence length (tokens)", "auto-int", "auto: covers the data up to the coverage percentile (see Analyze dataset)."),
-        ("length_coverage", "Length coverage (%)", "float", "Percentile of example lengths that auto max length keeps whole."),
-        ("padding", "Padding", "select:auto,pack,dynamic,max_length", "pack: padding-free, several examples per row; dynamic: pad to the batch's longest; max_length: pad every row to the max (wasteful)."),
-        ("group_by_length", "Group by length", "bool", "With dynamic padding, batch examples of similar length together (less padding)."),
-        ("batch_size", "Micro-batch (rows)", "auto-int", "Rows per forward pass; auto measures a few sizes and takes the fastest that fits."),
-        ("tokens_per_batch", "Tokens per optimizer step", "int", "Effective batch in real tokens per step. Empty: 16 rows' worth."),
-        ("grad_accum", "Gradient accumulation", "auto-int", "Micro-batches per optimizer step; auto reaches tokens per step."),
-        ("precision", "Precision", "select:auto,bf16,fp16,fp32", "auto: bf16 where measured faster or on GPUs that have it."),
-        ("gradient_checkpointing", "Gradient checkpointing", "bool", "Recompute activations in the backward pass: less memory, ~30 % slower."),
-        ("torch_compile", "torch.compile", "select:auto,on,off", "auto: the output head and loss compiled where checked equal, measured faster, and the run is long enough to repay a few seconds of compiling; on: wherever checked equal."),
+        ("max_seq_length", "Max sequence length (tokens)", "auto-int",
+         "auto: covers the data up to the coverage percentile (see Analyze dataset)."),
+        ("length_coverage", "Length coverage (%)", "float",
+         "Percentile of example lengths that auto max length keeps whole."),
+        ("padding", "Padding", "select:auto,pack,dynamic,max_length",
+         "pack: padding-free, several examples per row; dynamic: pad to the batch's longest; max_length: pad every row "
+         "to the max (wasteful)."),
+        ("group_by_length", "Group by length", "bool",
+         "With dynamic padding, batch examples of similar length together (less padding)."),
+        ("batch_size", "Micro-batch (rows)", "auto-int",
+         "Rows per forward pass; auto measures a few sizes and takes the fastest that fits."),
+        ("tokens_per_batch", "Tokens per optimizer step", "int",
+         "Effective batch in real tokens per step. Empty: 16 rows' worth."),
+        ("grad_accum", "Gradient accumulation", "auto-int",
+         "Micro-batches per optimizer step; auto reaches tokens per step."),
+        ("precision", "Precision", "select:auto,bf16,fp16,fp32",
+         "auto: bf16 where measured faster or on GPUs that have it."),
+        ("gradient_checkpointing", "Gradient checkpointing", "bool",
+         "Recompute activations in the backward pass: less memory, ~30 % slower."),
+        ("torch_compile", "torch.compile", "select:auto,on,off",
+         "auto: the output head and loss compiled where checked equal, measured faster, and the run is long enough to "
+         "repay a few seconds of compiling; on: wherever checked equal."),
         ("device", "Device", "select:auto,cpu,cuda", "auto: the accelerator when there is one."),
     ]),
     ("eval", "Evaluation and a quick test run", [
-        ("eval_fraction", "Hold out for eval (fraction)", "float", "Share of the examples held out for evaluation (0–0.5, chosen by seed). Or give an eval dataset."),
-        ("eval_dataset", "Eval dataset", "text", "A separate evaluation file or save_to_disk directory with the same fields."),
-        ("eval_split", "Eval split", "text", "Evaluate on this split of the dataset (a save_to_disk DatasetDict or a Hub dataset), e.g. validation."),
-        ("eval_every", "Evaluate every (steps)", "int", "Eval loss and perplexity every N steps; always at the end when evaluating."),
+        ("eval_fraction", "Hold out for eval (fraction)", "float",
+         "Share of the examples held out for evaluation (0–0.5, chosen by seed). Or give an eval dataset."),
+        ("eval_dataset", "Eval dataset", "text",
+         "A separate evaluation file or save_to_disk directory with the same fields."),
+        ("eval_split", "Eval split", "text",
+         "Evaluate on this split of the dataset (a save_to_disk DatasetDict or a Hub dataset), e.g. validation."),
+        ("eval_every", "Evaluate every (steps)", "int",
+         "Eval loss and perplexity every N steps; always at the end when evaluating."),
         ("eval_every_min", "… or every (minutes)", "float", "Evaluate every N minutes of training."),
-        ("eval_max_examples", "Eval examples (at most)", "int", "Evaluate on at most this many examples (a fixed random choice)."),
-        ("eval_prompts", "Eval prompts", "lines", "One box per prompt (at most 8; a prompt may span several lines): greedy generations at each eval, shown on the job page."),
-        ("eval_max_new_tokens", "Tokens per generation", "int", "New tokens generated for each eval prompt (at most 256)."),
-        ("test_run", "Quick test run first", "bool", "Before the full run: load, tokenize a sample, train a few steps, eval, checkpoint, resume, save and reload; a failing check fails the job at once."),
+        ("eval_max_examples", "Eval examples (at most)", "int",
+         "Evaluate on at most this many examples (a fixed random choice)."),
+        ("eval_prompts", "Eval prompts", "lines",
+         "One box per prompt (at most 8; a prompt may span several lines): greedy generations at each eval, shown on "
+         "the job page."),
+        ("eval_max_new_tokens", "Tokens per generation", "int",
+         "New tokens generated for each eval prompt (at most 256)."),
+        ("test_run", "Quick test run first", "bool",
+         "Before the full run: load, tokenize a sample, train a few steps, eval, checkpoint, resume, save and reload; "
+         "a failing check fails the job at once."),
     ]),
     ("lora", "LoRA (parameter-efficient fine-tuning)", [
         ("lora.enabled", "Use LoRA", "bool", "Train small low-rank adapters instead of all weights."),
@@ -174,7 +210,8 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("lora.alpha", "Alpha", "float", "Scaling = alpha / rank."),
         ("lora.dropout", "Dropout", "float", "Dropout on the adapter input (0 to <1)."),
         ("lora.target_modules", "Target modules", "list", "Comma-separated module names, e.g. q_proj, v_proj."),
-        ("lora.load_in_4bit", "4-bit base weights (QLoRA)", "bool", "CUDA only: quantize the frozen base model to 4 bits."),
+        ("lora.load_in_4bit", "4-bit base weights (QLoRA)", "bool",
+         "CUDA only: quantize the frozen base model to 4 bits."),
     ]),
     ("ops", "Checkpoints, scheduling and retries", [
         ("checkpoint_every", "Checkpoint every (steps)", "int", "Save a checkpoint every N optimizer steps."),
@@ -182,26 +219,13 @@ FORM: list[tuple[str, str, list[tuple]]] = [
         ("keep_checkpoints", "Keep checkpoints", "int", "How many recent checkpoints to keep on disk."),
         ("log_every", "Log every (steps)", "int", "Steps between metric points on the charts."),
         ("priority", "Priority", "int", "−100 to 100; higher runs first."),
-        ("max_retries", "Max retries", "int", "Automatic retries after OOM (with a halved micro-batch), a lost worker or a crash."),
-        ("nproc_per_node", "Processes per machine", "int", "Ranks per machine (torchrun, DistributedDataParallel); same effective batch."),
+        ("max_retries", "Max retries", "int",
+         "Automatic retries after OOM (with a halved micro-batch), a lost worker or a crash."),
+        ("nproc_per_node", "Processes per machine", "int",
+         "Ranks per machine (torchrun, DistributedDataParallel); same effective batch."),
         ("nnodes", "Machines", "int", "Agents that run the job together (claimed all or nothing)."),
     ]),
-    ("stall", "Stall and slow-job detection (empty = server default)", [
-        ("stall.factor", "Factor", "float", "Stalled after this many times the typical step interval."),
-        ("stall.floor_s", "Floor (s)", "float", "Never stalled before this many seconds without progress."),
-        ("stall.ceiling_s", "Ceiling (s)", "float", "Always stalled after this many seconds without progress."),
-        ("stall.first_step_s", "First step allowance (s)", "float", "How long the first step may take."),
-        ("stall.phase_s", "Phase budget (s)", "float", "Budget for a phase with no progress counter."),
-        ("stall.slow_factor", "Slow: below own rate (×)", "float", "Slow when throughput falls this many times below the job's own earlier rate."),
-        ("stall.slow_projection_factor", "Slow: below projection (×)", "float", "… or this many times below the preflight projection."),
-        ("stall.slow_growth_factor", "Slow: step time growth (×)", "float", "Slow when step time grows steadily by this factor."),
-        ("stall.slow_padding_frac", "Slow: padding share", "float", "Slow when more than this fraction (0–1) of batch tokens is padding."),
-        ("stall.slow_step_s", "Slow: step time (s)", "float", "An optimizer step slower than this counts as crawling."),
-        ("stall.slow_periodic_frac", "Slow: periodic pauses share", "float", "Periodic pauses costing this share (0–1) of the time."),
-        ("stall.quiet_s", "Quiet warning after (s)", "float", "Warn (with where the main thread waits) when a phase ended and nothing was reported for this long."),
-        ("stall.alert_open_s", "Alert opens after (s)", "float", "A slow or straggler condition must hold this long before its alert opens."),
-        ("stall.alert_clear_s", "Alert clears after (s)", "float", "An alert's condition must stay away this long before the alert clears."),
-    ]),
+    # ("stall", ...): appended below from StallSpec, where each knob's label and help are declared
 ]
 
 
@@ -269,6 +293,21 @@ def field_kind(annotation) -> tuple[str, list]:
     if typing.get_origin(base) is list:
         return "list", []
     return "text", []
+
+
+def sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def stall_inputs() -> list[tuple]:
+    """The stall knobs' rows of FORM, from their one declaration: StallSpec's fields, each with its
+    title (the label) and description (the help)."""
+    from tokenpulse.protocol import StallSpec
+    return [(f"stall.{leaf}", f.title or label_for(leaf), field_kind(f.annotation)[0], sentence(f.description or ""))
+            for leaf, f in StallSpec.model_fields.items()]
+
+
+FORM.append(("stall", "Stall and slow-job detection (empty = server default)", stall_inputs()))
 
 
 @router.get("/submit", response_class=HTMLResponse)

@@ -4,7 +4,6 @@ import sys
 
 import torch
 from accelerate import Accelerator
-
 from userdata import Examples, TinyLM, after_step, collate, evaluate, save_checkpoint
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400

@@ -4,7 +4,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from userdata import FAULT, RANK, TinyLM, after_step, evaluate, read_batch, save_checkpoint, striking
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400

@@ -3,7 +3,6 @@ import os
 import sys
 
 import torch
-
 from userdata import TinyLM, after_step, evaluate, read_batch, save_checkpoint
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400

@@ -1,12 +1,10 @@
 """A Hugging Face Trainer script with the user's own dataset, collator and callback."""
 import os
 import sys
+import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
-
-import time
-
 from userdata import EVAL_BASE, EVAL_EXTRA_S, VOCAB, Examples, after_step, collate, read_example, save_checkpoint
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400

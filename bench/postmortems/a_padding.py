@@ -4,7 +4,13 @@ similar lengths grouped (the fix tokenpulse names)."""
 import argparse
 
 from datasets import load_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainingArguments,
+)
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True)

@@ -4,7 +4,13 @@ batch, similar lengths grouped."""
 import argparse
 
 from datasets import load_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainingArguments,
+)
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True)

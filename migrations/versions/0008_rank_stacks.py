@@ -6,9 +6,8 @@ Revision ID: 0008
 Revises: 0007
 Create Date: 2026-11-23
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0008'
 down_revision = '0007'

@@ -13,9 +13,8 @@ Create Date: 2026-11-24
 import logging
 import sys
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0009'
 down_revision = '0008'

@@ -6,9 +6,8 @@ Revision ID: 0010
 Revises: 0009
 Create Date: 2026-11-25
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0010'
 down_revision = '0009'

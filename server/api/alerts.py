@@ -8,10 +8,10 @@ from fastapi import APIRouter, HTTPException, Query
 from sqlalchemy import select
 
 from server.context import AppDep
-from server.security import UserDep
 from server.ingest.alerts import alert_dict
 from server.models import Alert
 from server.schemas import AlertOut
+from server.security import UserDep
 from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 
 router = APIRouter(prefix="/api/alerts", tags=["alerts"])

@@ -3,43 +3,30 @@ process so the server itself never imports torch or a tokenizer."""
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
-import tempfile
 
 from fastapi import APIRouter, HTTPException, Query
 
+from server.analysis_pool import Busy, pool_of, run_analyzer
 from server.context import AppDep
 from server.errors import unprocessable
 from server.security import UserDep
-from server.analysis_pool import Busy, pool_of
 from server.validate import check_spec_async, quotable
 from tokenpulse.protocol import DatasetAnalysis, JobSpec
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"])
 
 
-async def run_worker_tool(module: str, spec: JobSpec, timeout: float, *args: str, quote: bool = True) -> dict:
-    """The worker's tool in a child; its answer, or its error as a 422. quote=False: the dataset may
-    not be quoted (outside the path roots, validate.quotable), so neither its error nor its stderr
-    (which may carry the data's columns or a line of it) reaches the caller."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-        f.write(spec.model_dump_json())
-        f.flush()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", module, "--spec", f.name, *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()  # its pool slot is free only once the child is gone
-            raise HTTPException(504, f"dataset analysis took longer than {timeout:.0f} s") from None
+async def analyze_in_child(spec: JobSpec, timeout: float, *args: str, quote: bool = True) -> dict:
+    """The worker's analyzer in a child (analysis_pool.run_analyzer); its answer, or its error as a
+    422. quote=False: the dataset may not be quoted (outside the path roots, validate.quotable), so
+    neither its error nor its stderr (which may carry the data's columns or a line of it) reaches the caller."""
     try:
-        result = json.loads(out.decode().strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
+        result, err = await run_analyzer(spec, timeout, *args)
+    except asyncio.TimeoutError:
+        raise HTTPException(504, f"dataset analysis took longer than {timeout:.0f} s") from None
+    if result is None:
         raise HTTPException(500, f"analysis failed: {err.decode()[-2000:]}" if quote else
-                            "analysis failed (its output is shown only for data under the server's path roots)") from None
+                            "analysis failed (its output is shown only for data under the server's path roots)")
     if "error" in result:
         message = result["error"] if quote else (
             "the analysis of this dataset failed; its message is shown only for files under the server's path "
@@ -62,7 +49,7 @@ async def analyze(spec: JobSpec, tp: AppDep, caller: UserDep,
     extra = ("--measure", str(measure)) if measure else ()
     try:
         async with pool_of(tp).place(caller.principal_id):  # at most a few children at once, queued
-            return await run_worker_tool("worker.training.analyze", spec, tp.settings.analyze_timeout_s, *extra,
-                                         quote=quotable(tp.settings, spec.dataset))
+            return await analyze_in_child(spec, tp.settings.analyze_timeout_s, *extra,
+                                          quote=quotable(tp.settings, spec.dataset))
     except Busy as e:
         raise HTTPException(429, e.message, headers={"Retry-After": str(e.retry_after)}) from None

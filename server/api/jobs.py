@@ -10,21 +10,31 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, or_, select
 
 from server import gang, store
+from server.analysis_pool import pool_of
+from server.api.agent_ws import work_queued
+from server.context import AppDep
+from server.dialect import raw_cursor
 from server.errors import error_list, unprocessable
 from server.hub import job_frames
-from server.context import AppDep
-from server.security import CommandsDep, UserDep, not_yours, require_command_rights
 from server.models import Attempt, Event as EventRow, Job, MetricKey
-from server.api.agent_ws import work_queued
-from server.dialect import raw_cursor
-from server.analysis_pool import pool_of
 from server.preflight import preflight
 from server.rules import RULES, Fired
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
+from server.security import CommandsDep, UserDep, not_yours, require_command_rights
 from server.series import read_series
 from server.validate import check_spec_async
-from tokenpulse.protocol import (COMMAND, EXTERNAL, JOB_KINDS, JOBS_TOPIC, CommandSpec, JobSpec, JobState,
-                                 agent_topic, job_frame, nudge_frame)
+from tokenpulse.protocol import (
+    COMMAND,
+    EXTERNAL,
+    JOB_KINDS,
+    JOBS_TOPIC,
+    CommandSpec,
+    JobSpec,
+    JobState,
+    agent_topic,
+    job_frame,
+    nudge_frame,
+)
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -94,9 +104,11 @@ async def create_command_job(spec: CommandSpec, tp: AppDep, caller: CommandsDep)
 @router.get("")
 def list_jobs(tp: AppDep, _: UserDep,
               state: Optional[list[JobState]] = Query(None, description="filter by state (repeatable)"),
-              q: Optional[str] = Query(None, max_length=200, description="search: a name fragment, or a job id (`4` or `#4`)"),
+              q: Optional[str] = Query(None, max_length=200,
+                                       description="search: a name fragment, or a job id (`4` or `#4`)"),
               limit: int = Query(50, ge=1, le=1000), offset: int = Query(0, ge=0),
-              spec: bool = Query(False, description="include each job's settings (the jobs list's columns)")) -> JobList:
+              spec: bool = Query(False,
+                                 description="include each job's settings (the jobs list's columns)")) -> JobList:
     with tp.db.read() as s:
         where = []
         if state:

@@ -8,8 +8,8 @@ from pydantic import BaseModel, Field
 
 from server import ranks
 from server.context import AppDep
-from server.security import UserDep
 from server.models import Job
+from server.security import UserDep
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 

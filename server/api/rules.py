@@ -42,7 +42,8 @@ class NewRule(BaseModel):
     steps: Optional[int] = Field(None, ge=1, le=10**9, description="no_improvement: steps without a new best")
     mode: Literal["min", "max"] = Field("min", description="no_improvement: lower (min) or higher (max) is better")
     sigmas: Optional[float] = Field(None, gt=0, le=1000, description="jump: standard deviations from the recent mean")
-    state: Optional[Literal[STATES]] = Field(None, description="state: the job state that fires")  # type: ignore[valid-type]
+    state: Optional[Literal[STATES]] = Field(None,
+                                             description="state: the job state that fires")  # type: ignore[valid-type]
     severity: Literal["info", "warning", "critical"] = "warning"
     channels: list[Channel] = Field(default_factory=list, max_length=10)
 
@@ -107,7 +108,8 @@ async def remove_rule(rule_id: int, tp: AppDep, caller: UserDep) -> dict:
             raise HTTPException(404, f"rule {rule_id} does not exist" + ("" if r is None else " among your rules"))
         cleared = []
         for a in s.scalars(select(Alert).where(Alert.kind == f"{KIND_PREFIX}{rule_id}", Alert.state != "cleared")):
-            c = upsert_alert(s, a.job_id, a.agent_id, {"kind": a.kind, "clear": True, "message": "its rule was removed"})
+            c = upsert_alert(s, a.job_id, a.agent_id,
+                             {"kind": a.kind, "clear": True, "message": "its rule was removed"})
             if c is not None:
                 cleared.append(alert_dict(c))
         s.delete(r)

@@ -12,9 +12,9 @@ from sqlalchemy import func, or_, select
 from server import auth
 from server.context import AppDep
 from server.errors import unprocessable
-from server.security import COMMANDS_REFUSED, Caller, UserDep
 from server.models import Token
 from server.schemas import Me, NewTokenOut, TokenOut
+from server.security import COMMANDS_REFUSED, Caller, UserDep
 
 router = APIRouter(prefix="/api/tokens", tags=["tokens"])
 
@@ -37,7 +37,8 @@ def token_dict(t: Token) -> dict:
 def check_may_mint(body: NewToken, caller: Caller) -> None:
     if body.allow_commands and body.role not in (auth.USER, auth.AGENT):
         raise unprocessable([{"field": "allow_commands", "message": f"only user and agent tokens take it; "
-                              f"a {body.role} token {'has every right' if body.role == auth.ADMIN else 'only reads /metrics'}"}])
+                              f"a {body.role} token "
+                              f"{'has every right' if body.role == auth.ADMIN else 'only reads /metrics'}"}])
     if body.gang and body.role != auth.AGENT:
         raise unprocessable([{"field": "gang", "message": "only agent tokens join multi-node jobs"}])
     if caller.is_admin:
@@ -46,7 +47,8 @@ def check_may_mint(body: NewToken, caller: Caller) -> None:
         raise HTTPException(403, f"only an admin may create {body.role} tokens; a user may create user tokens "
                                  "for itself (field 'role')")
     if body.allow_commands and not caller.may_run_commands:
-        raise HTTPException(403, COMMANDS_REFUSED.replace("submit command jobs", "grant the right to submit command jobs"))
+        raise HTTPException(403,
+                            COMMANDS_REFUSED.replace("submit command jobs", "grant the right to submit command jobs"))
 
 
 @router.post("", status_code=201)
@@ -97,7 +99,8 @@ async def revoke_token(token_id: int, tp: AppDep, caller: UserDep) -> TokenOut:
                                          "it created; ask an admin")
             raise HTTPException(404, f"token {token_id} does not exist")
         if t.revoked_at is None and t.role == auth.ADMIN and s.scalar(
-                select(func.count()).select_from(Token).where(Token.role == auth.ADMIN, Token.revoked_at.is_(None))) <= 1:
+                select(func.count()).select_from(Token).where(Token.role == auth.ADMIN,
+                                                              Token.revoked_at.is_(None))) <= 1:
             raise HTTPException(409, f"token {token_id} is the last admin token: create another admin token first "
                                      "(nobody could manage tokens otherwise)")
         if t.revoked_at is None:

@@ -23,8 +23,19 @@ from server.ingest.metrics import PointBatch
 from server.ingest.parse import INT_LIMIT, Ev
 from server.models import Job
 from server.rules import NON_FINITE_ALERT, RULES
-from tokenpulse.protocol import (ACTIVE_STATES, ALERTS_TOPIC, JOBS_TOPIC, Action, Command, JobState, Phase,
-                                 alert_frame, events_frame, job_frame, job_topic)
+from tokenpulse.protocol import (
+    ACTIVE_STATES,
+    ALERTS_TOPIC,
+    JOBS_TOPIC,
+    Action,
+    Command,
+    JobState,
+    Phase,
+    alert_frame,
+    events_frame,
+    job_frame,
+    job_topic,
+)
 
 INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
 PG_INSERT_EVENT = INSERT_EVENT.replace(" OR IGNORE", "") + " ON CONFLICT (job_id, seq) DO NOTHING"

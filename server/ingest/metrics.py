@@ -4,6 +4,9 @@ thousand rows (server/series.py)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from operator import itemgetter
+from typing import Optional, Sequence
 
 from sqlalchemy import insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -13,6 +16,66 @@ from server.dialect import dialect_name, raw_cursor
 from server.models import MetricKey
 
 ROLLUP_SHIFT = 8  # a rollup row covers 2**8 = 256 steps of one (job, key)
+
+
+@dataclass(slots=True)
+class Rollup:
+    """One (job, key, 256-step bucket)'s aggregate: how many points, and its first, last, lowest and
+    highest point, each a step, t and value. The fields are metric_rollups' columns in their stored
+    order (ROLLUP_COLS). Mutable: ingest updates one per point while a batch goes by."""
+    n: int
+    first_step: int
+    first_t: float
+    first_value: float
+    last_step: int
+    last_t: float
+    last_value: float
+    min_step: int
+    min_t: float
+    min_value: float
+    max_step: int
+    max_t: float
+    max_value: float
+
+    @classmethod
+    def of_points(cls, pts: Sequence[tuple]) -> "Rollup":
+        """(step, t, value) rows in step order."""
+        low, high = min(pts, key=_value), max(pts, key=_value)
+        return cls(len(pts), *pts[0], *pts[-1], *low, *high)
+
+    def row(self) -> tuple:
+        """The stored columns, in ROLLUP_COLS order."""
+        return (self.n, self.first_step, self.first_t, self.first_value, self.last_step, self.last_t,
+                self.last_value, self.min_step, self.min_t, self.min_value, self.max_step, self.max_t,
+                self.max_value)
+
+    # each point as (step, t, value), the shape of a metrics row
+    @property
+    def first(self) -> tuple:
+        return (self.first_step, self.first_t, self.first_value)
+
+    @property
+    def last(self) -> tuple:
+        return (self.last_step, self.last_t, self.last_value)
+
+    @property
+    def low(self) -> tuple:
+        return (self.min_step, self.min_t, self.min_value)
+
+    @property
+    def high(self) -> tuple:
+        return (self.max_step, self.max_t, self.max_value)
+
+    def followed_by(self, newer: "Rollup") -> "Rollup":
+        """This bucket's points and then `newer`'s, all of whose steps come after these: first stays,
+        last is the newer one's, extremes compare (a tie keeps the earlier point)."""
+        low = self if self.min_value <= newer.min_value else newer
+        high = self if self.max_value >= newer.max_value else newer
+        return Rollup(self.n + newer.n, *self.first, *newer.last, *low.low, *high.high)
+
+
+_value = itemgetter(2)
+ROLLUP_COLS = ", ".join(f.name for f in fields(Rollup))
 
 
 class MetricKeys:
@@ -43,8 +106,6 @@ METRIC_KEYS = MetricKeys()
 INSERT_METRIC = "INSERT OR REPLACE INTO metrics (job_id, key_id, step, t, value) VALUES "
 ROWS_PER_INSERT = 500  # 2,500 parameters a statement; SQLite allows 32,766
 INSERT_ROWS = INSERT_METRIC + ", ".join(["(?, ?, ?, ?, ?)"] * ROWS_PER_INSERT)
-ROLLUP_COLS = ("n, first_step, first_t, first_value, last_step, last_t, last_value, "
-               "min_step, min_t, min_value, max_step, max_t, max_value")
 INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, bucket, {ROLLUP_COLS}) "
                  f"VALUES ({', '.join('?' * 16)})")
 # PostgreSQL spells upserts ON CONFLICT (placeholders are rewritten by dialect.raw_cursor).
@@ -64,7 +125,7 @@ class PointBatch:
 
     def __init__(self):
         self.rows: list[tuple] = []
-        self.rollups: dict[tuple, list] = {}  # (job, key, bucket) -> aggregate of this batch's points
+        self.rollups: dict[tuple, Rollup] = {}  # (job, key, bucket) -> aggregate of this batch's points
         self.dirty: set[tuple] = set()  # buckets with a repeated or out-of-order step: recomputed from rows
 
     def add(self, s: Session, job_id: int, step: int, t: float, values: dict) -> None:
@@ -78,17 +139,17 @@ class PointBatch:
             # The rollup of this bucket, kept while the rows go by (one dict hit a point).
             g = rollups.get((job_id, kid, bucket))
             if g is None:
-                rollups[(job_id, kid, bucket)] = [1, step, t, v, step, t, v, step, t, v, step, t, v]
+                rollups[(job_id, kid, bucket)] = Rollup(1, step, t, v, step, t, v, step, t, v, step, t, v)
                 continue
-            g[0] += 1
-            if step > g[4]:
-                g[4], g[5], g[6] = step, t, v
+            g.n += 1
+            if step > g.last_step:
+                g.last_step, g.last_t, g.last_value = step, t, v
             else:
                 self.dirty.add((job_id, kid, bucket))
-            if v < g[9]:
-                g[7], g[8], g[9] = step, t, v
-            if v > g[12]:
-                g[10], g[11], g[12] = step, t, v
+            if v < g.min_value:
+                g.min_step, g.min_t, g.min_value = step, t, v
+            if v > g.max_value:
+                g.max_step, g.max_t, g.max_value = step, t, v
 
     def store(self, s: Session) -> None:
         if not self.rows:
@@ -123,31 +184,22 @@ def pg_array(col, kind) -> str:
     return "{" + ",".join(map(repr, map(kind, col))) + "}"
 
 
-def store_rollups(cur, batch: dict[tuple, list], dirty: set[tuple], upsert: str = INSERT_ROLLUP) -> None:
+def store_rollups(cur, batch: dict[tuple, Rollup], dirty: set[tuple], upsert: str = INSERT_ROLLUP) -> None:
     """Merge this batch's per-bucket aggregates into metric_rollups (a few rows a key per batch).
     A bucket that got a step at or before one it already had (a resumed job re-logging steps, a
     repeat) is recomputed from its rows, so an overwritten value never lingers as a min or max."""
     rows = []
     for (job_id, kid, bucket), g in batch.items():
-        old = cur.execute(f"SELECT {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? "
+        row = cur.execute(f"SELECT {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? "
                           "AND bucket = ?", (job_id, kid, bucket)).fetchone()
-        if (job_id, kid, bucket) in dirty or (old is not None and g[1] <= old[4]):
+        old: Optional[Rollup] = Rollup(*row) if row is not None else None
+        if (job_id, kid, bucket) in dirty or (old is not None and g.first_step <= old.last_step):
             lo = bucket << ROLLUP_SHIFT
             pts = cur.execute("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND step "
                               "BETWEEN ? AND ? ORDER BY step", (job_id, kid, lo, lo + (1 << ROLLUP_SHIFT) - 1)
                               ).fetchall()
-            g = aggregate(pts)
+            g = Rollup.of_points(pts)
         elif old is not None:
-            # Appending after the stored points: first stays, last is ours, extremes compare.
-            g = [old[0] + g[0], *old[1:4], *g[4:7],
-                 *(old[7:10] if old[9] <= g[9] else g[7:10]), *(old[10:13] if old[12] >= g[12] else g[10:13])]
-        rows.append((job_id, kid, bucket, *g))
+            g = old.followed_by(g)  # appending after the stored points
+        rows.append((job_id, kid, bucket, *g.row()))
     cur.executemany(upsert, rows)
-
-
-def aggregate(pts: list[tuple]) -> list:
-    """(step, t, value) rows in step order -> [n, first, last, min, max] as rollup columns."""
-    first, last = pts[0], pts[-1]
-    mn = min(pts, key=lambda p: p[2])
-    mx = max(pts, key=lambda p: p[2])
-    return [len(pts), *first, *last, *mn, *mx]

@@ -7,8 +7,14 @@ import argparse
 import time
 
 from datasets import load_dataset
-from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer,
-                          TrainerCallback, TrainingArguments)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True)

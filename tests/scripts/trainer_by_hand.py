@@ -4,7 +4,14 @@ import sys
 
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer, DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import (
+                                            AutoTokenizer,
+                                            DataCollatorForLanguageModeling,
+                                            LlamaConfig,
+                                            LlamaForCausalLM,
+                                            Trainer,
+                                            TrainingArguments,
+)
 
 from tokenpulse.integrations import TokenPulseCallback
 

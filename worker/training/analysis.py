@@ -116,6 +116,7 @@ def analyze_lengths(lengths: np.ndarray, coverage: float, model_max: Optional[in
         "truncated": trunc, "truncated_frac": trunc / n if n else 0.0,
         "rows_per_step": ROWS_PER_STEP,
         "real_tokens_per_step": step,
-        "real_tokens_per_step_from": "tokens_per_batch" if tokens_per_batch else f"{ROWS_PER_STEP} examples of mean length",
+        "real_tokens_per_step_from": ("tokens_per_batch" if tokens_per_batch else
+                                      f"{ROWS_PER_STEP} examples of mean length"),
         "layouts": layout_costs(lengths, use, step_tokens=step, group_by_length=group_by_length) if n else {},
     }

@@ -6,6 +6,8 @@ event fd when TOKENPULSE_EVENT_FD is set), so stdout stays machine-readable.
 """
 from __future__ import annotations
 
+from tokenpulse.errors import SpecError
+
 from .runtime import configure as _configure_runtime
 
 _configure_runtime()  # before anything imports torch
@@ -16,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import EXIT_CRASH, EXIT_OK, EXIT_SPEC, SpecError
+from .errors import EXIT_CRASH, EXIT_OK, EXIT_SPEC
 
 
 def check(spec, cache_dir=None) -> dict:
@@ -36,10 +38,11 @@ def check(spec, cache_dir=None) -> dict:
 def analyze(spec, cache_dir=None, em=None, sample=None, measure_s: float = 0.0):
     """-> protocol.DatasetAnalysis"""
     from tokenpulse.protocol import DatasetAnalysis
+
     from .analysis import SAMPLE_ABOVE, analyze_lengths
+    from .emit import Emitter
     from .modeling import load_tokenizer
     from .prepare import load_tokenized
-    from .emit import Emitter
     em = em or Emitter(alive_every=0)
     check(spec, cache_dir)
     tok = load_tokenizer(spec)
@@ -81,6 +84,7 @@ def _model_max(spec):
         from .modeling import builtin_config
         return builtin_config(2048).max_position_embeddings
     from transformers import AutoConfig
+
     from .modeling import model_dir
     cfg = AutoConfig.from_pretrained(str(model_dir(spec)), trust_remote_code=False)
     for k in ("max_position_embeddings", "n_positions", "max_sequence_length"):
@@ -107,9 +111,9 @@ def main(argv=None) -> int:
         try:
             spec = JobSpec.model_validate_json(args.spec.read_text())
         except FileNotFoundError:
-            raise SpecError(f"spec file not found: {args.spec}", "spec")
+            raise SpecError("spec", f"spec file not found: {args.spec}") from None
         except Exception as e:
-            raise SpecError(f"invalid spec: {e}", "spec")
+            raise SpecError("spec", f"invalid spec: {e}") from e
         out = (check(spec, args.cache_dir) if args.check_only
                else analyze(spec, args.cache_dir, sample=args.sample, measure_s=args.measure).model_dump(mode="json"))
         code = EXIT_OK

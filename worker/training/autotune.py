@@ -19,8 +19,6 @@ from .packing import Layout, collate, epoch_batches, epoch_steps
 from .tokenization import Tokenized
 
 
-
-
 def _sample_micro_batches(data: Tokenized, layout: Layout, seed: int, n: int) -> list:
     if layout.mode == "pack" and layout.step_tokens:
         return [m for step in epoch_steps(data, layout, seed, 0)[:n] for m in step][:n]

@@ -12,28 +12,29 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .errors import SpecError
+from tokenpulse.errors import SpecError
 
 ASSISTANT = "assistant"
 
 
 def require_template(tokenizer, model: str) -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise SpecError(f"the dataset holds chats (a messages column) but the tokenizer of {model} has no chat "
+        raise SpecError("model",
+                        f"the dataset holds chats (a messages column) but the tokenizer of {model} has no chat "
                         "template: use a model whose tokenizer_config.json has a chat_template (an instruct "
                         "or chat model), add one to its tokenizer (tokenizer.chat_template = ...; "
                         "save_pretrained), or name plain-text columns with text_field or "
-                        "prompt_field/response_field", "model")
+                        "prompt_field/response_field")
 
 
 def check_messages(messages: Any, field: str) -> list[dict]:
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise SpecError(f"column {field!r} must hold a non-empty list of {{role, content}} messages, "
-                        f"got {type(messages).__name__}", "messages_field")
+        raise SpecError("messages_field", f"column {field!r} must hold a non-empty list of {{role, content}} messages, "
+                                          f"got {type(messages).__name__}")
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise SpecError(f"column {field!r}: every message needs a 'role' string and a 'content' "
-                            f"(got {str(m)[:200]!r})", "messages_field")
+            raise SpecError("messages_field", f"column {field!r}: every message needs a 'role' string and a 'content' "
+                                              f"(got {str(m)[:200]!r})")
     return [dict(m) for m in messages]
 
 
@@ -48,8 +49,8 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
     try:
         full = _render(tokenizer, messages)
     except Exception as e:  # a template raising on these messages (e.g. roles out of order)
-        raise SpecError(f"the chat template cannot render a conversation: {type(e).__name__}: {e}",
-                        "messages_field") from e
+        raise SpecError("messages_field",
+                        f"the chat template cannot render a conversation: {type(e).__name__}: {e}") from e
     spans, pos = [], 0
     for i, m in enumerate(messages):
         if m["role"] != ASSISTANT:
@@ -80,9 +81,9 @@ def _content_span(tokenizer, full: str, message: dict, pos: int) -> tuple[int, i
     content = message["content"] if isinstance(message["content"], str) else ""
     at = full.find(content, pos) if content else -1
     if at < 0:
-        raise SpecError("cannot find an assistant turn in the rendered chat: the chat template changes the "
-                        "messages' text; use a template that keeps it, or prompt_field/response_field",
-                        "messages_field")
+        raise SpecError("messages_field",
+                        "cannot find an assistant turn in the rendered chat: the chat template changes the "
+                        "messages' text; use a template that keeps it, or prompt_field/response_field")
     end = at + len(content)
     eos = tokenizer.eos_token
     if eos and full.startswith(eos, end):

@@ -15,9 +15,16 @@ from typing import Optional
 import numpy as np
 import torch
 
+from worker.checkpoint_layout import (
+    MODEL_DIR,
+    STATE_FILE,
+    checkpoint_step,
+    list_checkpoints,
+    step_dir,
+    tmp_dir,
+    write_meta,
+)
 from worker.training.diskspace import looks_like_disk_full
-from worker.checkpoint_layout import (MODEL_DIR, STATE_FILE, checkpoint_step, list_checkpoints, step_dir,
-                                      tmp_dir, write_meta)
 
 __all__ = ["save", "load_state", "list_checkpoints", "rng_state", "set_rng_state"]
 

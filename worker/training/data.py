@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import BUILTIN_DATASET, JobSpec
 
-from .errors import SpecError, root_cause
+from .errors import root_cause
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "tokenpulse" / "demo"
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
@@ -62,15 +63,15 @@ def dataset_path(spec: JobSpec, em=None) -> Path:
         return snapshot
     p = Path(spec.dataset).expanduser()
     if not p.exists():
-        raise SpecError(f"dataset not found: {spec.dataset} (neither a local path nor a Hub id)", "dataset")
+        raise SpecError("dataset", f"dataset not found: {spec.dataset} (neither a local path nor a Hub id)")
     if p.is_dir():
         if not (p / "dataset_info.json").exists() and not (p / "dataset_dict.json").exists():
-            raise SpecError(f"{spec.dataset} is a directory but not a datasets save_to_disk directory", "dataset")
+            raise SpecError("dataset", f"{spec.dataset} is a directory but not a datasets save_to_disk directory")
     elif p.suffix.lower() not in _BUILDERS:
-        raise SpecError(f"unsupported dataset file type {p.suffix!r}: use .jsonl, .json, .csv, .parquet, "
-                        ".txt or a save_to_disk directory", "dataset")
+        raise SpecError("dataset", f"unsupported dataset file type {p.suffix!r}: use .jsonl, .json, .csv, .parquet, "
+                                   ".txt or a save_to_disk directory")
     elif not os.access(p, os.R_OK):
-        raise SpecError(f"dataset not readable: {spec.dataset}", "dataset")
+        raise SpecError("dataset", f"dataset not readable: {spec.dataset}")
     return p
 
 
@@ -105,7 +106,7 @@ def _pick_split(ds, split: Optional[str] = None):
     if isinstance(ds, (DatasetDict, IterableDatasetDict)):
         if split is not None:
             if split not in ds:
-                raise SpecError(f"no split {split!r} in the dataset (splits: {', '.join(ds)})", "dataset_split")
+                raise SpecError("dataset_split", f"no split {split!r} in the dataset (splits: {', '.join(ds)})")
             return ds[split]
         return ds["train"] if "train" in ds else ds[next(iter(ds))]
     return ds
@@ -132,17 +133,14 @@ def load_rows(path: Path, cache_dir: Optional[Path] = None, streaming: bool = Fa
     except SpecError:
         raise
     except Exception as e:  # a malformed file is the user's to fix, not a crash to retry
-        raise SpecError(f"cannot read dataset {path}: {root_cause(e)}", "dataset") from e
-
-
-ALPACA_COLUMNS = ("instruction", "input", "output")
+        raise SpecError("dataset", f"cannot read dataset {path}: {root_cause(e)}") from e
 
 
 def resolve_fields(spec: JobSpec, columns: list[str]) -> Fields:
     """The spec's named columns, else (as TRL does) `messages`, then `text`, then Alpaca's columns."""
     def need(name: Optional[str], which: str) -> str:
         if name not in columns:
-            raise SpecError(f"column {name!r} not in dataset (columns: {', '.join(columns)})", which)
+            raise SpecError(which, f"column {name!r} not in dataset (columns: {', '.join(columns)})")
         return name
 
     if spec.messages_field:
@@ -159,9 +157,9 @@ def resolve_fields(spec: JobSpec, columns: list[str]) -> Fields:
     if "instruction" in columns and "output" in columns:
         return Fields(instruction="instruction", output="output",
                       input="input" if "input" in columns else None)
-    raise SpecError(f"no text_field given and no 'text', 'messages' or 'instruction'+'output' columns "
-                    f"(columns: {', '.join(columns)}); set text_field, messages_field or "
-                    "prompt_field/response_field", "text_field")
+    raise SpecError("text_field", f"no text_field given and no 'text', 'messages' or 'instruction'+'output' columns "
+                                  f"(columns: {', '.join(columns)}); set text_field, messages_field or "
+                                  "prompt_field/response_field")
 
 
 def open_stream(spec: JobSpec, em=None, cache_dir: Optional[Path] = None):
@@ -182,7 +180,7 @@ def open_stream(spec: JobSpec, em=None, cache_dir: Optional[Path] = None):
     except SpecError:
         raise
     except Exception as e:  # not found, no such config, unreadable files: the user's to fix
-        raise SpecError(f"cannot stream dataset {repo} from the Hub: {root_cause(e)}", "dataset") from e
+        raise SpecError("dataset", f"cannot stream dataset {repo} from the Hub: {root_cause(e)}") from e
     return _pick_split(ds, spec.dataset_split)
 
 
@@ -193,9 +191,9 @@ def peek_columns(path: Path, cache_dir: Optional[Path] = None, config: Optional[
     try:
         first = next(iter(ds))
     except StopIteration:
-        raise SpecError(f"dataset {path} is empty", "dataset")
+        raise SpecError("dataset", f"dataset {path} is empty") from None
     except Exception as e:
-        raise SpecError(f"cannot read dataset {path}: {root_cause(e)}", "dataset") from e
+        raise SpecError("dataset", f"cannot read dataset {path}: {root_cause(e)}") from e
     return list(first.keys())
 
 

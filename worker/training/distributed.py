@@ -165,7 +165,3 @@ def no_sync(model, last: bool):
     if last or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
     return model.no_sync()
-
-
-def unwrap(model):
-    return model.module if hasattr(model, "module") and hasattr(model, "no_sync") else model

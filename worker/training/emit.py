@@ -103,9 +103,11 @@ class Emitter(PipeEmitter):
             main = ", ".join(f"{k.replace('_', ' ')}={_short(v)}" for k, v in rest.items())
             return f"chose {main}" + (f" ({d['reason']})" if d.get("reason") else "")
         if kind == "checkpoint":
-            return f"{'final model' if d.get('final') else 'checkpoint'} saved at step {_n(d.get('step'))}: {d.get('path')}"
+            what = "final model" if d.get("final") else "checkpoint"
+            return f"{what} saved at step {_n(d.get('step'))}: {d.get('path')}"
         if kind == "alert":
-            return f"{'cleared' if d.get('clear') else d.get('severity', 'warning')}: {d.get('kind')}: {d.get('message')}"
+            level = "cleared" if d.get("clear") else d.get("severity", "warning")
+            return f"{level}: {d.get('kind')}: {d.get('message')}"
         if kind == "state":
             return f"{d.get('state')}: {d.get('reason') or ''}".rstrip(": ")
         return None

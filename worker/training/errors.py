@@ -1,7 +1,9 @@
-"""Errors the training process and the analyzer turn into clear messages and exit codes."""
+"""Errors the training process and the analyzer turn into clear messages and exit codes (a spec the
+user can fix is tokenpulse.errors.SpecError, shared with the server)."""
 from __future__ import annotations
 
-# Exit codes of `python -m worker.training.train` / `python -m worker.training.analyze` (the agent maps them to failures).
+# Exit codes of `python -m worker.training.train` / `python -m worker.training.analyze` (the agent maps them to
+# failures).
 EXIT_OK, EXIT_CRASH, EXIT_SPEC, EXIT_FAULT_CRASH, EXIT_NAN, EXIT_OOM, EXIT_DISK_FULL = 0, 1, 2, 3, 4, 5, 6
 
 
@@ -22,17 +24,6 @@ def root_cause(e: BaseException) -> str:
     words = f"{str(root).strip() or type(root).__name__} ({type(root).__name__}"
     wrappers = [f"{type(x).__name__}: {str(x).strip()}" for x in reversed(chain[:-1])]
     return words + (f"; reported as {' <- '.join(wrappers)})" if wrappers else ")")
-
-
-class SpecError(Exception):
-    """Bad input the user can fix (missing file, unknown column, unreadable model): never retried."""
-
-    def __init__(self, message: str, field: str):
-        super().__init__(message)
-        self.message, self.field = message, field
-
-    def as_json(self) -> dict:
-        return {"error": self.message, "field": self.field}
 
 
 class Cancelled(Exception):

@@ -15,10 +15,10 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import JobSpec
 
 from .distributed import Dist, sum_over_ranks
-from .errors import SpecError
 from .loop import forward_loss, to_device
 from .packing import Layout, collate, epoch_batches
 from .precision import autocast
@@ -41,7 +41,7 @@ def subset(data: Tokenized, idx: np.ndarray) -> Tokenized:
 def hold_out(data: Tokenized, fraction: float, seed: int) -> tuple[Tokenized, Tokenized]:
     """(train, eval): `fraction` of the examples held out, chosen by seed; both keep file order."""
     if data.n < 2:
-        raise SpecError(f"eval_fraction needs at least 2 examples; the dataset has {data.n}", "eval_fraction")
+        raise SpecError("eval_fraction", f"eval_fraction needs at least 2 examples; the dataset has {data.n}")
     n_eval = min(data.n - 1, max(1, int(round(fraction * data.n))))
     perm = np.random.default_rng([seed, SPLIT_SALT]).permutation(data.n)
     return subset(data, np.sort(perm[n_eval:])), subset(data, np.sort(perm[:n_eval]))

@@ -7,7 +7,8 @@ file mapping a job's name to the faults that job gets, e.g.
     {"hangs": {"hang_at_step": 8}, "slow": {"step_sleep_s": 0.2}, "*": {...}}
 
 ("*" applies to every job not named). The file is read when a training process starts, so a test may
-write it after the agent is up; a file that does not exist (yet) is an empty plan. Training code calls `Faults.at(point, ...)`, the one hook.
+write it after the agent is up; a file that does not exist (yet) is an empty plan. Training code calls
+`Faults.at(point, ...)`, the one hook.
 """
 from __future__ import annotations
 

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from tokenpulse.errors import SpecError
 from tokenpulse.hubid import hub_repo_id
 from tokenpulse.protocol import JobSpec
-
-from .errors import SpecError
 
 PHASE = "downloading"
 TICK_S = 0.5
@@ -50,8 +49,9 @@ def hub_token(spec: JobSpec):
     env = f"TOKENPULSE_SECRET_{spec.hub_token_secret.upper()}"
     tok = os.environ.get(env)
     if not tok:
-        raise SpecError(f"the job names the secret {spec.hub_token_secret!r} but this worker has none "
-                        f"(set {env} in the agent's environment)", "hub_token_secret")
+        raise SpecError("hub_token_secret",
+                        f"the job names the secret {spec.hub_token_secret!r} but this worker has none "
+                        f"(set {env} in the agent's environment)")
     return tok
 
 
@@ -110,8 +110,12 @@ def _human(n: float) -> str:
 
 
 def _errors():
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     return GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 
@@ -145,16 +149,16 @@ def fetch(repo_id: str, repo_type: str, revision: Optional[str], em, field: str,
         else:
             path = _download_with_progress(kw, em, what, len(todo), total)
     except local_missing as e:
-        raise SpecError(f"{what} is not in the local Hugging Face cache and offline mode (HF_HUB_OFFLINE) "
-                        f"is on: download it once with the Hub reachable ({type(e).__name__})", field) from e
+        raise SpecError(field, f"{what} is not in the local Hugging Face cache and offline mode (HF_HUB_OFFLINE) "
+                               f"is on: download it once with the Hub reachable ({type(e).__name__})") from e
     except gated as e:
-        raise SpecError(f"{what} is gated: accept its terms on the Hub and give a token "
-                        "(HF_TOKEN on the agent, or hub_token_secret)", field) from e
+        raise SpecError(field, f"{what} is gated: accept its terms on the Hub and give a token "
+                               "(HF_TOKEN on the agent, or hub_token_secret)") from e
     except bad_rev as e:
-        raise SpecError(f"{what}: revision not found on the Hub", "revision" if field == "model" else field) from e
+        raise SpecError("revision" if field == "model" else field, f"{what}: revision not found on the Hub") from e
     except not_found as e:
-        raise SpecError(f"{what} not found on the Hub (or it is private: give a token with HF_TOKEN on the "
-                        "agent or hub_token_secret), and it is not a local path either", field) from e
+        raise SpecError(field, f"{what} not found on the Hub (or it is private: give a token with HF_TOKEN on the "
+                               "agent or hub_token_secret), and it is not a local path either") from e
     except Exception as e:  # the Hub unreachable: a cached copy still serves, else a crash (retried)
         try:
             path = Path(snapshot_download(local_files_only=True, **kw))

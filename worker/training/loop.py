@@ -109,13 +109,13 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
             return None
         # the one host sync per log interval (and, with ranks, one all_reduce: the step's loss is
         # the sum of every rank's share)
-        losses = sum_over_ranks(ranks, torch.stack([l for _, l, _ in pending])).tolist()
+        losses = sum_over_ranks(ranks, torch.stack([loss for _, loss, _ in pending])).tolist()
         norms = torch.stack([g for _, _, g in pending]).float().tolist()
         steps = [s for s, _, _ in pending]
         pending = []
-        for s, l in zip(steps, losses):
-            if not math.isfinite(l):
-                return LoopResult(Failure.NAN, s, all_losses, f"loss is {l} at step {s}")
+        for s, loss in zip(steps, losses):
+            if not math.isfinite(loss):
+                return LoopResult(Failure.NAN, s, all_losses, f"loss is {loss} at step {s}")
         all_losses.extend(losses)
         if not tel.enabled or not ranks.main:
             return None

@@ -7,10 +7,10 @@ from typing import Optional
 
 import torch
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import BUILTIN_MODEL, JobSpec
 
 from .data import DEMO_DIR
-from .errors import SpecError
 
 
 def builtin_config(vocab_size: int, **overrides):
@@ -29,10 +29,10 @@ def load_tokenizer(spec: JobSpec):
     try:
         tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=False)
     except Exception as e:
-        raise SpecError(f"cannot load a tokenizer from {src}: {type(e).__name__}: {e}", "model") from e
+        raise SpecError("model", f"cannot load a tokenizer from {src}: {type(e).__name__}: {e}") from e
     if tok.pad_token is None:  # padding needs some id; it is never a loss target
         if tok.eos_token is None:
-            raise SpecError(f"tokenizer in {src} has neither pad nor eos token", "model")
+            raise SpecError("model", f"tokenizer in {src} has neither pad nor eos token")
         tok.pad_token = tok.eos_token
     return tok
 
@@ -48,10 +48,10 @@ def model_dir(spec: JobSpec, em=None) -> Path:
     snapshot = hub.fetch_model(spec, em or _Quiet())
     p = snapshot if snapshot is not None else Path(spec.model).expanduser()
     if not p.is_dir():
-        raise SpecError(f"model must be {BUILTIN_MODEL}, a local Hugging Face model directory or a Hub id; "
-                        f"{spec.model} is none of these", "model")
+        raise SpecError("model", f"model must be {BUILTIN_MODEL}, a local Hugging Face model directory or a Hub id; "
+                                 f"{spec.model} is none of these")
     if not (p / "config.json").is_file():
-        raise SpecError(f"{spec.model} has no config.json: not a Hugging Face model directory", "model")
+        raise SpecError("model", f"{spec.model} has no config.json: not a Hugging Face model directory")
     return p
 
 
@@ -66,9 +66,9 @@ def check_model(spec: JobSpec) -> None:
     except SpecError:
         raise
     except Exception as e:
-        raise SpecError(f"cannot read model config in {spec.model}: {type(e).__name__}: {e}", "model") from e
+        raise SpecError("model", f"cannot read model config in {spec.model}: {type(e).__name__}: {e}") from e
     if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise SpecError(f"model type {cfg.model_type!r} is not a causal language model", "model")
+        raise SpecError("model", f"model type {cfg.model_type!r} is not a causal language model")
     load_tokenizer(spec)
 
 
@@ -81,7 +81,7 @@ def load_model(spec: JobSpec, tokenizer, device: torch.device, weights_from: Opt
     is_lora_ckpt = weights_from is not None and (weights_from / "adapter_config.json").exists()
     quant = _bnb_4bit(device) if spec.lora and spec.lora.load_in_4bit else None  # refuse early on CPU
     if quant is not None and spec.model == BUILTIN_MODEL:
-        raise SpecError("lora.load_in_4bit needs a pretrained model directory, not the builtin model", "lora")
+        raise SpecError("lora", "lora.load_in_4bit needs a pretrained model directory, not the builtin model")
     try:
         if spec.model == BUILTIN_MODEL and (weights_from is None or is_lora_ckpt):
             torch.manual_seed(spec.seed)  # the builtin model's init is part of the run's reproducibility
@@ -96,7 +96,7 @@ def load_model(spec: JobSpec, tokenizer, device: torch.device, weights_from: Opt
     except SpecError:
         raise
     except (OSError, ValueError) as e:
-        raise SpecError(f"cannot load model {spec.model}: {type(e).__name__}: {e}", "model") from e
+        raise SpecError("model", f"cannot load model {spec.model}: {type(e).__name__}: {e}") from e
     model.config.use_cache = False  # a KV cache in training also disables packed-sequence masking
     if spec.gradient_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):  # the transformers >= 5 name
@@ -113,12 +113,12 @@ def load_model(spec: JobSpec, tokenizer, device: torch.device, weights_from: Opt
 
 def _bnb_4bit(device: torch.device):
     if device.type != "cuda":
-        raise SpecError("lora.load_in_4bit (QLoRA) needs a CUDA GPU; this worker has none. "
-                        "Turn load_in_4bit off to train LoRA on full-precision weights.", "lora")
+        raise SpecError("lora", "lora.load_in_4bit (QLoRA) needs a CUDA GPU; this worker has none. "
+                                "Turn load_in_4bit off to train LoRA on full-precision weights.")
     try:
         import bitsandbytes  # noqa: F401 -- only checking it is installed
     except ImportError as e:
-        raise SpecError("lora.load_in_4bit needs the bitsandbytes package on the worker", "lora") from e
+        raise SpecError("lora", "lora.load_in_4bit needs the bitsandbytes package on the worker") from e
     from transformers import BitsAndBytesConfig
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16,
                               bnb_4bit_quant_type="nf4")
@@ -131,7 +131,7 @@ def _wrap_lora(spec: JobSpec, model, adapter_dir: Optional[Path]):
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in spec.lora.target_modules if t not in names]
     if missing:
-        raise SpecError(f"LoRA target_modules {missing} not found in the model", "lora")
+        raise SpecError("lora", f"LoRA target_modules {missing} not found in the model")
     cfg = LoraConfig(r=spec.lora.rank, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
                      target_modules=list(spec.lora.target_modules), task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)

@@ -70,7 +70,8 @@ def epoch_batches(data: Tokenized, layout: Layout, seed: int, epoch: int) -> lis
         short = order[lengths[order] <= layout.row_len]
         long = order[lengths[order] > layout.row_len]
         batches = []
-        for idx, width, rows_per in ((short, layout.row_len, B), (long, long_len, max(1, B * layout.row_len // long_len))):
+        for idx, width, rows_per in ((short, layout.row_len, B),
+                                     (long, long_len, max(1, B * layout.row_len // long_len))):
             rows = pack_rows(lengths, idx, width)
             rows = [rows[j] for j in rng.permutation(len(rows))]  # first-fit fills early rows best; mix
             batches += [rows[k:k + rows_per] for k in range(0, len(rows), rows_per)]

@@ -6,15 +6,14 @@ from contextlib import nullcontext
 
 import torch
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import JobSpec
-
-from .errors import SpecError
 
 
 def pick_device(spec: JobSpec) -> tuple[torch.device, str]:
     has_cuda = torch.cuda.is_available()
     if spec.device == "cuda" and not has_cuda:
-        raise SpecError("device=cuda but this worker has no CUDA GPU", "device")
+        raise SpecError("device", "device=cuda but this worker has no CUDA GPU")
     if spec.device == "cpu" or not has_cuda:
         return torch.device("cpu"), "no accelerator found" if spec.device == "auto" else "asked for cpu"
     return torch.device("cuda"), f"accelerator found: {torch.cuda.get_device_name(0)}"
@@ -56,10 +55,10 @@ def pick_precision(spec: JobSpec, device: torch.device, hidden: int) -> tuple[st
             return ("bf16", "GPU supports bf16 (autocast), TF32 on", {}) if bf16_ok else \
                    ("fp16", "GPU lacks bf16: fp16 autocast with loss scaling, TF32 on", {})
         if want == "bf16" and not bf16_ok:
-            raise SpecError("precision=bf16 but this GPU does not support bf16", "precision")
+            raise SpecError("precision", "precision=bf16 but this GPU does not support bf16")
         return want, "asked for", {}
     if want == "fp16":
-        raise SpecError("precision=fp16 needs a CUDA GPU; use bf16 or fp32 on CPU", "precision")
+        raise SpecError("precision", "precision=fp16 needs a CUDA GPU; use bf16 or fp32 on CPU")
     if want != "auto":
         return want, "asked for", {}
     # Shape like one MLP matmul of a few thousand tokens: what training spends its time on.

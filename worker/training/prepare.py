@@ -7,16 +7,13 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import JobSpec, Phase
 
 from . import data as D
 from .errors import Cancelled
 from .faults import Faults
 from .tokenization import Tokenized, cache_key, cached_tokenize, encode_examples, tokenize_all
-
-
-def _noop(*a, **k):
-    pass
 
 
 def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = None,
@@ -110,6 +107,6 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
             parts, n_samples, n_tokens = [], 0, 0
     flush()
     if fields is None:
-        raise D.SpecError(f"dataset {spec.dataset} is empty", "dataset")
+        raise SpecError("dataset", f"dataset {spec.dataset} is empty")
     if parts:
         yield Tokenized.concat(parts)

@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import JobSpec
 
-from .errors import Cancelled, SpecError, clip
+from .errors import Cancelled, clip
 from .faults import Faults
+from .session import Session
 
 TEST_STEPS = 3
 TEST_SAMPLE = 256  # examples tokenized for the test run
@@ -131,8 +133,8 @@ def test_spec(spec: JobSpec) -> JobSpec:
 
 
 def run_test(spec: JobSpec, out: Path, em, controls, cache_dir: Optional[Path]) -> None:
-    """Run the checks; returns when all pass, raises SpecError naming the failing check."""
-    from .session import Session
+    """Run the checks; returns when all pass, raises SpecError naming the failing check. Run by
+    train.main before the job's own Session, never from inside one."""
     checks = [c for c in CHECKS if spec.has_eval or c not in ("eval data", "eval")]
     tspec = test_spec(spec)
     obs = Observer(em, tspec, checks)
@@ -182,7 +184,7 @@ def run_test(spec: JobSpec, out: Path, em, controls, cache_dir: Optional[Path]) 
             field = "eval_dataset" if spec.eval_dataset else "eval_split" if spec.eval_split else "eval_fraction"
         else:
             field = FIELD.get(check) or getattr(e, "field", None) or "test_run"
-        raise SpecError(f"test run failed at check '{check}': {why}", field) from e
+        raise SpecError(field, f"test run failed at check '{check}': {why}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     em.info(test_run="passed", checks=summary(obs, checks),

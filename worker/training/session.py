@@ -1,6 +1,7 @@
 """One training run from spec to saved model: every automatic choice made here is emitted with its reason."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
@@ -12,24 +13,23 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import AlertKind, Failure, JobSpec, Phase
 
-from . import checkpoint as ckpt
+from . import checkpoint as ckpt, losshead
 from .analysis import recommend_max_len
 from .autotune import autotune
 from .controls import Controls
 from .diskspace import looks_like_disk_full
 from .distributed import broadcast, env_ranks, rank_info, setup, wrap
-from .errors import EXIT_NAN, EXIT_OK, DiskFull, SpecError, is_disk_full
+from .errors import EXIT_NAN, EXIT_OK, DiskFull, is_disk_full
 from .evaluation import Evaluator, cap, hold_out
 from .faults import Faults
 from .hub import fetch_model
-from . import losshead
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
 from .memory import apply_test_headroom
 from .modeling import count_params, load_model, load_tokenizer, supports_packing
 from .packing import Layout, collate, epoch_batches, epoch_steps
-from .quicktest import run_test
 from .precision import measure_peak_flops, pick_device, pick_precision
 from .prepare import load_tokenized, stream_chunks
 from .tokenization import Tokenized
@@ -71,7 +71,7 @@ class Session:
             try:
                 self.state_in = ckpt.load_state(self.resume)
             except FileNotFoundError as e:
-                raise SpecError(str(e), "resume")
+                raise SpecError("resume", str(e)) from e
             weights = self.resume / "model"
         self.model = load_model(spec, self.tokenizer, self.device, weights_from=weights)
         total, trainable = count_params(self.model)
@@ -114,7 +114,8 @@ class Session:
                     truncated_frac=tr / max(1, len(lengths)), reason=reason)
         frac = tr / max(1, len(lengths))
         if frac > TRUNCATION_ALERT_FRAC:  # cutting many examples silently changes what the model learns
-            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% of all {len(lengths):,} examples whole" if rec > L else
+            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% of all {len(lengths):,} examples whole"
+                   if rec > L else
                    f"the model takes at most {model_max} tokens: split or shorten the longest examples")
             em.alert("truncation", f"{tr:,} of {len(lengths):,} examples ({frac:.1%}) are longer than "
                      f"max_seq_length={L} and are cut; {fix}", severity="warning")
@@ -147,7 +148,8 @@ class Session:
         base = Layout(mode=mode, max_len=max_len, row_len=max_len, rows=1, group_by_length=spec.group_by_length,
                       step_tokens=step_tokens if token_steps else 0,
                       pad_multiple=8 if self.device.type == "cuda" else 1)
-        why_tokens = "asked for" if spec.tokens_per_batch else f"{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}"
+        why_tokens = ("asked for" if spec.tokens_per_batch else
+                      f"{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}")
         if spec.batch_size == "auto":
             def progress(k, n):
                 em.phase(Phase.TUNING, done=k, total=n, unit="shapes")
@@ -200,10 +202,11 @@ class Session:
                 ev, _ = load_tokenized(spec.model_copy(update=change), self.tokenizer, em, self.cache_dir,
                                        should_stop=self.controls.should_stop)
             except SpecError as e:
-                raise SpecError(e.message, field if e.field in ("dataset", "dataset_split") else e.field) from e
+                raise SpecError(field if e.field in ("dataset", "dataset_split") else e.field, e.message) from e
             if ev.n == 0:
-                raise SpecError("the evaluation data has no examples", field)
-            why = f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else f"split {spec.eval_split!r} of the dataset"
+                raise SpecError(field, "the evaluation data has no examples")
+            why = (f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else
+                   f"split {spec.eval_split!r} of the dataset")
         else:
             return data
         self.eval_data = cap(ev, spec.eval_max_examples, spec.seed)
@@ -236,8 +239,6 @@ class Session:
         spec, em = self.spec, self.em
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()  # our phase events report progress; bars only clutter stderr
-        if spec.test_run and self.resume is None:
-            run_test(spec, self.out, em, self.controls, self.cache_dir)  # raises SpecError naming the check
         self._model()
         if spec.streaming:
             return self._run_streaming()
@@ -246,7 +247,7 @@ class Session:
         em.info(tokenization_cache="hit" if info["cache_hit"] else "miss", examples=data.n,
                 tokens=int(data.offsets[-1]), fields={k: v for k, v in info["fields"].items() if v})
         if data.n == 0:
-            raise SpecError("dataset has no examples", "dataset")
+            raise SpecError("dataset", "dataset has no examples")
         data = self._eval_split(data)
         precision = broadcast(self.ranks, self._precision() if self.ranks.main else None)
         if self.state_in is not None:
@@ -270,24 +271,18 @@ class Session:
             total = max(1, math.ceil((spec.epochs or 1) * per_epoch))
             if spec.max_steps:
                 total = min(total, spec.max_steps)
-        pad = self.tokenizer.pad_token_id
 
-        def stream() -> Iterator[tuple[int, list[dict]]]:
-            epoch, k = 0, 0
-            skip = self.state_in["data_pos"] if self.state_in else 0
-            while True:
+        def plan() -> Iterator[tuple[int, Tokenized, list]]:
+            for epoch in itertools.count():
                 for step in epoch_steps(data, lay, spec.seed, epoch):
-                    if k >= skip:  # resuming: walk the same deterministic plan to the saved position
-                        yield epoch, [collate(data, rows, lay, pad) for rows in step]
-                    k += 1
-                epoch += 1
+                    yield epoch, data, step
 
-        return self._train(stream(), lay, precision, total, data)
+        return self._train(self._batches(plan(), lay), lay, precision, total, data)
 
     def _run_streaming(self) -> int:
         spec, em = self.spec, self.em
         if spec.epochs is not None and spec.max_steps is None:
-            raise SpecError("streaming needs max_steps (the stream's length is unknown)", "max_steps")
+            raise SpecError("max_steps", "streaming needs max_steps (the stream's length is unknown)")
         self._eval_split(None)
         precision = broadcast(self.ranks, self._precision() if self.ranks.main else None)
         chunk_tokens = 200_000
@@ -308,7 +303,7 @@ class Session:
         try:
             epoch0, first = next(it)
         except StopIteration:
-            raise SpecError("dataset has no examples", "dataset")
+            raise SpecError("dataset", "dataset has no examples") from None
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
         elif self.ranks.main:
@@ -317,26 +312,27 @@ class Session:
         else:
             lay = None
         lay = broadcast(self.ranks, lay, Layout)
+
+        def plan() -> Iterator[tuple[int, Tokenized, list]]:
+            ci = 0
+            for ep, c in itertools.chain([(epoch0, first)], it):
+                em.phase(Phase.PACKING, detail=f"chunk {ci}: {c.n:,} samples")
+                for step in epoch_steps(c, lay, spec.seed, ci):
+                    yield ep, c, step
+                ci += 1
+
+        return self._train(self._batches(plan(), lay), lay, precision, spec.max_steps, first)
+
+    def _batches(self, plan: Iterator[tuple[int, Tokenized, list]],
+                 lay: Layout) -> Iterator[tuple[int, list[dict]]]:
+        """(epoch, collated micro-batches) per optimizer step of the plan ((epoch, data, step rows) in
+        order). Resuming, the same deterministic plan is walked to the saved position (data_pos steps),
+        without collating the steps already trained."""
+        skip = self.state_in["data_pos"] if self.state_in else 0
         pad = self.tokenizer.pad_token_id
-
-        def stream():
-            skip = self.state_in["data_pos"] if self.state_in else 0
-            k, ci = 0, 0
-            pending = [(epoch0, first)]
-            while True:
-                for ep, c in pending:
-                    em.phase(Phase.PACKING, detail=f"chunk {ci}: {c.n:,} samples")
-                    for step in epoch_steps(c, lay, spec.seed, ci):
-                        if k >= skip:
-                            yield ep, [collate(c, rows, lay, pad) for rows in step]
-                        k += 1
-                    ci += 1
-                try:
-                    pending = [next(it)]
-                except StopIteration:
-                    return
-
-        return self._train(stream(), lay, precision, spec.max_steps, first)
+        for k, (epoch, data, step) in enumerate(plan):
+            if k >= skip:
+                yield epoch, [collate(data, rows, lay, pad) for rows in step]
 
     def _train(self, batches, lay: Layout, precision: str, total: int, data: Tokenized) -> int:
         spec, em = self.spec, self.em
@@ -398,7 +394,8 @@ class Session:
             if evaluated:
                 ev.run(model, st.step)
             due = spec.checkpoint_every and st.step % spec.checkpoint_every == 0
-            due = due or (spec.checkpoint_every_min and time.monotonic() - last_ckpt["t"] >= 60 * spec.checkpoint_every_min)
+            due = due or (spec.checkpoint_every_min
+                          and time.monotonic() - last_ckpt["t"] >= 60 * spec.checkpoint_every_min)
             if due and st.step < total:
                 save(st)
             if (due or evaluated) and st.step < total:
@@ -406,8 +403,9 @@ class Session:
             return evaluated
 
         em.phase(Phase.TRAINING, done=state.step, total=total, unit="steps")
-        res = run(wrap(self.ranks, losshead.loss_model(model), self.device), opt, sched, batches, state, total, precision,
-                  self.device, tel, self.controls, self.faults, on_step=on_step, scaler=scaler, ranks=self.ranks)
+        res = run(wrap(self.ranks, losshead.loss_model(model), self.device), opt, sched, batches, state, total,
+                  precision, self.device, tel, self.controls, self.faults, on_step=on_step, scaler=scaler,
+                  ranks=self.ranks)
         self.result = res
         if res.outcome == Failure.NAN:
             em.alert(AlertKind.NAN, f"non-finite loss at step {res.step}: {res.detail}", severity="critical")

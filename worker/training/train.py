@@ -1,4 +1,5 @@
-"""The training process: `python -m worker.training.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`.
+"""The training process:
+`python -m worker.training.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`.
 
 Exit codes: 0 completed / cancelled / paused, 1 crash, 2 bad spec or input, 3 injected crash,
 4 non-finite loss, 5 out of memory, 6 disk full. The last event is always a `state` (except for exit 3 and kills).
@@ -15,11 +16,11 @@ import sys
 import traceback
 from pathlib import Path
 
+from tokenpulse.errors import SpecError
 from tokenpulse.protocol import AlertKind, Failure, JobSpec
 
 from .emit import Emitter
-from .errors import (EXIT_CRASH, EXIT_DISK_FULL, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, DiskFull, SpecError,
-                     clip, is_disk_full)
+from .errors import EXIT_CRASH, EXIT_DISK_FULL, EXIT_OK, EXIT_OOM, EXIT_SPEC, Cancelled, DiskFull, clip, is_disk_full
 
 
 def parse_args(argv=None):
@@ -35,9 +36,9 @@ def read_spec(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate_json(path.read_text())
     except FileNotFoundError:
-        raise SpecError(f"spec file not found: {path}", "spec")
+        raise SpecError("spec", f"spec file not found: {path}") from None
     except Exception as e:
-        raise SpecError(f"invalid spec: {e}", "spec") from e
+        raise SpecError("spec", f"invalid spec: {e}") from e
 
 
 def disk_full(em: Emitter, e: DiskFull, out: Path) -> int:
@@ -64,7 +65,11 @@ def main(argv=None) -> int:
     try:
         from .session import Session
         spec = read_spec(args.spec)
-        return Session(spec, args.out, em, controls, cache_dir=args.cache_dir, resume=args.resume).run()
+        session = Session(spec, args.out, em, controls, cache_dir=args.cache_dir, resume=args.resume)
+        if spec.test_run and session.resume is None:
+            from .quicktest import run_test  # the whole job on a few steps first, in Sessions of its own
+            run_test(spec, session.out, em, controls, session.cache_dir)  # raises SpecError naming the check
+        return session.run()
     except SpecError as e:
         em.log(clip(f"spec error ({e.field}): {e.message}"))
         em.emit("state", state="failed", reason=clip(e.message), failure=Failure.SPEC, exit_code=EXIT_SPEC)
