@@ -17,7 +17,7 @@ import cases  # noqa: E402
 import materials  # noqa: E402
 
 from worker.agent.advice import Advisor, waits_in  # noqa: E402
-from worker.agent.stall import StallConfig  # noqa: E402
+from tokenpulse.diagnosis.stall import StallConfig  # noqa: E402
 
 DEMO = ROOT / "tokenpulse" / "demo" / "demo.jsonl"
 

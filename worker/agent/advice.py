@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from worker.agent import anatomy
-from worker.agent.stall import StallConfig
+from tokenpulse.diagnosis.stall import StallConfig
 
 FIRST_STEPS = 3  # steps judged on; a verdict comes by the third optimizer step at the latest
 OWNED = frozenset({"padding", "crawl"})  # the slow detector's generic reasons these verdicts replace

@@ -39,11 +39,12 @@ from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
 from worker.agent import sysmetrics
 from worker.agent.advice import OWNED, Advisor
-from worker.agent.slow import SlowDetector, gpu_info, read_schedstat
-from worker.agent.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
+from worker.agent.slow import SlowDetector
+from worker.agent.sysmetrics import gpu_info, read_schedstat
+from tokenpulse.diagnosis.stall import ALIVE_CLAUSE, StallConfig, StallDetector, stuck_at
 from worker.agent import tree
 from worker.agent.tree import JobTree
-from worker.agent.stacks import (can_run_handlers, describe_state, find_py_spy, process_state,
+from tokenpulse.diagnosis.stacks import (can_run_handlers, describe_state, find_py_spy, process_state,
                                   py_spy_dump)
 
 log = logging.getLogger("tokenpulse.agent")
@@ -757,7 +758,7 @@ class Agent:
         if sched is not None:
             rj.slow.observe_sched(now, *sched)
         if rj.slow.fresh:
-            rj.slow.load = (os.getloadavg()[0], os.cpu_count())
+            rj.slow.observe_load(os.getloadavg()[0], os.cpu_count())
         for v in (rj.slow.check(now), rj.slow.check_contention(now)):
             if v is None:
                 continue

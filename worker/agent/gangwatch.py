@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from worker.agent.ranks import RankBoard, diagnose, torchrun_failures
-from worker.agent.stacks import find_py_spy, py_spy_dump
+from tokenpulse.diagnosis.stacks import find_py_spy, py_spy_dump
 
 DEATH_GRACE_S = 2.0
 DONE_STATES = ("completed", "paused", "cancelled")

@@ -12,7 +12,7 @@ from typing import Optional
 from tokenpulse.protocol import AlertKind
 from worker.agent.anatomy import straggler_cause
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
-from worker.agent.stall import stuck_at
+from tokenpulse.diagnosis.stall import stuck_at
 
 # A frame in one of these is waiting for the other ranks, not working: collectives, the DDP reducer
 # inside backward, rendezvous and barriers.

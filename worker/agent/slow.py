@@ -18,9 +18,7 @@ when the set of reasons changes, cleared (saying so) when none is open any more.
 from __future__ import annotations
 
 import math
-import shutil
 import statistics
-import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
@@ -28,47 +26,7 @@ from typing import Optional
 from tokenpulse.protocol import AlertKind, Phase
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
 from worker.agent.anatomy import Anatomy
-from worker.agent.stall import StallConfig, Verdict
-
-
-def gpu_info() -> tuple[Optional[str], bool]:
-    """(GPU name or None, whether it has bf16) from nvidia-smi, without importing torch."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None, False
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None, False
-    if not out:
-        return None, False
-    name, _, cap = out.splitlines()[0].partition(",")
-    try:
-        bf16 = float(cap.strip()) >= 8.0
-    except ValueError:
-        bf16 = False
-    return name.strip(), bf16
-
-
-def read_schedstat(pid: int) -> Optional[tuple[float, float]]:
-    """(seconds on a CPU, seconds runnable but waiting for a CPU), summed over the process's threads,
-    from /proc/<pid>/task/*/schedstat (Linux); None where unavailable."""
-    import os
-    run = wait = 0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                parts = f.read().split()
-            run += int(parts[0])
-            wait += int(parts[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return run / 1e9, wait / 1e9
+from tokenpulse.diagnosis.stall import StallConfig, Verdict
 
 
 GPU_IDLE_PCT = 10.0  # a training job's GPUs below this utilisation (median of a minute) are idle
@@ -98,7 +56,7 @@ class SlowDetector:
     pauses_at: dict = field(default_factory=dict)  # step -> phase names seen between steps (saving...)
     projected_tps: Optional[float] = None
     baseline: Optional[float] = None  # the earlier pace, frozen while a 'fell' reason is open
-    load: Optional[tuple] = None  # (1-minute load average, cores), set by the agent before check()
+    load: Optional[tuple] = None  # (1-minute load average, cores): observe_load
     sched: list = field(default_factory=list)  # (t, cpu seconds, cpu-wait seconds) of the process
     contention_open: Optional[str] = None
     open_keys: Optional[frozenset] = None
@@ -112,6 +70,8 @@ class SlowDetector:
     anatomy: Anatomy = field(default_factory=Anatomy)  # every rank's step anatomy (input-bound, memory creep)
     owned: frozenset = frozenset()  # reasons another judge names with their fix (a command job's advice.py)
     gpu_util: list = field(default_factory=list)  # (t, utilisation %) of the job's GPUs (sysmetrics.py)
+    # CPU starvation among the newest reasons (check() finds it, check_contention() latches it)
+    _contention: Optional[str] = field(default=None, init=False)
 
     # ---- feeding -----------------------------------------------------------------------------
 
@@ -178,6 +138,10 @@ class SlowDetector:
             return None
         return (f"the GPU sits idle while the job trains: {u:.0f} % utilisation over the last "
                 f"{len(recent)} samples; the time goes to data loading, the CPU or waiting (see the System charts)")
+
+    def observe_load(self, load_avg: float, cores: Optional[int]) -> None:
+        """The machine's 1-minute load average and its cores, read by the agent before each check."""
+        self.load = (load_avg, cores)
 
     def observe_sched(self, now: float, run_s: float, wait_s: float) -> None:
         """The training process's scheduler counters (read_schedstat), sampled by the agent."""
@@ -438,7 +402,7 @@ class SlowDetector:
     def check_contention(self, now: float = 0.0) -> Optional[Verdict]:
         """'contention' when the job is slow only because other processes hold the CPUs (an info
         alert: nothing in the job to fix), 'contention_clear' when that ends. Call after check()."""
-        cur = getattr(self, "_contention", None)
+        cur = self._contention
         if self.contention_latch is None:
             self.contention_latch = Latch(self.config.alert_open_s, self.config.alert_clear_s)
         change = self.contention_latch.update(bool(cur), now)

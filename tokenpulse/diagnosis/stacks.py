@@ -9,13 +9,10 @@ allowed tracer, see child.py)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import shutil
 import sys
 from pathlib import Path
 from typing import Optional
-
-log = logging.getLogger("tokenpulse.agent")
 
 STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O (disk sleep)", "T": "stopped (SIGSTOP?)",
           "t": "stopped by a tracer", "Z": "a zombie", "X": "dead", "I": "idle"}
