@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import time
@@ -176,7 +177,21 @@ def job_gpu_util(gpus: list[dict], pids: set[int]) -> Optional[float]:
     return sum(utils) / len(utils) if utils else None
 
 
-# ---- what the slow detector is told: the GPU's kind, a process's CPU waits ----------------------
+# ---- what this agent trains on; what the slow detector is told: the GPU's kind, CPU waits -------
+
+def describe_device() -> str:
+    """What this agent trains on, without importing torch into the agent (nvidia-smi if present)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+            if out:
+                return "cuda: " + "; ".join(line.strip() for line in out.splitlines())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
 
 def gpu_info() -> tuple[Optional[str], bool]:
     """(GPU name or None, whether it has bf16) from nvidia-smi, without importing torch."""
