@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
 from tokenpulse.protocol import AlertKind, Phase
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
 from worker.agent.anatomy import Anatomy
+from worker.agent.slow_reasons import padding_reason, periodic_stalls
 from tokenpulse.diagnosis.stall import StallConfig, Verdict
 
 
@@ -248,7 +248,7 @@ class SlowDetector:
         pads = [s.padding for s in self.samples[-20:] if s.padding is not None][-3:]
         need = c.slow_padding_frac * (0.9 if "padding" in was_open else 1.0)
         if pads and statistics.median(pads) > need:
-            out.append(("padding", self._padding_reason(statistics.median(pads))))
+            out.append(("padding", padding_reason(self.info, statistics.median(pads))))
 
         # the model on the CPU while the worker has a GPU
         dev = str(self.info.get("device", ""))
@@ -272,7 +272,7 @@ class SlowDetector:
             out.append(("crawl", f"each optimizer step takes {st:.0f} s{shape}: the batch is so large that "
                                  f"steps crawl; lower tokens_per_batch / batch_size / grad_accum"))
 
-        p = self._periodic()
+        p = periodic_stalls(self.arrivals, self.pauses_at, self.config.slow_periodic_frac)
         if p is not None:
             out.append(("periodic", p))
 
@@ -300,59 +300,6 @@ class SlowDetector:
         first, last = self.samples[-len(xs)].step, self.samples[-1].step
         return (f"step time grows steadily: {m1:.2f} s -> {m3:.2f} s per step between steps {first} and "
                 f"{last} (something accumulates: a leak, growing sequences, or state kept across steps)")
-
-    def _padding_reason(self, frac: float) -> str:
-        mode = self.info.get("padding")
-        L = self.info.get("max_seq_length")
-        rec = self.info.get("recommended_max_seq_length")
-        if rec is None and L:
-            mean = (1 - frac) * L  # real tokens per row (max_length rows are one example each)
-            rec = int(math.ceil(mean * 2 / 8) * 8)
-            rec_s = f"max_seq_length around {rec} (about twice the mean example of {mean:.0f} tokens)"
-        else:
-            rec_s = f"max_seq_length={rec} (the recommended length for this data)" if rec else ""
-        msg = f"padding waste: {frac:.0%} of every batch is pad tokens"
-        if mode == "max_length":
-            msg += f" (padding=max_length to max_seq_length={L})" if L else " (padding=max_length)"
-            fix = "use padding=auto (packing) or dynamic"
-            msg += f"; {fix}" + (f", or {rec_s}" if rec_s else "")
-        elif mode == "dynamic":
-            msg += "; use padding=auto (packing) or group_by_length=true"
-            if rec_s and L and rec and rec < L:
-                msg += f", and {rec_s}"
-        elif rec_s:
-            msg += f"; {rec_s}"
-        return msg
-
-    def _periodic(self) -> Optional[str]:
-        """Pauses every N steps (arrival gaps far above the typical one) costing a share of the time."""
-        a = self.arrivals[-400:]
-        if len(a) < 12:
-            return None
-        per = [((t2 - t1) / (s2 - s1), s2, t2 - t1) for (t1, s1), (t2, s2) in zip(a, a[1:]) if s2 > s1]
-        typical = statistics.median(p for p, _, _ in per)
-        if typical <= 0:
-            return None
-        spikes = [(s, dt) for p, s, dt in per if p > 4 * typical]
-        if len(spikes) < 3:
-            return None
-        gaps = [b - a_ for (a_, _), (b, _) in zip(spikes, spikes[1:])]
-        n, count = Counter(gaps).most_common(1)[0]
-        if count < max(2, 0.6 * len(gaps)) or n < 2:
-            return None
-        lost = sum(dt - typical * 1 for _, dt in spikes)
-        span = a[-1][0] - a[0][0]
-        if span <= 0 or lost / span < self.config.slow_periodic_frac:
-            return None
-        seen = set()
-        for s, _ in spikes:
-            for k in (s - 1, s - 2, s):
-                seen |= self.pauses_at.get(k, set())
-        cause = (f"during '{', '.join(sorted(seen))}'" if seen else
-                 "no phase reported: re-sorting or reloading data, evaluation, or checkpoints")
-        each = statistics.median(dt for _, dt in spikes)
-        return (f"periodic stalls every {n} steps ({each:.1f} s each, {lost / span:.0%} of the time; "
-                f"{cause})")
 
     # ---- judging -----------------------------------------------------------------------------
 
