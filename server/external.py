@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from server import store
 from server.auth import hash_token
 from server.models import Attempt, Job
-from tokenpulse.protocol import ACTIVE_STATES, Command, JobSpec, JobState
+from tokenpulse.protocol import ACTIVE_STATES, EXTERNAL, Command, JobSpec, JobState
 
 MAX_CONFIG_BYTES = 64 * 1024
 
@@ -50,7 +50,7 @@ class ExternalRun(BaseModel):
 
 
 def is_external(job: Job) -> bool:
-    return job.kind == "external"
+    return job.kind == EXTERNAL
 
 
 REPORT_PREFIX = "tpr_"
@@ -67,7 +67,7 @@ def create(s: Session, run: ExternalRun, owner: Optional[int], report_token: str
     # Only what is true of it (a full JobSpec would show a model and dataset it never used); still a
     # valid JobSpec for code that reads any job's spec.
     job.spec = json.dumps({"name": run.name, "max_retries": 0} if run.name else {"max_retries": 0})
-    job.kind = "external"
+    job.kind = EXTERNAL
     now = time.time()
     job.state, job.attempt, job.alive_at, job.total_steps = JobState.starting.value, 1, now, None
     job.info = json.dumps({"external": run.model_dump(exclude={"config"}, exclude_none=True),

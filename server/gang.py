@@ -18,7 +18,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from server.models import Agent, Attempt, GangMember, Job, Token
-from tokenpulse.protocol import ACTIVE_STATES, JobState
+from tokenpulse.protocol import ACTIVE_STATES, TRAIN, JobState
 
 
 @dataclass
@@ -69,7 +69,7 @@ def claim(s: Session, agent: Agent, endpoint: Optional[str], timeout_s: float, t
     # 3. join the best queued multi-node job that still has room
     if not trusted:
         return None
-    for job in s.scalars(select(Job).where(Job.state == JobState.queued.value, Job.nnodes > 1, Job.kind == "train")
+    for job in s.scalars(select(Job).where(Job.state == JobState.queued.value, Job.nnodes > 1, Job.kind == TRAIN)
                          .order_by(Job.priority.desc(), Job.id)):
         gathered = _forming(s, job)
         if len(gathered) >= job.nnodes:

@@ -17,7 +17,8 @@ from typing import Iterable, Optional, Union
 
 import orjson
 
-from tokenpulse.protocol import AGENT_FRAME, EVENTS_FRAME, HEARTBEAT_FRAME, JOB_FRAME, events_frame, job_frame
+from tokenpulse.protocol import (AGENT_FRAME, EVENTS_FRAME, HEARTBEAT_FRAME, JOB_FRAME, JOBS_TOPIC, events_frame,
+                                 job_frame, job_topic)
 
 MAX_MERGED_EVENTS = 5000
 MAX_MERGED_BYTES = 1 << 20  # a merged frame stays under ~1 MB of JSON
@@ -39,14 +40,10 @@ def coalesce_key(payload: dict) -> Optional[tuple]:
     return None
 
 
-def job_topic(job_id: int) -> str:
-    return f"job:{job_id}"
-
-
 def job_frames(summary: dict, droppable: bool = False) -> list[tuple[str, dict, bool]]:
     """A job's summary for the jobs list and for the job's own page: (topic, frame, droppable)."""
     frame = job_frame(summary)
-    return [("jobs", frame, droppable), (job_topic(summary["id"]), frame, droppable)]
+    return [(JOBS_TOPIC, frame, droppable), (job_topic(summary["id"]), frame, droppable)]
 
 
 class Frame:

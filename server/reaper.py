@@ -21,8 +21,10 @@ from server.gang import lost_gangs
 from server.hub import job_frames
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Agent, Job
+from server.rules import RULES, Fired
 from server.storage_errors import clear_outages
-from tokenpulse.protocol import ACTIVE_STATES, ALERT_FRAME, AlertKind, Failure, JobState, agent_frame, alert_frame
+from tokenpulse.protocol import (ACTIVE_STATES, AGENTS_TOPIC, ALERT_FRAME, ALERTS_TOPIC, AlertKind, Failure, JobState,
+                                 agent_frame, alert_frame)
 
 log = logging.getLogger("tokenpulse.reaper")
 
@@ -34,7 +36,7 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
     frames = []
     for agent in s.scalars(select(Agent).where(Agent.state == "online", Agent.seen_at < now - lost_after_s)):
         agent.state = "lost"
-        frames.append(("agents", agent_frame({"id": agent.id, "state": "lost"}), False))
+        frames.append((AGENTS_TOPIC, agent_frame({"id": agent.id, "state": "lost"}), False))
         jobs = list(s.scalars(select(Job).where(Job.agent_id == agent.id,
                                                 Job.state.in_([x.value for x in ACTIVE_STATES]))))
         jobs += lost_gangs(s, agent.id)  # a multi-node job fails as a whole with any of its agents
@@ -48,7 +50,10 @@ def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] =
                       if new_state == JobState.queued else f"job {new_state.value}")
             alert = upsert_alert(s, job.id, agent.id, {"kind": AlertKind.WORKER_LOST, "severity": "critical",
                                                        "message": f"{reason}; {policy}"})
-            frames.append(("alerts", alert_frame(alert_dict(alert)), False))
+            frames.append((ALERTS_TOPIC, alert_frame(alert_dict(alert)), False))
+            fired = Fired()
+            RULES.state_changed(s, job, fired)  # "tell me when any job named sft-* fails": lost ones too
+            frames += fired.frames
             frames += job_frames(store.job_summary(job))
             log.warning("job %s: %s -> %s", job.id, reason, new_state.value)
     return frames

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import AlertRule
-from tokenpulse.protocol import alert_frame
+from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 
 REFRESH_S = 5.0  # another server process's rule change is seen within this
 JUMP_WINDOW = 50  # values a jump is measured against
@@ -143,6 +143,13 @@ class Rules:
                 if verdict is not None:
                     self._fire(s, r, job, *verdict, out)
 
+    def state_changed(self, s: Session, job, out) -> None:
+        """A job's state changed outside an agent's report (the reaper's lost worker, a person's
+        cancel of a queued job, a resume): its state rules judge it as they judge a reported one."""
+        self.refresh(s)
+        if self.rules and self.for_job(job)[1]:
+            self.on_state(s, job, job.state, out)
+
     def on_state(self, s: Session, job, state: str, out) -> None:
         """A job's state changed (or its stall alert opened or cleared: state 'stalled' / 'not stalled')."""
         _, rules = self.for_job(job)
@@ -229,7 +236,14 @@ class Rules:
         if alert is not None:
             payload = alert_dict(alert)
             out.alerts.append(payload)
-            out.frames.append(("alerts", alert_frame(payload), False))
+            out.frames.append((ALERTS_TOPIC, alert_frame(payload), False))
+
+
+@dataclass
+class Fired:
+    """What rules fired outside ingest: alerts (for webhooks) and their frames."""
+    alerts: list = field(default_factory=list)
+    frames: list = field(default_factory=list)
 
 
 class Window:

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from server import ranks
 from server.models import Agent, Alert, Attempt, Job
-from tokenpulse.protocol import (ACTIVE_STATES, FINAL_STATES, CommandSpec, Failure, JobSpec, JobState, load_spec,
-                                 spec_kind)
+from tokenpulse.protocol import (ACTIVE_STATES, COMMAND, EXTERNAL, FINAL_STATES, TRAIN, CommandSpec, Failure, JobSpec,
+                                 JobState, load_spec, spec_kind)
 
 # Which transitions are legal. Anything else is refused (409), never silently applied.
 TRANSITIONS: dict[JobState, set[JobState]] = {
@@ -108,7 +108,7 @@ def request_cancel(s: Session, job: Job) -> None:
 
 
 def _no_agent_runs_it(job: Job, action: str) -> None:
-    if job.kind == "external":  # server/external.py: a script started by hand
+    if job.kind == EXTERNAL:  # server/external.py: a script started by hand
         raise TransitionError(f"job {job.id} is an external script (started by hand, not by an agent): "
                               f"tokenpulse cannot {action} it; cancel stops it")
 
@@ -119,7 +119,7 @@ def request_pause(s: Session, job: Job) -> None:
         raise TransitionError(f"job {job.id} is {job.state}; only a running job can be paused")
     if job.requested_action == "cancel":
         raise TransitionError(f"job {job.id} is being cancelled; a cancel wins over a later pause")
-    if job.kind == "command" and not (json.loads(job.info) if job.info else {}).get("pausable"):
+    if job.kind == COMMAND and not (json.loads(job.info) if job.info else {}).get("pausable"):
         raise TransitionError(f"job {job.id} is a command job whose process cannot pause: pause needs a "
                               "checkpoint to resume from, which tokenpulse takes for Hugging Face Trainer "
                               "scripts it instruments (the job reports pausable once its Trainer starts). "
@@ -158,7 +158,7 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
     if running >= agent.capacity:
         return None
     # Command jobs run code: only agents started with --allow-commands are handed them.
-    kinds = ["train", "command"] if agent.accepts_commands else ["train"]
+    kinds = [TRAIN, COMMAND] if agent.accepts_commands else [TRAIN]
     while True:
         # (multi-node jobs are claimed by a gang of agents together: server/gang.py)
         # FOR UPDATE SKIP LOCKED (PostgreSQL; SQLite has no row locks and ignores it): another server

@@ -18,10 +18,23 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from urllib.parse import urlsplit
 
 import httpx
 
 log = logging.getLogger("tokenpulse.webhooks")
+
+
+def shown(url: str) -> str:
+    """A receiver as the log names it: scheme and host only. A Slack or Discord webhook URL is a
+    credential (its path is the secret), and logs are read by more people than the settings."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or '?'}{':' + str(parts.port) if parts.port else ''}/..."
+
+
+def described(e: Exception, url: str) -> str:
+    """An httpx error without the URL that some of them repeat."""
+    return f"{type(e).__name__}: {str(e).replace(url, shown(url))}"
 
 
 class Webhooks:
@@ -95,7 +108,7 @@ class Webhooks:
             try:
                 q.put_nowait(body)
             except asyncio.QueueFull:
-                log.error("webhook queue for %s full; alert %s not delivered", url, key)
+                log.error("webhook queue for %s full; alert %s not delivered", shown(url), key)
 
     def _channel_queue(self, url: str) -> asyncio.Queue:
         q = self.channel_queues.get(url)
@@ -122,8 +135,8 @@ class Webhooks:
                 body = await q.get()
                 try:
                     await self._deliver(client, url, body)
-                except Exception:  # one bad delivery must not end the loop
-                    log.exception("webhook %s: delivery failed", url)
+                except Exception as e:  # one bad delivery must not end the loop
+                    log.error("webhook %s: delivery failed: %s", shown(url), described(e, url))
 
     async def _deliver(self, client: httpx.AsyncClient, url: str, body: dict) -> bool:
         for attempt in range(self.retries + 1):
@@ -133,15 +146,15 @@ class Webhooks:
                     self.delivered += 1
                     return True
                 if r.status_code != 429 and r.status_code < 500:
-                    log.error("webhook %s refused alert %s: %s", url, body.get("id"), r.status_code)
+                    log.error("webhook %s refused alert %s: %s", shown(url), body.get("id"), r.status_code)
                     self.failed += 1
                     return False
-                log.warning("webhook %s answered %s (try %d)", url, r.status_code, attempt + 1)
+                log.warning("webhook %s answered %s (try %d)", shown(url), r.status_code, attempt + 1)
             except httpx.HTTPError as e:
-                log.warning("webhook %s failed: %r (try %d)", url, e, attempt + 1)
+                log.warning("webhook %s failed: %s (try %d)", shown(url), described(e, url), attempt + 1)
             if attempt < self.retries:
                 await asyncio.sleep(min(self.backoff_s * 2 ** attempt, 30))
-        log.error("webhook %s: giving up on alert %s after %d tries", url, body.get("id"), self.retries + 1)
+        log.error("webhook %s: giving up on alert %s after %d tries", shown(url), body.get("id"), self.retries + 1)
         self.failed += 1
         return False
 

@@ -120,6 +120,11 @@ class Server:
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                if "address already in use" in self.log_path.read_text()[-3000:].lower():
+                    # another test process (pytest-xdist) took the free port first: take another
+                    self.port = free_port()
+                    self.url = f"http://127.0.0.1:{self.port}"
+                    return self.start()
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
             try:
                 if httpx.get(f"{self.url}/api/health", timeout=1).status_code == 200:
@@ -201,8 +206,25 @@ def server_factory(tmp_path):
 
 
 @pytest.fixture
-def server(server_factory) -> Server:
+def server(request, server_factory) -> Server:
+    """A fresh server of its own; the run's shared one for a test marked `shared_server` (it only
+    reads, or checks what it submitted itself: see shared_server)."""
+    if request.node.get_closest_marker("shared_server"):
+        return request.getfixturevalue("shared_server")
     return server_factory()
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory):
+    """One server (no agent) for the whole run, for tests that only read it or check what they
+    themselves submitted, by id or by a count taken before: a server start costs 1-3 CPU-seconds,
+    paid once here instead of once per test. A test that needs an empty store, an agent, its own
+    settings or to stop the server uses `server` / `server_factory`."""
+    s = make_server(tmp_path_factory.mktemp("shared")).start()
+    yield s
+    for a in s.agents:  # none is expected; never left running
+        a.kill()
+    s.kill()
 
 
 @pytest.fixture

@@ -89,3 +89,44 @@ def test_real_agent_runs_a_job_over_its_socket(agent_server):
     assert socket_messages(agent_server) > 3  # its heartbeats and batches came over the socket
     with agent_server.client() as c:
         assert c.get(f"/api/jobs/{jid}/metrics").json()["series"]["loss"]["step"][-1] == 4
+
+
+def test_socket_heartbeat_carries_rank_rows_and_says_when_work_waits(server):
+    """One message model on both transports: a Heartbeat with a distributed job's rank rows goes over
+    the socket as over HTTP; a submitted job is pushed to idle agents ("work"), and a heartbeat's
+    answer says "work" while any job waits."""
+    agent = httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {server.agent_token}"})
+    aid = agent.post("/api/agents", json={"name": "ranks", "host": "h"}).json()["id"]
+    with agent_socket(server, aid) as ws:
+        assert ask(ws, 1, heartbeat={"jobs": {}}) == {"id": 1, "commands": []}  # no job waits: no "work"
+        with server.client() as c:
+            jid = c.post("/api/jobs", json={"name": "ddp", **QUICK}).json()["id"]
+        assert json.loads(ws.recv(timeout=30)) == {"work": True}  # pushed: an idle agent claims now
+        assert ask(ws, 2, heartbeat={})["work"] is True  # and said in answers while it waits
+        assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
+        now = time.time()
+        rows = [{"rank": 0, "host": "h", "pid": 100, "step": 3, "step_time_s": 0.4},
+                {"rank": 1, "host": "h", "pid": 101, "step": 3, "step_time_s": 0.5}]
+        reply = ask(ws, 3, heartbeat={"jobs": {str(jid): now}, "ranks": {str(jid): rows}})
+        assert reply == {"id": 3, "commands": []}, reply
+        bad = ask(ws, 4, heartbeat={"jobs": {str(jid): now}, "ranks": {str(jid): [{"rank": -1}]}})
+        assert bad["status"] == 422 and "rank" in bad["detail"], bad  # checked by the model, as on HTTP
+    with server.client() as c:
+        got = c.get(f"/api/jobs/{jid}/ranks").json()
+        assert [(r["rank"], r["pid"], r["step"]) for r in got] == [(0, 100, 3), (1, 101, 3)], got
+        assert c.get(f"/api/jobs/{jid}").json()["alive_at"] == pytest.approx(now)
+
+
+def test_agent_message_model():
+    from pydantic import ValidationError
+
+    from tokenpulse.protocol import AgentMessage
+    m = AgentMessage.model_validate({"id": 1, "heartbeat": {"3": 5.0}})  # the first dialect: jobs alone
+    assert m.heartbeat.jobs == {3: 5.0} and m.heartbeat.ranks == {} and m.events is None
+    m = AgentMessage.model_validate({"id": 2, "heartbeat": {"jobs": {"3": 5.0}, "ranks": {"3": [{"rank": 0}]}},
+                                     "events": []})
+    assert m.heartbeat.ranks[3][0].rank == 0 and m.events == []
+    for bad in [{"id": 3}, {"id": 4, "heartbeat": ["x"]}, {"id": 5, "events": {}},
+                {"id": 6, "heartbeat": {"x": 1.0}}, {"heartbeat": {}}]:
+        with pytest.raises(ValidationError):
+            AgentMessage.model_validate(bad)

@@ -181,7 +181,11 @@ def test_an_agent_whose_disk_is_full_claims_nothing_until_space_returns(server, 
             jid = r.json()["id"]
             log = server.data_dir.parent / "agent-a1.log"
             wait_for(lambda: "no claims until space returns" in log.read_text(), 30, "the agent to say why")
-            time.sleep(3)  # several claim rounds (one a second) with the disk full: none is made
+            # several claim rounds (one a second) with the disk full, seen as three more heartbeats
+            # (each a second) from the live agent: none is made
+            beats = set()
+            wait_for(lambda: beats.add(c.get("/api/agents").json()[0]["seen_at"]) or len(beats) > 3, 60,
+                     "three heartbeats with the disk full")
             j = job(c, jid)
             assert j["state"] == "queued" and not j["attempts"], j  # before: claimed and run
             assert not (proj / "ran").exists()

@@ -109,6 +109,7 @@ def test_an_uncaught_exception_fails_the_job_naming_the_line(server, tmp_path):
         assert any(a["kind"] == "crashed" and f"plain_loop.py:{raise_line}" in a["message"] for a in alerts), alerts
 
 
+@pytest.mark.shared_server
 def test_events_for_an_agents_job_or_another_job_are_refused(server):
     with server.client() as c:
         agent_job = c.post("/api/jobs", json={"name": "native", "max_steps": 5}).json()["id"]

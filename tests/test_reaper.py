@@ -88,3 +88,25 @@ def test_no_agent_is_lost_within_a_lease_of_the_server_start(s):
     job = claimed(s, silent)
     assert reap(s, LEASE, started_at=NOW - LEASE + 1, now=NOW) == []
     assert silent.state == "online" and job.state == "running"
+
+
+def test_a_state_rule_fires_for_a_job_the_reaper_fails(s):
+    """'Tell me when any job named sft-* fails': a lost worker's job fails without an agent's report,
+    and the rule still fires (issue 22: state rules missed the reaper's failures)."""
+    from server.models import AlertRule
+    from server.rules import RULES
+    rule = AlertRule(name="sft fails", scope="name", pattern="sft-*", condition="state", state="failed",
+                     severity="critical", channels="[]", created_at=NOW)
+    s.add(rule)
+    s.flush()
+    RULES.changed()  # the rule set is cached per process: read this database's
+    silent = add_agent(s, "silent", seen_at=NOW - 100)
+    job = claimed(s, silent, max_retries=0, name="sft-small")
+    other = claimed(s, add_agent(s, "silent too", seen_at=NOW - 100), max_retries=0, name="pretrain")
+    frames = reap(s, LEASE, started_at=0.0, now=NOW)
+    assert job.state == other.state == "failed"
+    fired = s.scalars(select(Alert).where(Alert.kind == f"rule:{rule.id}")).all()
+    assert [(a.job_id, a.state, a.severity) for a in fired] == [(job.id, "open", "critical")]
+    assert "sft fails: job" in fired[0].message and "is failed" in fired[0].message
+    assert any(p["type"] == "alert" and p["alert"]["kind"] == f"rule:{rule.id}" for _, p, _ in frames)
+    RULES.changed()

@@ -126,3 +126,14 @@ def test_every_rule_condition_fires_once_and_clears(server_factory, tmp_path):
         out = subprocess.run(cli + ["rm", str(new_id)], env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and f"rule {new_id} removed" in out.stdout, out.stdout + out.stderr
     receiver.shutdown()
+
+
+def test_a_state_rule_fires_when_a_person_cancels_a_queued_job(server):
+    """A queued job's cancel ends it on the server, with no agent's report: its state rule fires."""
+    with server.client() as c:
+        rule = c.post("/api/rules", json={"name": "gone", "condition": "state", "state": "cancelled"}).json()["id"]
+        job = c.post("/api/jobs", json={"name": "never-claimed"}).json()  # no agent: it stays queued
+        assert c.post(f"/api/jobs/{job['id']}/cancel").json()["state"] == "cancelled"
+        fired = c.get("/api/alerts", params={"kind": f"rule:{rule}"}).json()
+        assert [(a["job_id"], a["state"]) for a in fired] == [(job["id"], "open")], fired
+        assert "is cancelled" in fired[0]["message"]

@@ -135,7 +135,13 @@ def test_a_script_printing_its_secret_every_way_leaks_it_nowhere(server_factory,
         t.start()
         srv.start_agent("cmd", "--allow-commands", env={"TP_LEAK_SECRET": value})
         done = srv.wait_job(job["id"], timeout=120)
-        time.sleep(1.0)  # the last frames
+        # the job's own final frame ends what there is to read (its alerts and log came before it)
+        def final_frame():
+            for f in list(frames):
+                frame = json.loads(f)
+                if frame.get("type") == "job" and frame["job"]["id"] == job["id"] and frame["job"]["state"] == "failed":
+                    return True
+        wait_for(final_frame, 60, "the job's final frame", every=0.1)
         stop.set()
         t.join(5)
         ws.close()
@@ -372,3 +378,50 @@ def test_a_dripping_hub_times_out_its_own_submits_and_holds_no_other(server_fact
         code, took, text = results[f"hub{i}"]
         assert code == 422 and '"field":"model"' in text.replace(" ", "") and "did not answer" in text, text
         assert took < 10, (i, took)
+
+
+def test_webhook_logs_name_the_receiver_host_never_its_secret_path(caplog):
+    """A Slack/Discord webhook URL's path is its credential: delivery failures are logged with the
+    host only (a refused one, one that times out, one that cannot be reached)."""
+    import asyncio
+    import logging
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+
+    from server.webhooks import Webhooks
+    from tests.conftest import free_port
+
+    class Refuses(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Refuses)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    secret = "T0123/B4567/abcdefSECRETxyz"
+    refused = f"http://127.0.0.1:{httpd.server_port}/services/{secret}"
+    unreachable = f"http://127.0.0.1:{free_port()}/services/{secret}"
+
+    async def run():
+        wh = Webhooks([refused, unreachable], timeout_s=1.0, retries=1, backoff_s=0.05)
+        wh.start()
+        wh.send({"id": 1, "job_id": 1, "kind": "slow", "severity": "warning", "state": "open", "message": "m"})
+        deadline = time.monotonic() + 60
+        while wh.failed < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await wh.stop()
+        return wh
+
+    try:
+        with caplog.at_level(logging.INFO, logger="tokenpulse.webhooks"):
+            wh = asyncio.run(run())
+    finally:
+        httpd.shutdown()
+    assert wh.failed == 2
+    text = caplog.text
+    assert f"127.0.0.1:{httpd.server_port}/..." in text and "giving up" in text and "refused" in text
+    assert secret not in text and "SECRET" not in text, text

@@ -50,6 +50,7 @@ def test_fifo_config_is_refused_and_the_server_keeps_answering(server, tmp_path)
     ("bad.jsonl", lambda p: p.write_text("{not json\n"), "not a JSON object"),
     ("bad.parquet", lambda p: p.write_bytes(b"PAR1 nonsense"), "parquet"),
 ])
+@pytest.mark.shared_server
 def test_bad_dataset_files_are_a_422_naming_the_dataset(server, tmp_path, name, make, needle):
     make(tmp_path / name)
     r = post(server, {"dataset": str(tmp_path / name)})
@@ -58,6 +59,7 @@ def test_bad_dataset_files_are_a_422_naming_the_dataset(server, tmp_path, name, 
     assert needle in r.text, r.text
 
 
+@pytest.mark.shared_server
 def test_corrupt_dataset_info_in_a_saved_dataset(server, tmp_path):
     d = tmp_path / "saved"
     d.mkdir()
@@ -69,6 +71,7 @@ def test_corrupt_dataset_info_in_a_saved_dataset(server, tmp_path):
     assert r.status_code == 422 and "features" in r.text, r.text
 
 
+@pytest.mark.shared_server
 @pytest.mark.parametrize("field", ["model", "dataset"])
 def test_a_path_component_over_255_characters(server, tmp_path, field):
     r = post(server, {field: str(tmp_path / ("x" * 300) / "data.jsonl")})
@@ -76,6 +79,7 @@ def test_a_path_component_over_255_characters(server, tmp_path, field):
     assert r.json()["detail"]["field"] == field, r.text
 
 
+@pytest.mark.shared_server
 def test_the_analyze_route_has_the_same_checks(server, tmp_path):
     os.mkfifo(tmp_path / "f.csv")
     with server.client() as c:

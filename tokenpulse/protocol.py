@@ -99,9 +99,10 @@ class Action:
     STACK: CommandAction = "stack"
 
 
-JobKind = Literal["train", "command"]
+JobKind = Literal["train", "command", "external"]
 TRAIN: JobKind = "train"  # JobSpec: tokenpulse's own training process
 COMMAND: JobKind = "command"  # CommandSpec: the user's own command
+EXTERNAL: JobKind = "external"  # a script started by hand, reporting itself (server/external.py): no agent runs it
 
 
 class LoraSpec(BaseModel):
@@ -579,6 +580,60 @@ class AgentReply(BaseModel):
     """What the server answers to a heartbeat or an event batch: acks and commands."""
     acked: dict[int, int] = Field(default_factory=dict)  # job_id -> highest seq stored
     commands: list[Command] = Field(default_factory=list)
+    # a heartbeat's answer: a job waits to be claimed (an idle agent on its websocket claims then;
+    # the push on WORK_TOPIC says it when a job is queued, this covers requeues and a missed push)
+    work: bool = False
+
+
+class AgentMessage(BaseModel):
+    """One request on an agent's websocket (`/api/agents/{id}/ws`): a Heartbeat, an event batch, or
+    both in one message, with an id its answer repeats. The HTTP routes take the same parts one at a
+    time (a Heartbeat at /heartbeat, an EventBatch at /events); the server applies both the same way
+    (server/agent_protocol.py). Unknown keys are ignored (a newer agent's additions)."""
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    id: int
+    heartbeat: Optional[Heartbeat] = None
+    # an EventBatch's events, checked on the server's writer thread (server/ingest/parse.py): 5,000
+    # events through pydantic on the event loop would hold every websocket for ~75 ms
+    events: Optional[list[Any]] = Field(None, max_length=100_000)
+
+    @field_validator("heartbeat", mode="before")
+    @classmethod
+    def _bare_jobs(cls, v):
+        """The first socket dialect sent the jobs alone ({job id: alive_at}): still taken, as Heartbeat.jobs."""
+        if isinstance(v, dict) and not v.keys() & {"jobs", "ranks"}:
+            return {"jobs": v}
+        return v
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.heartbeat is None and self.events is None:
+            raise ValueError("a message carries a heartbeat, events, or both")
+        return self
+
+
+class AgentAnswer(TypedDict, total=False):
+    """The server's answer to an AgentMessage on the socket: an AgentReply's fields (acked only for a
+    message with events, work only when true), or what the HTTP route would refuse it with."""
+    id: int
+    acked: dict[str, int]
+    commands: list[dict[str, Any]]
+    work: bool
+    status: int  # 4xx/503, as HTTP would answer; the agent sends it again over HTTP (or later)
+    detail: str
+
+
+def socket_answer(reply: AgentReply, with_acks: bool) -> AgentAnswer:
+    out: AgentAnswer = {"commands": [c.model_dump() for c in reply.commands]}
+    if with_acks:
+        out["acked"] = {str(k): v for k, v in reply.acked.items()}
+    if reply.work:
+        out["work"] = True
+    return out
+
+
+def refusal(status: int, detail: str) -> AgentAnswer:
+    return {"status": status, "detail": detail}
 
 
 class ClaimRequest(BaseModel):
@@ -619,7 +674,7 @@ class Claim(BaseModel):
 # dumped on that path. The payloads inside (a job summary, an alert, an agent, stored events) are the
 # REST shapes of server/schemas.py.
 
-FrameType = Literal["job", "events", "heartbeat", "alert", "agent", "error", "subscribed"]
+FrameType = Literal["job", "events", "heartbeat", "alert", "agent", "error", "subscribed", "nudge", "work"]
 JOB_FRAME: FrameType = "job"
 EVENTS_FRAME: FrameType = "events"
 HEARTBEAT_FRAME: FrameType = "heartbeat"
@@ -627,6 +682,36 @@ ALERT_FRAME: FrameType = "alert"
 AGENT_FRAME: FrameType = "agent"
 ERROR_FRAME: FrameType = "error"
 SUBSCRIBED_FRAME: FrameType = "subscribed"
+# to agents' websockets only (server/api/agent_ws.py), which send each as {"<type>": true}
+NUDGE_FRAME: FrameType = "nudge"  # a person asked for something on one of its jobs: heartbeat now
+WORK_FRAME: FrameType = "work"  # a job was queued: an idle agent claims now
+
+# The hub's topics (server/hub.py; a browser subscribes by these names, web/static/*.js).
+JOBS_TOPIC = "jobs"  # every job's summaries and heartbeats
+ALERTS_TOPIC = "alerts"
+AGENTS_TOPIC = "agents"  # agents' registrations and changes of state
+WORK_TOPIC = "agents:work"  # every agent's websocket: a job was queued (not a browser topic)
+BROWSER_TOPICS = (JOBS_TOPIC, ALERTS_TOPIC, AGENTS_TOPIC)  # and job_topic(id)
+_JOB_TOPIC = "job:"
+_AGENT_TOPIC = "agent:"
+
+
+def job_topic(job_id: int) -> str:
+    """One job's events, summaries and heartbeats."""
+    return f"{_JOB_TOPIC}{job_id}"
+
+
+_BROWSER_TOPIC = re.compile(rf"^({'|'.join(BROWSER_TOPICS)}|{_JOB_TOPIC}[1-9][0-9]{{0,12}})$")
+
+
+def is_browser_topic(topic: str) -> bool:
+    """A topic a browser may subscribe to (server/api/ws.py): not an agent's."""
+    return _BROWSER_TOPIC.match(topic) is not None
+
+
+def agent_topic(agent_id: int) -> str:
+    """One agent's websocket: nudges for its jobs (across server processes too: server/relay.py)."""
+    return f"{_AGENT_TOPIC}{agent_id}"
 
 
 class JobFrame(TypedDict):
@@ -671,6 +756,14 @@ class SubscribedFrame(TypedDict):
     topics: list[str]
 
 
+class NudgeFrame(TypedDict):
+    type: Literal["nudge"]
+
+
+class WorkFrame(TypedDict):
+    type: Literal["work"]
+
+
 def job_frame(summary: dict[str, Any]) -> JobFrame:
     return {"type": JOB_FRAME, "job": summary}
 
@@ -700,6 +793,14 @@ def error_frame(message: str) -> ErrorFrame:
 
 def subscribed_frame(topics: list[str]) -> SubscribedFrame:
     return {"type": SUBSCRIBED_FRAME, "topics": topics}
+
+
+def nudge_frame() -> NudgeFrame:
+    return {"type": NUDGE_FRAME}
+
+
+def work_frame() -> WorkFrame:
+    return {"type": WORK_FRAME}
 
 
 # ---- dataset analysis ------------------------------------------------------------------------------

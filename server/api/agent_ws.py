@@ -1,16 +1,21 @@
 """An agent's one persistent connection: `/api/agents/{id}/ws` (agent token, as a bearer header).
 
-The same protocol as the HTTP routes, as JSON text messages; each request carries an "id" that its
-answer repeats:
-  agent -> server  {"id": 7, "heartbeat": {"<job id>": alive_at, ...}}
+The same protocol as the HTTP routes, as JSON text messages, each a protocol.AgentMessage whose
+"id" its answer repeats, applied by the same handler (server/agent_protocol.py):
+  agent -> server  {"id": 7, "heartbeat": {"jobs": {"<job id>": alive_at}, "ranks": {...}}}  (a Heartbeat)
+                   {"id": 7, "heartbeat": {"<job id>": alive_at, ...}}  (the first dialect: jobs alone)
                    {"id": 8, "events": [...]}                      (an EventBatch's events)
                    {"id": 9, "events": [...], "heartbeat": {...}}  (both: a heartbeat folded into a batch)
-  server -> agent  {"id": 7, "commands": [...]}                    (an AgentReply)
+  server -> agent  {"id": 7, "commands": [...], "work": true}      (an AgentReply; "work" while a job waits)
                    {"id": 8, "acked": {"<job id>": seq}, "commands": [...]}
                    {"id": 9, "status": 422, "detail": "..."}      (what the HTTP route would answer)
                    {"nudge": true}    pushed when a person asks for something on one of its jobs
                                       (cancel, pause, stack): the agent heartbeats at once and gets
                                       the command in the answer, instead of within a heartbeat period.
+                   {"work": true}     pushed to every agent when a job is queued (submitted, cloned,
+                                      resumed): an idle agent on its socket claims then, instead of
+                                      polling; a heartbeat's answer says "work" too while jobs wait
+                                      (what requeues and retries leave), so nothing waits for a push.
 Writes of all connected agents share writer transactions (server/agent_channel.py). Registering and
 claiming stay HTTP; so does everything for an agent that cannot hold a websocket.
 """
@@ -22,17 +27,20 @@ import time
 
 import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
 
 from server.security import websocket_caller
 from server.models import Agent
+from tokenpulse.protocol import (NUDGE_FRAME, WORK_FRAME, WORK_TOPIC, AgentMessage, agent_topic, refusal,
+                                 work_frame)
 
 router = APIRouter()
 MAX_MESSAGE = 1 << 20  # bigger batches go over HTTP (the bulk lane)
 
 
-def agent_topic(agent_id: int) -> str:
-    """The hub topic an agent's connection listens on (across server processes too: server/relay.py)."""
-    return f"agent:{agent_id}"
+def work_queued(tp) -> None:
+    """Tell every connected agent that a job waits (they claim over HTTP; one of them gets it)."""
+    tp.hub.publish(WORK_TOPIC, work_frame(), droppable=True)
 
 
 @router.websocket("/api/agents/{agent_id}/ws")
@@ -53,15 +61,19 @@ async def agent_socket(ws: WebSocket, agent_id: int):
         await ws.close(code=4403, reason="an agent token acts only for the agents it registered")
         return
     await ws.accept()
-    sub = tp.hub.subscribe([agent_topic(agent_id)])
+    sub = tp.hub.subscribe([agent_topic(agent_id), WORK_TOPIC])
     header = ws.headers.get("authorization", "")
 
     replies: asyncio.Queue = asyncio.Queue()  # answers in the order they are ready, one sender
 
     async def push_loop():
         while True:
-            await sub.next_batch()
-            replies.put_nowait('{"nudge":true}')
+            batch = await sub.next_batch()
+            kinds = {(f.payload or {}).get("type") for f in batch}
+            if WORK_FRAME in kinds:  # several pushes waiting: each said once
+                replies.put_nowait(f'{{"{WORK_FRAME}":true}}')
+            if kinds - {WORK_FRAME} or not batch:  # a nudge (anything but work: heartbeat, to be safe)
+                replies.put_nowait(f'{{"{NUDGE_FRAME}":true}}')
 
     async def send_loop():
         while True:
@@ -94,23 +106,17 @@ async def agent_socket(ws: WebSocket, agent_id: int):
                 continue
             tp.stats.agent_socket_messages += 1
             if len(text) > MAX_MESSAGE:
-                await ws.send_text(orjson.dumps({"id": mid, "status": 413, "detail": "too large; use HTTP"}).decode())
+                await ws.send_text(orjson.dumps({"id": mid, **refusal(413, "too large; use HTTP")}).decode())
                 continue
-            jobs = body = None
-            if "heartbeat" in msg:  # may come alone or folded into an event batch: one message a beat
-                try:
-                    assert isinstance(msg["heartbeat"], dict) and len(msg["heartbeat"]) <= 1000
-                    jobs = {int(k): float(v) for k, v in msg["heartbeat"].items()}
-                except (AssertionError, TypeError, ValueError):
-                    await ws.send_text(orjson.dumps({"id": mid, "status": 422,
-                                                     "detail": "heartbeat: job id -> time"}).decode())
-                    continue
-            if isinstance(msg.get("events"), list):
-                body = text.encode()  # as it came: parse_batch reads its "events" on the writer thread
-            if jobs is None and body is None:
-                await ws.send_text(orjson.dumps({"id": mid, "status": 422, "detail": "heartbeat or events"}).decode())
+            try:
+                message = AgentMessage.model_validate(msg)
+            except ValidationError as e:  # the 422 its HTTP twin would answer
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first.get("loc", ()))
+                await ws.send_text(orjson.dumps({"id": mid, **refusal(422, f"{where}: {first['msg']}".lstrip(": "))}
+                                                ).decode())
                 continue
-            fut = tp.agent_writes.submit(agent_id, jobs, body)
+            fut = tp.agent_writes.submit(agent_id, message)
             fut.add_done_callback(answer(mid))
     except WebSocketDisconnect:
         pass

@@ -9,14 +9,14 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
 from server import auth, gang, ranks, store
-from server.ingest import apply, heartbeats, parse
+from server.agent_protocol import Incoming, after_ingest, apply_messages
+from server.ingest import parse
 from server.context import AppDep
 from server.security import AgentDep, UserDep
 from server.models import Agent, Job
-from server.reaper import lease_origin
 from server.hub import job_frames
 from server.schemas import AgentOut
-from tokenpulse.protocol import (COMMAND, Action, AgentHello, AgentReply, Claim, ClaimRequest, Command, Heartbeat,
+from tokenpulse.protocol import (AGENTS_TOPIC, COMMAND, AgentHello, AgentReply, Claim, ClaimRequest, Heartbeat,
                                  MachineSample, agent_frame, load_spec)
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
@@ -50,7 +50,7 @@ async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> AgentOut:
         s.flush()
         return agent_dict(a, [])
     d = await tp.db.write(add)
-    tp.hub.publish("agents", agent_frame(d), False)
+    tp.hub.publish(AGENTS_TOPIC, agent_frame(d), False)
     return d
 
 
@@ -76,23 +76,14 @@ def known_agent(s, agent_id: int, caller=None) -> Agent:
 
 @router.post("/{agent_id}/heartbeat")
 async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) -> AgentReply:
+    """The agent and the jobs it names are alive (a distributed job's rank rows with them); answered
+    with the commands waiting for it. Applied as a websocket heartbeat is (server/agent_protocol.py)."""
     def beat(s):
         known_agent(s, agent_id, caller)
-        commands, frames = heartbeats.heartbeat(s, agent_id, hb.jobs)
-        if hb.ranks:
-            ranks.store(s, agent_id, hb.ranks)
-            # a share on node rank > 0 whose gang is over (its node rank 0's agent lost): stop its ranks;
-            # one whose stacks node rank 0's agent asked for (a stall): read them
-            shares = [j for j in hb.ranks if j not in hb.jobs]
-            commands += [Command(job_id=j, action=Action.CANCEL) for j in gang.stale_shares(s, agent_id, shares)]
-            commands += [Command(job_id=j, action=Action.STACK) for j in gang.stack_requests(s, agent_id, shares)]
-        for job in store.reconcile(s, agent_id, set(hb.jobs), tp.settings.agent_lost_after_s,
-                                     lease_origin(tp.db, tp.started_at), delivered=tp.deliveries):
-            frames += job_frames(store.job_summary(job))
-        return commands, frames
-    commands, frames = await tp.db.write(beat)
-    tp.hub.publish_all(frames)
-    return AgentReply(commands=commands)
+        return apply_messages(s, tp, [Incoming(agent_id, heartbeat=hb)])
+    applied = await tp.db.write(beat)
+    after_ingest(tp, applied.outcome)
+    return applied.replies[0]
 
 
 @router.post("/{agent_id}/system", status_code=204)
@@ -174,16 +165,7 @@ async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) 
 
     def store_batch(s):
         known_agent(s, agent_id, caller)
-        out = apply.ingest(s, agent_id, parse.parse_batch(body), tp.hub)
-        tp.deliveries.note(out.delivered)
-        out.commands.extend(c for c in heartbeats.pending_commands(s, agent_id, [])
-                            if c.job_id not in {x.job_id for x in out.commands})
-        return out
-    out = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
-    tp.stats.ingested_events += out.stored_events
-    tp.stats.ingested_points += out.stored_points
-    tp.hub.publish_all(out.frames)
-    if out.alerts and tp.webhooks is not None:
-        for alert in out.alerts:
-            tp.webhooks.send(alert)
-    return AgentReply(acked=out.acked, commands=out.commands)
+        return apply_messages(s, tp, [Incoming(agent_id, events=parse.parse_batch(body))])
+    applied = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
+    after_ingest(tp, applied.outcome)
+    return applied.replies[0]

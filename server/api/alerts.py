@@ -12,7 +12,7 @@ from server.security import UserDep
 from server.ingest.alerts import alert_dict
 from server.models import Alert
 from server.schemas import AlertOut
-from tokenpulse.protocol import alert_frame
+from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 
 router = APIRouter(prefix="/api/alerts", tags=["alerts"])
 
@@ -46,5 +46,5 @@ async def ack_alert(alert_id: int, tp: AppDep, _: UserDep) -> AlertOut:
             a.state, a.updated_at = "acked", time.time()
         return alert_dict(a)
     d = await tp.db.write(ack)
-    tp.hub.publish("alerts", alert_frame(d), False)
+    tp.hub.publish(ALERTS_TOPIC, alert_frame(d), False)
     return d

@@ -4,12 +4,13 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 
 from server import auth, external, store
+from server.agent_protocol import after_ingest
 from server.context import AppDep
 from server.errors import invalid_body
 from server.ingest import apply, parse
 from server.models import Job
 from server.security import UserDep, token_from
-from tokenpulse.protocol import AgentReply
+from tokenpulse.protocol import JOBS_TOPIC, AgentReply, heartbeat_frame, job_frame, job_topic
 
 router = APIRouter(prefix="/api/jobs", tags=["external jobs"])
 
@@ -25,7 +26,7 @@ async def create_external(run: external.ExternalRun, tp: AppDep, caller: UserDep
         job = external.create(s, run, caller.principal_id, report_token)
         return store.job_summary(job)
     summary = await tp.db.write(create)
-    tp.hub.publish("jobs", {"type": "job", "job": summary}, droppable=False)
+    tp.hub.publish(JOBS_TOPIC, job_frame(summary), droppable=False)
     return {"id": summary["id"], "job": summary, "events_url": f"/api/jobs/{summary['id']}/events",
             "next_seq": 0, "report_token": report_token}
 
@@ -76,18 +77,12 @@ async def report_external(job_id: int, request: Request, tp: AppDep) -> AgentRep
         frames = []
         if alive_at is not None and job.agent_id is None:
             job.alive_at = max(job.alive_at or 0, alive_at)
-            beat = {"type": "heartbeat", "job_id": job_id, "t": alive_at, "alive_at": alive_at}
-            frames += [(f"job:{job_id}", beat, True), ("jobs", beat, True)]
+            beat = heartbeat_frame(job_id, alive_at, alive_at)
+            frames += [(job_topic(job_id), beat, True), (JOBS_TOPIC, beat, True)]
         out = apply.ingest(s, None, events, tp.hub)
         out.frames.extend(frames)
         out.commands = external.commands_for(job)
         return out
     out = await tp.db.write(store_batch, bulk=len(body) > 65536)
-    tp.stats.ingested_events += out.stored_events
-    tp.stats.ingested_points += out.stored_points
-    for topic, payload, droppable in out.frames:
-        tp.hub.publish(topic, payload, droppable)
-    if out.alerts and tp.webhooks is not None:
-        for alert in out.alerts:
-            tp.webhooks.send(alert)
+    after_ingest(tp, out)
     return AgentReply(acked=out.acked, commands=out.commands)

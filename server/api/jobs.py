@@ -15,14 +15,16 @@ from server.hub import job_frames
 from server.context import AppDep
 from server.security import CommandsDep, UserDep, not_yours, require_command_rights
 from server.models import Attempt, Event as EventRow, Job, MetricKey
-from server.api.agent_ws import agent_topic
+from server.api.agent_ws import work_queued
 from server.dialect import raw_cursor
 from server.analysis_pool import pool_of
 from server.preflight import preflight
+from server.rules import RULES, Fired
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
 from server.series import read_series
 from server.validate import check_spec_async
-from tokenpulse.protocol import JOB_KINDS, CommandSpec, JobSpec, JobState, job_frame
+from tokenpulse.protocol import (COMMAND, EXTERNAL, JOB_KINDS, JOBS_TOPIC, CommandSpec, JobSpec, JobState,
+                                 agent_topic, job_frame, nudge_frame)
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -60,8 +62,9 @@ async def submit(tp, spec, caller, parent_id: Optional[int] = None) -> dict:
             job.reason = gang.trusted_shortage(s, job.nnodes)
         return job_detail(job, [])
     detail = await tp.db.write(create)
-    tp.hub.publish("jobs", job_frame({k: v for k, v in detail.items() if k not in ("spec", "info")}),
+    tp.hub.publish(JOBS_TOPIC, job_frame({k: v for k, v in detail.items() if k not in ("spec", "info")}),
                    droppable=False)
+    work_queued(tp)  # an idle agent on its websocket claims it now
     if not isinstance(spec, JobSpec):
         return detail  # a command job: nothing to analyze
     # after the job is queued (an agent may start it meanwhile): advice, never a refusal
@@ -136,14 +139,23 @@ async def request_action(tp, job_id: int, action: str, caller) -> dict:
     def apply(s):
         job = get_job_or_404(s, job_id)
         check_owner(caller, job, action)
-        if action == "resume" and job.kind == "command":
+        if action == "resume" and job.kind == COMMAND:
             require_command_rights(caller, "resume a command job (it starts the command again)")
+        before = job.state
         store.REQUESTS[action](s, job)
+        if job.state != before:  # a queued job cancelled, a paused one resumed: rules on states judge it
+            RULES.state_changed(s, job, fired)
         return store.job_summary(job)
+    fired = Fired()
     summary = await tp.db.write(apply)
-    tp.hub.publish_all(job_frames(summary))
+    tp.hub.publish_all(fired.frames + job_frames(summary))
+    for alert in fired.alerts:
+        if tp.webhooks is not None:
+            tp.webhooks.send(alert)
     if summary["agent_id"] is not None:  # an agent on a websocket asks for its commands at once
-        tp.hub.publish(agent_topic(summary["agent_id"]), {"type": "nudge"}, droppable=False)
+        tp.hub.publish(agent_topic(summary["agent_id"]), nudge_frame(), droppable=False)
+    if summary["state"] == JobState.queued.value:  # resumed: an idle agent claims it now
+        work_queued(tp)
     return summary
 
 
@@ -180,10 +192,10 @@ async def clone_job(job_id: int, body: CloneRequest, tp: AppDep, caller: UserDep
         parent = get_job_or_404(s, job_id)
         check_owner(caller, parent, "clone")
         base, kind = json.loads(parent.spec), parent.kind
-    if kind == "external":
+    if kind == EXTERNAL:
         raise HTTPException(409, f"job {job_id} is an external script (started by hand, not by an agent): "
                                  "there is no spec to run again")
-    if kind == "command":
+    if kind == COMMAND:
         require_command_rights(caller, "clone a command job (it runs the command again)")
     base.update(body.changes)
     try:

@@ -14,7 +14,7 @@ from server.context import AppDep
 from server.preflight import preflight
 from server.schemas import PreflightOut, PreflightWarning
 from server.security import UserDep
-from tokenpulse.protocol import JobSpec
+from tokenpulse.protocol import TRAIN, JobSpec
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
@@ -33,6 +33,6 @@ async def job_preflight(job_id: int, tp: AppDep, caller: UserDep,
     with tp.db.read() as s:
         job = get_job_or_404(s, job_id)
         kind, spec = job.kind, json.loads(job.spec)
-    if kind != "train":
+    if kind != TRAIN:
         raise HTTPException(409, f"job {job_id} is a {kind} job: preflight advice is for training jobs")
     return await preflight(JobSpec.model_validate(spec), tp.settings, tp.db, pool_of(tp), caller.principal_id, wait_s)

@@ -16,7 +16,7 @@ from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Alert, AlertRule
 from server.rules import CONDITIONS, KIND_PREFIX, RULES, STATES, Rule
 from server.security import UserDep
-from tokenpulse.protocol import alert_frame
+from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 
 router = APIRouter(prefix="/api/rules", tags=["rules"])
 
@@ -115,5 +115,5 @@ async def remove_rule(rule_id: int, tp: AppDep, caller: UserDep) -> dict:
     cleared = await tp.db.write(remove)
     RULES.changed()
     for d in cleared:
-        tp.hub.publish("alerts", alert_frame(d), False)
+        tp.hub.publish(ALERTS_TOPIC, alert_frame(d), False)
     return {"removed": rule_id, "cleared_alerts": len(cleared)}

@@ -1,7 +1,7 @@
 """Websocket: live frames for the topics a client subscribes to.
 
-Topics: "jobs" (job summaries and heartbeats of every job), "job:<id>" (that job's events),
-"alerts", "agents". Subscribe with ?topics=jobs,job:3 or by sending {"subscribe": [...]}.
+Topics (tokenpulse/protocol.py names them): "jobs" (job summaries and heartbeats of every job),
+"job:<id>" (that job's events), "alerts", "agents". Subscribe with ?topics=jobs,job:3 or by sending {"subscribe": [...]}.
 Frames: tokenpulse/protocol.py's FrameType (job, events, heartbeat, alert, agent; error and subscribed
 answer a client's own message), built by its constructors.
 """
@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from server.security import websocket_caller
-from tokenpulse.protocol import error_frame, subscribed_frame
+from tokenpulse.protocol import error_frame, is_browser_topic, subscribed_frame
 
 router = APIRouter()
-TOPIC = re.compile(r"^(jobs|alerts|agents|job:[1-9][0-9]{0,12})$")
 
 
 class ClientMessage(BaseModel):
@@ -30,7 +28,7 @@ class ClientMessage(BaseModel):
     @classmethod
     def _topics(cls, v: list[str]) -> list[str]:
         for t in v:
-            if not TOPIC.match(t):
+            if not is_browser_topic(t):
                 raise ValueError(f"unknown topic {t!r}; use jobs, alerts, agents or job:<id>")
         return v
 

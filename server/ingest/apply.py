@@ -16,15 +16,15 @@ from sqlalchemy.orm import Session
 
 from server import store
 from server.dialect import dialect_name, raw_cursor
-from server.hub import Frame, job_topic
+from server.hub import Frame
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.ingest.logcap import BUDGET as LOG_BUDGET
 from server.ingest.metrics import PointBatch
 from server.ingest.parse import INT_LIMIT, Ev
 from server.models import Job
 from server.rules import NON_FINITE_ALERT, RULES
-from tokenpulse.protocol import (ACTIVE_STATES, Action, Command, JobState, Phase, alert_frame, events_frame,
-                                 job_frame)
+from tokenpulse.protocol import (ACTIVE_STATES, ALERTS_TOPIC, JOBS_TOPIC, Action, Command, JobState, Phase,
+                                 alert_frame, events_frame, job_frame, job_topic)
 
 INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
 PG_INSERT_EVENT = INSERT_EVENT.replace(" OR IGNORE", "") + " ON CONFLICT (job_id, seq) DO NOTHING"
@@ -97,8 +97,8 @@ def live_frames(out: Outcome, hub=None) -> Outcome:
         topic = job_topic(job_id)
         if watched(topic):
             out.frames.append((topic, Frame(events_frame(job_id, live), not critical), not critical))
-        if watched("jobs"):
-            out.frames.append(("jobs", Frame(job_frame(store.job_summary(job)), not critical),
+        if watched(JOBS_TOPIC):
+            out.frames.append((JOBS_TOPIC, Frame(job_frame(store.job_summary(job)), not critical),
                                not critical))
     return out
 
@@ -230,4 +230,4 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
         if alert is not None:
             payload = alert_dict(alert)
             out.alerts.append(payload)
-            out.frames.append(("alerts", alert_frame(payload), False))
+            out.frames.append((ALERTS_TOPIC, alert_frame(payload), False))

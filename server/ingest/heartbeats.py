@@ -5,13 +5,12 @@ Raw SQL on the indexed jobs.agent_id throughout: this runs on every heartbeat an
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Iterable, Optional
 
 from sqlalchemy.orm import Session
 
 from server.dialect import raw_cursor
-from server.hub import job_topic
-from tokenpulse.protocol import Action, Command, heartbeat_frame
+from tokenpulse.protocol import JOBS_TOPIC, Action, Command, heartbeat_frame, job_topic
 
 
 class Deliveries:
@@ -60,43 +59,34 @@ def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Comm
     return cmds
 
 
-def heartbeat(s: Session, agent_id: int, jobs: dict[int, float]) -> tuple[list[Command], list[tuple]]:
-    """The agent is alive; so are the jobs whose training process said so at the given times."""
-    now = time.time()
-    frames = []
-    cur = raw_cursor(s)  # sqlite3's, or psycopg's taking `?` too
-    cur.execute("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", (now, agent_id))
-    for jid, alive_t in jobs.items():
-        cur.execute("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", (alive_t, jid, agent_id))
-        if cur.rowcount:
-            frame = heartbeat_frame(jid, now, alive_t)
-            frames.append((job_topic(jid), frame, True))
-            frames.append(("jobs", frame, True))
-    return pending_commands(s, agent_id, list(jobs)), frames
-
-
-def heartbeat_many(s: Session, beats: dict[int, dict[int, float]], owner: dict[int, Optional[int]]
-                   ) -> tuple[dict[int, list[Command]], list[tuple]]:
-    """Many agents' heartbeats in a few statements (agent websockets' gatherings, agent_channel.py):
-    what heartbeat() and pending_commands() do for one, with each statement run once for all.
-    owner: job id -> its agent, as the session holds the jobs now (every job the beats name)."""
+def heartbeat_many(s: Session, beats: dict[int, dict[int, float]], owner: dict[int, Optional[int]],
+                   asking: Iterable[int] = ()) -> tuple[dict[int, list[Command]], list[tuple]]:
+    """Many agents' heartbeats in a few statements (server/agent_protocol.py, one agent's over HTTP
+    or a whole websocket gathering's): each agent and the jobs it names are alive; the commands
+    waiting for it (pending_commands, each statement run once for all).
+    owner: job id -> its agent, as the session holds the jobs now (every job the beats name).
+    asking: agents that sent events without a heartbeat: their commands too, nothing marked alive."""
     now = time.time()
     frames: list[tuple] = []
     cur = raw_cursor(s)
-    cur.executemany("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", [(now, a) for a in beats])
+    agents = list(dict.fromkeys([*beats, *asking]))
+    if beats:
+        cur.executemany("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", [(now, a) for a in beats])
     rows = [(alive_t, jid, aid) for aid, jobs in beats.items() for jid, alive_t in jobs.items()
             if owner.get(jid) == aid]
     if rows:
         cur.executemany("UPDATE jobs SET alive_at = ? WHERE id = ? AND agent_id = ?", rows)
     for alive_t, jid, _ in rows:
         frame = heartbeat_frame(jid, now, alive_t)
-        frames += [(job_topic(jid), frame, True), ("jobs", frame, True)]
-    cmds: dict[int, list[Command]] = {aid: [] for aid in beats}
+        frames += [(job_topic(jid), frame, True), (JOBS_TOPIC, frame, True)]
+    cmds: dict[int, list[Command]] = {aid: [] for aid in agents}
+    if not agents:
+        return cmds, frames
     stacks = []
     for jid, aid, action, stack_at in cur.execute(
             "SELECT id, agent_id, requested_action, stack_requested_at FROM jobs WHERE agent_id IN "
-            f"({', '.join('?' * len(beats))}) AND (requested_action IS NOT NULL OR stack_requested_at IS NOT NULL)",
-            list(beats)).fetchall():
+            f"({', '.join('?' * len(agents))}) AND (requested_action IS NOT NULL OR stack_requested_at IS NOT NULL)",
+            agents).fetchall():
         if action is not None:
             cmds[aid].append(Command(job_id=jid, action=action))
         if stack_at is not None:
@@ -109,3 +99,8 @@ def heartbeat_many(s: Session, beats: dict[int, dict[int, float]], owner: dict[i
         cmds[aid] += [Command(job_id=jid, action=Action.CANCEL) for jid in jobs
                       if jid not in mine and owner.get(jid) != aid]
     return cmds, frames
+
+
+def queued_work(s: Session) -> bool:
+    """Whether any job waits to be claimed (the jobs.state index: one probe for a whole gathering)."""
+    return raw_cursor(s).execute("SELECT 1 FROM jobs WHERE state = 'queued' LIMIT 1").fetchone() is not None

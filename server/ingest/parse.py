@@ -93,6 +93,11 @@ def parse_batch(body: bytes) -> list[Ev]:
     evs = doc.get("events") if isinstance(doc, dict) else None
     if not isinstance(evs, list):
         raise invalid_body(("events",), "Field required: a list of events")
+    return parse_events(evs)
+
+
+def parse_events(evs: list) -> list[Ev]:
+    """An EventBatch's events, already loaded from JSON (an agent socket's message) -> checked events."""
     if len(evs) > MAX_EVENTS:
         raise invalid_body(("events",), f"at most {MAX_EVENTS} events a batch")
     out = []
