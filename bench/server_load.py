@@ -145,15 +145,15 @@ def role_agent(a) -> None:
     async def main():
         agent = Agent(a.url, a.token, Path(a.work), name=a.name, heartbeat_s=2.0, flush_s=0.25)
         agent.outbox.recover()
-        await agent.register()
-        r = await agent.call("POST", f"/api/agents/{agent.agent_id}/claim")
+        await agent.link.register()
+        r = await agent.link.call("POST", f"/api/agents/{agent.link.agent_id}/claim")
         claim = r.json()
         job_id = claim["job_id"]
         agent.outbox.open_job(job_id, claim["seq_start"])
         # what the agent knows of a running job (its heartbeat reports alive_at)
         agent.jobs[job_id] = SimpleNamespace(alive_at=time.time(), requested=None, process=None, gang=None,
                                               claim=SimpleNamespace(job_id=job_id, node_rank=0))
-        loops = [asyncio.create_task(agent.flush_loop()), asyncio.create_task(agent.heartbeat_loop())]
+        loops = [asyncio.create_task(agent.link.flush_loop()), asyncio.create_task(agent.link.heartbeat_loop())]
         per_event = len(KEYS)
         events_per_s = a.rate / per_event
         await asyncio.sleep(max(0.0, a.start_at - time.time()))

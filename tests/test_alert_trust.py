@@ -20,7 +20,7 @@ from worker.agent.headline import folded, gang_headline, stall_headline
 from worker.agent.hysteresis import Latch
 from worker.agent.ranks import RankBoard
 from worker.agent.slow import SlowDetector
-from worker.agent.stall import StallConfig
+from tokenpulse.diagnosis.stall import StallConfig
 
 SITE = "/venv/lib/python3.11/site-packages"
 
@@ -240,7 +240,7 @@ def test_a_throughput_drop_that_lasts_opens_although_its_samples_outnumber_the_e
     """The baseline is frozen while a drop waits out its hold time: before, 22 fast steps then slow
     ones moved the median baseline onto the slow pace within the hold, and the drop never opened."""
     from worker.agent.slow import SlowDetector
-    from worker.agent.stall import StallConfig
+    from tokenpulse.diagnosis.stall import StallConfig
     s = SlowDetector(StallConfig(slow_factor=3, alert_open_s=3))
     t, opened = 0.0, []
     for step in range(3, 120):

@@ -24,7 +24,7 @@ from tokenpulse import run
 from tokenpulse.events import Emitter
 from tokenpulse.instrument import patch_tqdm
 from worker.agent.anatomy import Anatomy, straggler_cause
-from worker.agent.stall import StallConfig, StallDetector
+from tokenpulse.diagnosis.stall import StallConfig, StallDetector
 
 PY = sys.executable
 LOOP = SCRIPTS / "any_loop.py"

@@ -7,6 +7,7 @@ import asyncio
 
 from test_ranks import SUMMARY, WAITING, board, dump
 
+from tokenpulse.protocol import ExitVerdict
 from worker.agent import gangstacks
 from worker.agent.gangwatch import GangState, exits, judge
 
@@ -14,7 +15,7 @@ from worker.agent.gangwatch import GangState, exits, judge
 def test_each_rank_gets_its_exit_code_signal_state_or_stopped_by_gang():
     g = GangState(board=board(3))
     g.observe(0, "state", {"state": "failed", "failure": "crash", "reason": "Connection reset"}, 5.0, 5.0)
-    judge(g, {"state": "failed", "failure": "crash", "exit_code": 1}, SUMMARY.splitlines())
+    judge(g, ExitVerdict(state="failed", failure="crash", exit_code=1), SUMMARY.splitlines())
     assert exits(g, SUMMARY.splitlines()) == {0: "exited with code 1", 1: "killed by SIGKILL", 2: "stopped by gang"}
     g = GangState(board=board(2))
     for r in (0, 1):

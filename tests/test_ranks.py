@@ -3,6 +3,7 @@ naming the odd rank, the straggler rule, the verdict naming the rank that died. 
 py-spy-shaped dumps and a real torchrun failure summary as input, the clock passed in."""
 from __future__ import annotations
 
+from tokenpulse.protocol import ExitVerdict
 from worker.agent.gangwatch import GangState, judge, watch_deaths
 from worker.agent.ranks import RankBoard, diagnose, torchrun_failures
 
@@ -96,10 +97,10 @@ def test_the_rank_that_died_silently_is_blamed_not_the_peer_that_echoed_it():
     g = GangState(board=board(2))
     g.observe(0, "state", {"state": "failed", "failure": "crash", "reason": "RuntimeError: Connection reset by peer"},
               5.0, 5.0)
-    v = judge(g, {"state": "failed", "failure": "crash", "exit_code": 1}, SUMMARY.splitlines())
-    assert v["signal"] == "SIGKILL" and v["retry"] and v["failure"] == "signal"
-    assert v["reason"].startswith("rank 1 (h, pid 101) killed by SIGKILL; the gang was stopped; then rank 0: "
-                                  "RuntimeError"), v
+    v = judge(g, ExitVerdict(state="failed", failure="crash", exit_code=1), SUMMARY.splitlines())
+    assert v.signal == "SIGKILL" and v.retry and v.failure == "signal"
+    assert v.reason.startswith("rank 1 (h, pid 101) killed by SIGKILL; the gang was stopped; then rank 0: "
+                               "RuntimeError"), v
 
 
 def test_a_rank_gone_without_finishing_starts_the_teardown_one_that_finished_does_not():

@@ -5,7 +5,7 @@ import pytest
 
 from tokenpulse.protocol import JobSpec, StallSpec
 from worker.agent.slow import SlowDetector
-from worker.agent.stall import StallConfig, StallDetector
+from tokenpulse.diagnosis.stall import StallConfig, StallDetector
 
 # No alert hysteresis here: these tests judge each rule at once (tests/test_alert_trust.py judges the hysteresis)
 CFG = StallConfig(factor=5, floor_s=3, ceiling_s=100, first_step_s=20, phase_s=40, alert_open_s=0, alert_clear_s=0)
@@ -265,7 +265,7 @@ def test_periodic_stalls_every_n_steps():
 
 
 def test_stuck_at_reads_both_dump_formats():
-    from worker.agent.stall import stuck_at
+    from tokenpulse.diagnosis.stall import stuck_at
     spy = ('py-spy dump:\nProcess 1: python\n\nThread 14747 (idle): "MainThread"\n'
            '    _fault_hang (worker/controls.py:41)\n    Faults.before_step (worker/controls.py:57)\n'
            'Thread 14752 (idle): "tokenpulse-alive"\n    Condition.wait (threading.py:331)\n')
@@ -306,7 +306,7 @@ def feed_sched(s: SlowDetector, c: Clock, steps: int, st: float, run_share: floa
 def test_cpu_starvation_is_contention_not_slow_and_a_sleep_is_slow():
     s, c, acc = SlowDetector(CFG), Clock(), [0.0, 0.0]
     assert feed_sched(s, c, 12, 1.0, 0.95, 0.02, acc) == (None, None)
-    s.load = (7.7, 2)
+    s.observe_load(7.7, 2)
     slow, cont = feed_sched(s, c, 5, 5.0, 0.2, 0.8, acc)  # runnable all along, on a CPU 20% of it
     assert slow is None and cont.kind == "contention"
     assert "waited for a CPU 80% of the time" in cont.message and "load 7.7 on 2 cores" in cont.message
@@ -353,7 +353,7 @@ def test_memory_stays_bounded_over_a_long_job():
 
 
 def test_stuck_at_finds_the_main_thread_by_pid_when_unnamed():
-    from worker.agent.stall import stuck_at
+    from tokenpulse.diagnosis.stall import stuck_at
     spy = ('py-spy dump (--nonblocking; process 7349 state: T (stopped)):\nProcess 7349: python -c\n\n'
            'Thread 7360 (idle)\n    wait (/x/threading.py:331)\nThread 7349 (idle)\n    stuck (/x/a.py:4)\n')
     assert stuck_at(spy) == "stuck (/x/a.py:4)"

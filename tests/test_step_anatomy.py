@@ -16,7 +16,7 @@ from test_ui_job import post_events
 from worker.agent.advice import Advisor
 from worker.agent.headline import folded, stall_headline
 from worker.agent.ranks import RankBoard, _our_frames
-from worker.agent.stall import StallConfig
+from tokenpulse.diagnosis.stall import StallConfig
 
 HOOK = "/opt/tp/tokenpulse/instrument/patch_torch.py"
 

@@ -878,3 +878,16 @@ class DatasetAnalysis(BaseModel):
                                            description="preflight advice: [{kind, field, message, fix}]")
     memory: Optional[dict[str, Any]] = Field(None, description="with measure: {device, precision, budget_s, table: "
                                              "[{seq_len, max_rows, tokens_per_s, fits, limited_by}]}")
+
+
+class ExitVerdict(BaseModel):
+    """An agent's judgment of how an attempt ended: the data of the one authoritative `state` event it
+    sends when the process exits (read on the server as StateData). Sent with
+    model_dump(exclude_none=True), so only what the agent knows goes on the wire."""
+    state: str  # a JobState value; "queued" when a shutdown requeues a checkpointed job
+    reason: Optional[str] = None
+    failure: Optional[str] = None  # a FailureKind, or what a command's own state event said
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    retry: Optional[bool] = None  # the agent asks for a requeue (the policy decides)
+    ranks: Optional[dict[int, str]] = None  # a distributed job: how each rank of this node ended

@@ -98,7 +98,7 @@ def init(name: Optional[str] = None, config: Optional[dict] = None, total_steps:
          stall: Optional[dict] = None):
     """Start reporting. Under an agent: the job's pipe. Started by hand with TOKENPULSE_URL (and
     TOKENPULSE_TOKEN): an external job on that server, watched by a watchdog process; `stall`
-    overrides its thresholds (worker/agent/stall.py StallConfig: floor_s, factor, first_step_s...).
+    overrides its thresholds (tokenpulse/diagnosis/stall.py StallConfig: floor_s, factor, first_step_s...).
     Else events go to stderr. total_steps makes log() report training progress as step n/total.
     Returns the reporter."""
     global _reporter, _total_steps

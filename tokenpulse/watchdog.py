@@ -6,9 +6,10 @@ pipe (its stdin; the script writes them with the same Emitter as under an agent)
 sends them in batches to the server (POST /api/jobs/{id}/events), resending until acknowledged. In
 its own process, so it keeps working when the script is stuck (even holding the GIL) and can say
 how the script ended when it dies without a word. It watches progress with the agents' stall
-detector (worker/agent/stall.py: thresholds from TOKENPULSE_STALL_* or init(stall={...})); on a stall
-it captures every thread's stack with py-spy (or, where py-spy cannot attach, the script's
-faulthandler dump to a file on SIGUSR1) and raises a stalled alert naming the line it is stuck on.
+detector (tokenpulse/diagnosis/stall.py: thresholds from TOKENPULSE_STALL_* or init(stall={...})); on a
+stall it captures every thread's stack on the agents' ladder (tokenpulse/diagnosis/capture.py: py-spy,
+or where py-spy cannot attach, the script's faulthandler dump to a file on SIGUSR1) and raises a
+stalled alert naming the line it is stuck on.
 Server commands: cancel (SIGTERM to the script), stack (a dump as a log line).
 """
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Optional
 
 import httpx
 
-from worker.agent.stacks import can_run_handlers, describe_state, find_py_spy, process_state, py_spy_dump
-from worker.agent.stall import StallConfig, StallDetector, stuck_at
+from tokenpulse.diagnosis.capture import capture_stack
+from tokenpulse.diagnosis.stall import StallConfig, StallDetector, stuck_at
 
 SEND_EVERY_S = 0.5
 ALIVE_EVERY_S = 2.0
@@ -186,47 +187,25 @@ class Watchdog:
                            "stack": stack[-199_000:] if stack else None})
 
     def capture_stack(self) -> str:
-        """The agent's order (worker/agent/stacks.py): py-spy's suspending dump while the script can be
-        suspended, its faulthandler file while it can run a handler, py-spy --nonblocking for a
-        stopped or I/O-stuck script."""
-        state = process_state(self.pid)
-        spy = find_py_spy()
-        notes = [f"process {self.pid} state: {describe_state(state)}"]
-        if spy and can_run_handlers(state) and os.environ.get("TOKENPULSE_STACK_TOOL", "py-spy") != "faulthandler":
-            out, why = asyncio.run(py_spy_dump(spy, self.pid, nonblocking=False))
-            if out:
-                return "py-spy dump:\n" + out
-            notes.append(f"py-spy: {why}")
-        if self.stack_file and can_run_handlers(state):
-            dump = self.faulthandler_dump()
-            if dump:
-                return "faulthandler dump:\n" + dump
-            notes.append("faulthandler: the script wrote no stack")
-        if spy:
-            out, why = asyncio.run(py_spy_dump(spy, self.pid, nonblocking=True))
-            if out:
-                return f"py-spy dump (--nonblocking; {'; '.join(notes)}):\n" + out
-            notes.append(f"py-spy --nonblocking: {why}")
-        else:
-            notes.append("py-spy is not installed")
-        return "no stack: " + "; ".join(notes)
+        """Every thread's stack, on the agents' ladder; the script's faulthandler writes to its stack file."""
+        return asyncio.run(capture_stack(self.pid, self.faulthandler_dump if self.stack_file else None,
+                                         "the script has no stack file"))
 
-    def faulthandler_dump(self) -> str:
+    async def faulthandler_dump(self) -> str:
         """SIGUSR1 makes the script's faulthandler append every thread's stack to its stack file."""
         try:
             before = os.path.getsize(self.stack_file)
             os.kill(self.pid, signal.SIGUSR1)
             deadline, size = time.time() + 3, before
             while time.time() < deadline:
-                time.sleep(0.3)
+                await asyncio.sleep(0.3)
                 now_size = os.path.getsize(self.stack_file)
                 if now_size > before and now_size == size:
                     break  # lines stopped arriving: the dump is complete
                 size = now_size
             with open(self.stack_file, "rb") as f:
                 f.seek(before)
-                text = f.read().decode(errors="replace")
-            return text if "File " in text else ""
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
 

@@ -14,8 +14,9 @@ import signal as signal_mod
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tokenpulse.protocol import ExitVerdict
 from worker.agent.ranks import RankBoard, diagnose, torchrun_failures
-from worker.agent.stacks import find_py_spy, py_spy_dump
+from tokenpulse.diagnosis.stacks import find_py_spy, py_spy_dump
 
 DEATH_GRACE_S = 2.0
 DONE_STATES = ("completed", "paused", "cancelled")
@@ -92,14 +93,14 @@ def first_failure(g: GangState) -> Optional[tuple[int, dict]]:
     return r, d
 
 
-def judge(g: GangState, verdict: dict, tail: list[str]) -> dict:
+def judge(g: GangState, verdict: ExitVerdict, tail: list[str]) -> ExitVerdict:
     """The agent's verdict on torchrun's exit, with the failing rank named: a rank that ended without
     a word first (killed, os._exit: its peers' errors are only the echo of it), else the earliest
     failed state. Exit codes come from torchrun's failure summary."""
     failures = torchrun_failures(tail)
     silent = [r for r in sorted(set(g.board.ranks) | set(failures)) if r not in g.states]
     rank = g.died_rank if g.died is not None else next((r for r in silent if r in failures), None)
-    if rank is None and g.died is None and silent and verdict.get("state") == "failed":
+    if rank is None and g.died is None and silent and verdict.state == "failed":
         rank = silent[0]
     if g.died is not None or rank is not None:
         rk = g.board.ranks.get(rank) if rank is not None else None
@@ -116,16 +117,16 @@ def judge(g: GangState, verdict: dict, tail: list[str]) -> dict:
                 how = f"exited with code {code}"
         if rk is not None:
             rk.exit = how
-        return {"state": "failed", "failure": "signal" if sig else "crash", "exit_code": code, "signal": sig,
-                "retry": True, "reason": f"{name} {how}; the gang was stopped" + _others(g, rank)}
+        return ExitVerdict(state="failed", failure="signal" if sig else "crash", exit_code=code, signal=sig,
+                           retry=True, reason=f"{name} {how}; the gang was stopped" + _others(g, rank))
     ff = first_failure(g)
-    if ff is not None and verdict.get("state") == "failed":
+    if ff is not None and verdict.state == "failed":
         r, d = ff
         rk = g.board.ranks.get(r)
         who = f"rank {r} ({rk.host if rk else '?'}, pid {rk.pid if rk else '?'})"
-        failure = d.get("failure") or "crash"
-        return {**verdict, "failure": failure, "retry": failure in ("oom", "crash", "signal"),
-                "reason": f"{who}: {d.get('reason') or 'failed'}"[:8000]}
+        failure = str(d.get("failure") or "crash")
+        return verdict.model_copy(update={"failure": failure, "retry": failure in ("oom", "crash", "signal"),
+                                          "reason": f"{who}: {d.get('reason') or 'failed'}"[:8000]})
     return verdict
 
 

@@ -92,3 +92,65 @@ def folded(headline: str, details: str, stack: Optional[str]) -> str:
     if own:
         lines.append("your code: " + " < ".join(short(f) for f in own[:6]))
     return "\n".join(lines)
+
+
+# ---- a quiet job: where its main thread waits (advice.py's 'quiet' warning) ------------------------
+
+LIBRARY_MARKS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+WAIT_KINDS = (  # innermost frames that say what the main thread waits for
+    (("socket.py", "ssl.py", "http/client.py", "urllib3", "requests"), "a socket (a network read)"),
+    (("selectors.py", "select"), "select() on its sockets or pipes"),
+    (("threading.py", "queue.py"), "a lock or a queue (another thread)"),
+    (("multiprocessing/connection.py", "multiprocessing/queues.py"), "a worker process's pipe"),
+    (("dataloader.py",), "the DataLoader's next batch"),
+    (("datasets/iterable_dataset.py", "datasets/", "fsspec", "huggingface_hub"), "the dataset stream's fetch"),
+)
+
+
+def _frames(stack: str) -> list[str]:
+    """The main thread's frames, innermost first, from a py-spy or faulthandler dump."""
+    lines = stack.splitlines()
+    out, on = [], False
+    for line in lines:
+        s = line.strip()
+        if (line.startswith("Thread ") and ("MainThread" in line or not out)) or line.startswith("Current thread "):
+            if out:
+                break
+            on = True
+            continue
+        if on:
+            if not s or line.startswith(("Thread ", "Process ")):
+                if out:
+                    break
+                continue
+            if s.startswith("File "):  # faulthandler: File "path", line N in func
+                try:
+                    path, rest = s.split('"')[1], s.split('"', 2)[2]
+                    s = f"{rest.split(' in ', 1)[1]} ({path}:{rest.split('line ')[1].split()[0]})"
+                except IndexError:
+                    pass
+            out.append(s)
+    return out
+
+
+def waits_in(stack: Optional[str]) -> Optional[str]:
+    """'the main thread waits in <frame>, <what it is>, called from <the script's own frame>'."""
+    if not stack:
+        return None
+    frames = _frames(stack)
+    if not frames:
+        return None
+    inner = frames[0]
+    own = next((f for f in frames if not any(m in f for m in LIBRARY_MARKS)), None)
+    what = next((label for marks, label in WAIT_KINDS if any(m in inner for m in marks)), None)
+    if what is None and own is not None and own != inner:
+        what = next((label for marks, label in WAIT_KINDS if any(m in f for f in frames[:frames.index(own)]
+                                                                 for m in marks)), None)
+    msg = f"the main thread waits in {inner}"
+    if what:
+        msg += f": {what}"
+    if own and own != inner:
+        msg += f", called from the script's {own}"
+    elif own:
+        msg += " (the script's own code)"
+    return msg + ": it is working or waiting on its input, not hung"

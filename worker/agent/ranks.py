@@ -12,7 +12,7 @@ from typing import Optional
 from tokenpulse.protocol import AlertKind
 from worker.agent.anatomy import straggler_cause
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
-from worker.agent.stall import stuck_at
+from tokenpulse.diagnosis.stall import stuck_at
 
 # A frame in one of these is waiting for the other ranks, not working: collectives, the DDP reducer
 # inside backward, rendezvous and barriers.
@@ -46,7 +46,7 @@ class Rank:
 class RankBoard:
     ranks: dict[int, Rank] = field(default_factory=dict)
     straggler: Optional[int] = None  # the rank named by the open straggler alert
-    # Hysteresis of the straggler condition (StallConfig.alert_open_s / alert_clear_s, set by the agent)
+    # Hysteresis of the straggler condition (StallConfig.alert_open_s / alert_clear_s, given at creation)
     open_s: float = 0.0
     clear_s: float = 0.0
     latch: Optional[Latch] = None

@@ -18,57 +18,15 @@ when the set of reasons changes, cleared (saying so) when none is open any more.
 from __future__ import annotations
 
 import math
-import shutil
 import statistics
-import subprocess
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
 from tokenpulse.protocol import AlertKind, Phase
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
 from worker.agent.anatomy import Anatomy
-from worker.agent.stall import StallConfig, Verdict
-
-
-def gpu_info() -> tuple[Optional[str], bool]:
-    """(GPU name or None, whether it has bf16) from nvidia-smi, without importing torch."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None, False
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None, False
-    if not out:
-        return None, False
-    name, _, cap = out.splitlines()[0].partition(",")
-    try:
-        bf16 = float(cap.strip()) >= 8.0
-    except ValueError:
-        bf16 = False
-    return name.strip(), bf16
-
-
-def read_schedstat(pid: int) -> Optional[tuple[float, float]]:
-    """(seconds on a CPU, seconds runnable but waiting for a CPU), summed over the process's threads,
-    from /proc/<pid>/task/*/schedstat (Linux); None where unavailable."""
-    import os
-    run = wait = 0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                parts = f.read().split()
-            run += int(parts[0])
-            wait += int(parts[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return run / 1e9, wait / 1e9
+from worker.agent.slow_reasons import padding_reason, periodic_stalls
+from tokenpulse.diagnosis.stall import StallConfig, Verdict
 
 
 GPU_IDLE_PCT = 10.0  # a training job's GPUs below this utilisation (median of a minute) are idle
@@ -98,7 +56,7 @@ class SlowDetector:
     pauses_at: dict = field(default_factory=dict)  # step -> phase names seen between steps (saving...)
     projected_tps: Optional[float] = None
     baseline: Optional[float] = None  # the earlier pace, frozen while a 'fell' reason is open
-    load: Optional[tuple] = None  # (1-minute load average, cores), set by the agent before check()
+    load: Optional[tuple] = None  # (1-minute load average, cores): observe_load
     sched: list = field(default_factory=list)  # (t, cpu seconds, cpu-wait seconds) of the process
     contention_open: Optional[str] = None
     open_keys: Optional[frozenset] = None
@@ -112,6 +70,8 @@ class SlowDetector:
     anatomy: Anatomy = field(default_factory=Anatomy)  # every rank's step anatomy (input-bound, memory creep)
     owned: frozenset = frozenset()  # reasons another judge names with their fix (a command job's advice.py)
     gpu_util: list = field(default_factory=list)  # (t, utilisation %) of the job's GPUs (sysmetrics.py)
+    # CPU starvation among the newest reasons (check() finds it, check_contention() latches it)
+    _contention: Optional[str] = field(default=None, init=False)
 
     # ---- feeding -----------------------------------------------------------------------------
 
@@ -178,6 +138,10 @@ class SlowDetector:
             return None
         return (f"the GPU sits idle while the job trains: {u:.0f} % utilisation over the last "
                 f"{len(recent)} samples; the time goes to data loading, the CPU or waiting (see the System charts)")
+
+    def observe_load(self, load_avg: float, cores: Optional[int]) -> None:
+        """The machine's 1-minute load average and its cores, read by the agent before each check."""
+        self.load = (load_avg, cores)
 
     def observe_sched(self, now: float, run_s: float, wait_s: float) -> None:
         """The training process's scheduler counters (read_schedstat), sampled by the agent."""
@@ -284,7 +248,7 @@ class SlowDetector:
         pads = [s.padding for s in self.samples[-20:] if s.padding is not None][-3:]
         need = c.slow_padding_frac * (0.9 if "padding" in was_open else 1.0)
         if pads and statistics.median(pads) > need:
-            out.append(("padding", self._padding_reason(statistics.median(pads))))
+            out.append(("padding", padding_reason(self.info, statistics.median(pads))))
 
         # the model on the CPU while the worker has a GPU
         dev = str(self.info.get("device", ""))
@@ -308,7 +272,7 @@ class SlowDetector:
             out.append(("crawl", f"each optimizer step takes {st:.0f} s{shape}: the batch is so large that "
                                  f"steps crawl; lower tokens_per_batch / batch_size / grad_accum"))
 
-        p = self._periodic()
+        p = periodic_stalls(self.arrivals, self.pauses_at, self.config.slow_periodic_frac)
         if p is not None:
             out.append(("periodic", p))
 
@@ -336,59 +300,6 @@ class SlowDetector:
         first, last = self.samples[-len(xs)].step, self.samples[-1].step
         return (f"step time grows steadily: {m1:.2f} s -> {m3:.2f} s per step between steps {first} and "
                 f"{last} (something accumulates: a leak, growing sequences, or state kept across steps)")
-
-    def _padding_reason(self, frac: float) -> str:
-        mode = self.info.get("padding")
-        L = self.info.get("max_seq_length")
-        rec = self.info.get("recommended_max_seq_length")
-        if rec is None and L:
-            mean = (1 - frac) * L  # real tokens per row (max_length rows are one example each)
-            rec = int(math.ceil(mean * 2 / 8) * 8)
-            rec_s = f"max_seq_length around {rec} (about twice the mean example of {mean:.0f} tokens)"
-        else:
-            rec_s = f"max_seq_length={rec} (the recommended length for this data)" if rec else ""
-        msg = f"padding waste: {frac:.0%} of every batch is pad tokens"
-        if mode == "max_length":
-            msg += f" (padding=max_length to max_seq_length={L})" if L else " (padding=max_length)"
-            fix = "use padding=auto (packing) or dynamic"
-            msg += f"; {fix}" + (f", or {rec_s}" if rec_s else "")
-        elif mode == "dynamic":
-            msg += "; use padding=auto (packing) or group_by_length=true"
-            if rec_s and L and rec and rec < L:
-                msg += f", and {rec_s}"
-        elif rec_s:
-            msg += f"; {rec_s}"
-        return msg
-
-    def _periodic(self) -> Optional[str]:
-        """Pauses every N steps (arrival gaps far above the typical one) costing a share of the time."""
-        a = self.arrivals[-400:]
-        if len(a) < 12:
-            return None
-        per = [((t2 - t1) / (s2 - s1), s2, t2 - t1) for (t1, s1), (t2, s2) in zip(a, a[1:]) if s2 > s1]
-        typical = statistics.median(p for p, _, _ in per)
-        if typical <= 0:
-            return None
-        spikes = [(s, dt) for p, s, dt in per if p > 4 * typical]
-        if len(spikes) < 3:
-            return None
-        gaps = [b - a_ for (a_, _), (b, _) in zip(spikes, spikes[1:])]
-        n, count = Counter(gaps).most_common(1)[0]
-        if count < max(2, 0.6 * len(gaps)) or n < 2:
-            return None
-        lost = sum(dt - typical * 1 for _, dt in spikes)
-        span = a[-1][0] - a[0][0]
-        if span <= 0 or lost / span < self.config.slow_periodic_frac:
-            return None
-        seen = set()
-        for s, _ in spikes:
-            for k in (s - 1, s - 2, s):
-                seen |= self.pauses_at.get(k, set())
-        cause = (f"during '{', '.join(sorted(seen))}'" if seen else
-                 "no phase reported: re-sorting or reloading data, evaluation, or checkpoints")
-        each = statistics.median(dt for _, dt in spikes)
-        return (f"periodic stalls every {n} steps ({each:.1f} s each, {lost / span:.0%} of the time; "
-                f"{cause})")
 
     # ---- judging -----------------------------------------------------------------------------
 
@@ -438,7 +349,7 @@ class SlowDetector:
     def check_contention(self, now: float = 0.0) -> Optional[Verdict]:
         """'contention' when the job is slow only because other processes hold the CPUs (an info
         alert: nothing in the job to fix), 'contention_clear' when that ends. Call after check()."""
-        cur = getattr(self, "_contention", None)
+        cur = self._contention
         if self.contention_latch is None:
             self.contention_latch = Latch(self.config.alert_open_s, self.config.alert_clear_s)
         change = self.contention_latch.update(bool(cur), now)

@@ -19,6 +19,10 @@ NVIDIA GPU simply has no GPU series. psutil reads everything else.
 from __future__ import annotations
 
 import logging
+import os
+import platform
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -171,3 +175,58 @@ def job_gpu_util(gpus: list[dict], pids: set[int]) -> Optional[float]:
     used = [g for g in gpus if pids & set(g["pids"])] or gpus
     utils = [g["util_pct"] for g in used if "util_pct" in g]
     return sum(utils) / len(utils) if utils else None
+
+
+# ---- what this agent trains on; what the slow detector is told: the GPU's kind, CPU waits -------
+
+def describe_device() -> str:
+    """What this agent trains on, without importing torch into the agent (nvidia-smi if present)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+            if out:
+                return "cuda: " + "; ".join(line.strip() for line in out.splitlines())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def gpu_info() -> tuple[Optional[str], bool]:
+    """(GPU name or None, whether it has bf16) from nvidia-smi, without importing torch."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None, False
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None, False
+    if not out:
+        return None, False
+    name, _, cap = out.splitlines()[0].partition(",")
+    try:
+        bf16 = float(cap.strip()) >= 8.0
+    except ValueError:
+        bf16 = False
+    return name.strip(), bf16
+
+
+def read_schedstat(pid: int) -> Optional[tuple[float, float]]:
+    """(seconds on a CPU, seconds runnable but waiting for a CPU), summed over the process's threads,
+    from /proc/<pid>/task/*/schedstat (Linux); None where unavailable."""
+    run = wait = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                parts = f.read().split()
+            run += int(parts[0])
+            wait += int(parts[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return run / 1e9, wait / 1e9

@@ -5,17 +5,14 @@ py-spy's default dump suspends the process with ptrace first; a process that is 
 process's memory without stopping it, so it works on a stopped, deadlocked or I/O-stuck process,
 which is exactly when the process's own faulthandler cannot run. Both need ptrace permission on the
 target (root, or the same user where Yama allows it: the training process names its agent as an
-allowed tracer, see child.py)."""
+allowed tracer, see worker/agent/child.py)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import shutil
 import sys
 from pathlib import Path
 from typing import Optional
-
-log = logging.getLogger("tokenpulse.agent")
 
 STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O (disk sleep)", "T": "stopped (SIGSTOP?)",
           "t": "stopped by a tracer", "Z": "a zombie", "X": "dead", "I": "idle"}
