@@ -17,8 +17,16 @@ from typing import Iterable, Optional, Union
 
 import orjson
 
-from tokenpulse.protocol import (AGENT_FRAME, EVENTS_FRAME, HEARTBEAT_FRAME, JOB_FRAME, JOBS_TOPIC, events_frame,
-                                 job_frame, job_topic)
+from tokenpulse.protocol import (
+    AGENT_FRAME,
+    EVENTS_FRAME,
+    HEARTBEAT_FRAME,
+    JOB_FRAME,
+    JOBS_TOPIC,
+    events_frame,
+    job_frame,
+    job_topic,
+)
 
 MAX_MERGED_EVENTS = 5000
 MAX_MERGED_BYTES = 1 << 20  # a merged frame stays under ~1 MB of JSON

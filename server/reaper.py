@@ -23,8 +23,17 @@ from server.ingest.alerts import alert_dict, upsert_alert
 from server.models import Agent, Job
 from server.rules import RULES, Fired
 from server.storage_errors import clear_outages
-from tokenpulse.protocol import (ACTIVE_STATES, AGENTS_TOPIC, ALERT_FRAME, ALERTS_TOPIC, AlertKind, Failure, JobState,
-                                 agent_frame, alert_frame)
+from tokenpulse.protocol import (
+    ACTIVE_STATES,
+    AGENTS_TOPIC,
+    ALERT_FRAME,
+    ALERTS_TOPIC,
+    AlertKind,
+    Failure,
+    JobState,
+    agent_frame,
+    alert_frame,
+)
 
 log = logging.getLogger("tokenpulse.reaper")
 

@@ -16,11 +16,11 @@ from conftest import wait_for
 from test_detection import Receiver
 from test_ui import browser  # noqa: F401 (a fixture: headless Chromium)
 
+from tokenpulse.diagnosis.stall import StallConfig
 from worker.agent.headline import folded, gang_headline, stall_headline
 from worker.agent.hysteresis import Latch
 from worker.agent.ranks import RankBoard
 from worker.agent.slow import SlowDetector
-from tokenpulse.diagnosis.stall import StallConfig
 
 SITE = "/venv/lib/python3.11/site-packages"
 
@@ -239,8 +239,8 @@ def test_the_job_page_shows_the_headline_folds_the_rest_and_marks_the_users_fram
 def test_a_throughput_drop_that_lasts_opens_although_its_samples_outnumber_the_earlier_ones():
     """The baseline is frozen while a drop waits out its hold time: before, 22 fast steps then slow
     ones moved the median baseline onto the slow pace within the hold, and the drop never opened."""
-    from worker.agent.slow import SlowDetector
     from tokenpulse.diagnosis.stall import StallConfig
+    from worker.agent.slow import SlowDetector
     s = SlowDetector(StallConfig(slow_factor=3, alert_open_s=3))
     t, opened = 0.0, []
     for step in range(3, 120):

@@ -21,10 +21,10 @@ from conftest import wait_for
 from test_instrument import SCRIPTS, tiny_model  # noqa: F401  (the module-scoped model fixture)
 
 from tokenpulse import run
+from tokenpulse.diagnosis.stall import StallConfig, StallDetector
 from tokenpulse.events import Emitter
 from tokenpulse.instrument import patch_tqdm
 from worker.agent.anatomy import Anatomy, straggler_cause
-from tokenpulse.diagnosis.stall import StallConfig, StallDetector
 
 PY = sys.executable
 LOOP = SCRIPTS / "any_loop.py"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import ROOT, wait_for
 
 LOOP = Path(__file__).resolve().parent / "scripts" / "plain_loop.py"

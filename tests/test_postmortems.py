@@ -14,9 +14,9 @@ sys.path.insert(0, str(ROOT / "bench" / "postmortems"))
 import cases  # noqa: E402
 import materials  # noqa: E402
 
+from tokenpulse.diagnosis.stall import StallConfig  # noqa: E402
 from worker.agent.advice import Advisor  # noqa: E402
 from worker.agent.headline import waits_in  # noqa: E402
-from tokenpulse.diagnosis.stall import StallConfig  # noqa: E402
 
 DEMO = ROOT / "tokenpulse" / "demo" / "demo.jsonl"
 

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from worker.agent.masking import SecretMask, forms
 from worker.agent.output import LineFolder
 
@@ -384,8 +384,8 @@ def test_webhook_logs_name_the_receiver_host_never_its_secret_path(caplog):
     host only (a refused one, one that times out, one that cannot be reached)."""
     import asyncio
     import logging
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from server.webhooks import Webhooks
     from tests.conftest import free_port

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from tokenpulse.diagnosis.stall import StallConfig, StallDetector
 from tokenpulse.protocol import JobSpec, StallSpec
 from worker.agent.slow import SlowDetector
-from tokenpulse.diagnosis.stall import StallConfig, StallDetector
 
 # No alert hysteresis here: these tests judge each rule at once (tests/test_alert_trust.py judges the hysteresis)
 CFG = StallConfig(factor=5, floor_s=3, ceiling_s=100, first_step_s=20, phase_s=40, alert_open_s=0, alert_clear_s=0)

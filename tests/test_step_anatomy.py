@@ -13,10 +13,10 @@ import httpx
 from test_cli import cli, ok
 from test_ui_job import post_events
 
+from tokenpulse.diagnosis.stall import StallConfig
 from worker.agent.advice import Advisor
 from worker.agent.headline import folded, stall_headline
 from worker.agent.ranks import RankBoard, _our_frames
-from tokenpulse.diagnosis.stall import StallConfig
 
 HOOK = "/opt/tp/tokenpulse/instrument/patch_torch.py"
 

@@ -29,10 +29,9 @@ import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from server.security import websocket_caller
 from server.models import Agent
-from tokenpulse.protocol import (NUDGE_FRAME, WORK_FRAME, WORK_TOPIC, AgentMessage, agent_topic, refusal,
-                                 work_frame)
+from server.security import websocket_caller
+from tokenpulse.protocol import NUDGE_FRAME, WORK_FRAME, WORK_TOPIC, AgentMessage, agent_topic, refusal, work_frame
 
 router = APIRouter()
 MAX_MESSAGE = 1 << 20  # bigger batches go over HTTP (the bulk lane)

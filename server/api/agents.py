@@ -10,14 +10,24 @@ from sqlalchemy import select
 
 from server import auth, gang, ranks, store
 from server.agent_protocol import Incoming, after_ingest, apply_messages
-from server.ingest import parse
 from server.context import AppDep
-from server.security import AgentDep, UserDep
-from server.models import Agent, Job
 from server.hub import job_frames
+from server.ingest import parse
+from server.models import Agent, Job
 from server.schemas import AgentOut
-from tokenpulse.protocol import (AGENTS_TOPIC, COMMAND, AgentHello, AgentReply, Claim, ClaimRequest, Heartbeat,
-                                 MachineSample, agent_frame, load_spec)
+from server.security import AgentDep, UserDep
+from tokenpulse.protocol import (
+    AGENTS_TOPIC,
+    COMMAND,
+    AgentHello,
+    AgentReply,
+    Claim,
+    ClaimRequest,
+    Heartbeat,
+    MachineSample,
+    agent_frame,
+    load_spec,
+)
 
 router = APIRouter(prefix="/api/agents", tags=["agents"])
 

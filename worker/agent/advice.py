@@ -24,9 +24,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tokenpulse.diagnosis.stall import StallConfig
 from worker.agent import anatomy
 from worker.agent.headline import waits_in
-from tokenpulse.diagnosis.stall import StallConfig
 
 FIRST_STEPS = 3  # steps judged on; a verdict comes by the third optimizer step at the latest
 OWNED = frozenset({"padding", "crawl"})  # the slow detector's generic reasons these verdicts replace

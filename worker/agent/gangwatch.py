@@ -9,14 +9,14 @@ the gang is SIGKILLed."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import signal as signal_mod
+import socket
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tokenpulse.diagnosis.stacks import find_py_spy, py_spy_dump
 from tokenpulse.protocol import ExitVerdict
 from worker.agent.ranks import RankBoard, diagnose, torchrun_failures
-from tokenpulse.diagnosis.stacks import find_py_spy, py_spy_dump
 
 DEATH_GRACE_S = 2.0
 DONE_STATES = ("completed", "paused", "cancelled")

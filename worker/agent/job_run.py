@@ -25,8 +25,14 @@ from worker.agent.disk import disk_words
 from worker.agent.diskwatch import DiskWatch
 from worker.agent.exits import close_alerts, final_verdict
 from worker.agent.job_diagnosis import JobDiagnosis
-from worker.agent.job_setup import (command_env, command_resume, confined_cwd, instrumentation_dir, pick_resume,
-                                    prune_own_checkpoints)
+from worker.agent.job_setup import (
+    command_env,
+    command_resume,
+    confined_cwd,
+    instrumentation_dir,
+    pick_resume,
+    prune_own_checkpoints,
+)
 from worker.agent.launch import Gang, command, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Optional
 
 
-
 @dataclass
 class Gang:
     """Where this agent's share of a job sits: its node rank and the rendezvous endpoint."""

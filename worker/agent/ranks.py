@@ -9,10 +9,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tokenpulse.diagnosis.stall import stuck_at
 from tokenpulse.protocol import AlertKind
 from worker.agent.anatomy import straggler_cause
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
-from tokenpulse.diagnosis.stall import stuck_at
 
 # A frame in one of these is waiting for the other ranks, not working: collectives, the DDP reducer
 # inside backward, rendezvous and barriers.

@@ -22,12 +22,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tokenpulse.protocol import AlertKind, Phase
-from worker.agent.hysteresis import CLEAR, OPEN, Latch
-from worker.agent.anatomy import Anatomy
-from worker.agent.slow_reasons import padding_reason, periodic_stalls
 from tokenpulse.diagnosis.stall import StallConfig, Verdict
-
+from tokenpulse.protocol import AlertKind, Phase
+from worker.agent.anatomy import Anatomy
+from worker.agent.hysteresis import CLEAR, OPEN, Latch
+from worker.agent.slow_reasons import padding_reason, periodic_stalls
 
 GPU_IDLE_PCT = 10.0  # a training job's GPUs below this utilisation (median of a minute) are idle
 
