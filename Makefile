@@ -40,9 +40,13 @@ PG_TESTS := tests/test_api.py tests/test_ingest.py tests/test_security.py tests/
 	tests/test_migrations.py tests/test_multiserver.py tests/test_agent_channel.py tests/test_operations.py \
 	tests/test_sessions.py tests/test_spine.py tests/test_errors.py
 
+# Test files run side by side (pytest-xdist, a file per worker at a time: module fixtures are built
+# once): most of a test is waiting on servers, agents and training processes, not using a core.
+XDIST := -n 4 --dist loadfile
+
 test: setup browser postgres ## the whole suite on SQLite, then the store-facing files on PostgreSQL
-	$(BIN)/python -m pytest -q --durations=15
-	TOKENPULSE_TEST_DB=postgresql $(BIN)/python -m pytest -q --durations=15 $(PG_TESTS)
+	$(BIN)/python -m pytest -q $(XDIST) --durations=15
+	TOKENPULSE_TEST_DB=postgresql $(BIN)/python -m pytest -q $(XDIST) --durations=15 $(PG_TESTS)
 
 bench: setup
 	$(BIN)/python bench/train_throughput.py --quick
