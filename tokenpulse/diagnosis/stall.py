@@ -74,7 +74,7 @@ class StallConfig:
             try:
                 setattr(c, f.name, type(getattr(c, f.name))(float(raw)))
             except ValueError:
-                raise ValueError(f"TOKENPULSE_STALL_{f.name.upper()}={raw!r}: not a number")
+                raise ValueError(f"TOKENPULSE_STALL_{f.name.upper()}={raw!r}: not a number") from None
         return c
 
 

@@ -268,21 +268,24 @@ class Advisor:
         if rows:
             acc = f" x {ga} accumulation" if ga > 1 else ""
             if width and per_batch and per_batch < rows:
-                shape = (f" ({rows} rows{acc}, packed into {per_batch} row{'s' if per_batch > 1 else ''} of {width:,} "
+                packed = f"{per_batch} row{'s' if per_batch > 1 else ''}"
+                shape = (f" ({rows} rows{acc}, packed into {packed} of {width:,} "
                          f"tokens: {per_batch * ga * width:,} tokens a step)")
             else:
-                shape = f" ({rows} rows{acc}" + (f" x {width:,} tokens = {rows * ga * width:,} tokens a step" if width else "") + ")"
+                tokens = f" x {width:,} tokens = {rows * ga * width:,} tokens a step" if width else ""
+                shape = f" ({rows} rows{acc}{tokens})"
         params = a.get("parameters")
         dev = a.get("device")
-        model = (f" for a {params / 1e6:.1f}M-parameter model" if params else "") + (f" on the {dev.split(':')[0].upper()}" if dev else "")
+        on_device = f" on the {dev.split(':')[0].upper()}" if dev else ""
+        model = (f" for a {params / 1e6:.1f}M-parameter model" if params else "") + on_device
         etas = [s.eta_s for s in self.steps[:FIRST_STEPS] if s.eta_s]
         eta = f"; at this pace the run takes {_dur(etas[-1])} more (ETA from step {self.steps[0].step})" if etas else ""
         msg = f"batch: each optimizer step takes {st:.0f} s{shape}{model}: the work per step is far too large{eta}"
         if rows and rows > 1:
             new_rows, new_ga = max(1, rows // 4), ga * 2
             msg += (f"\nFix: per_device_train_batch_size={new_rows}, gradient_accumulation_steps={new_ga} "
-                    f"({new_rows * new_ga} rows a step instead of {rows * ga}: about {st * new_rows * new_ga / (rows * ga):.0f} s "
-                    f"a step)")
+                    f"({new_rows * new_ga} rows a step instead of {rows * ga}: "
+                    f"about {st * new_rows * new_ga / (rows * ga):.0f} s a step)")
         else:
             msg += "\nFix: a shorter max_length, or fewer tokens per step"
         return msg
@@ -386,5 +389,7 @@ def _moved(old: str, new: str) -> bool:
     num = re.compile(r"[\d,]+(?:\.\d+)?")
     if num.sub("#", old) != num.sub("#", new):
         return True
-    a, b = [float(x.replace(",", "") or 0) for x in num.findall(old)], [float(x.replace(",", "") or 0) for x in num.findall(new)]
+    def numbers(text: str) -> list[float]:
+        return [float(x.replace(",", "") or 0) for x in num.findall(text)]
+    a, b = numbers(old), numbers(new)
     return any(abs(x - y) > 0.1 * max(abs(x), abs(y), 1) for x, y in zip(a, b))

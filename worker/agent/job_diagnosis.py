@@ -44,8 +44,9 @@ class JobDiagnosis:
         uninstrumented one never)."""
         why_not = ("the command reports no events (not instrumented)" if rj.command is not None
                    else "the process has not started reporting yet")
-        stack = await capture_stack(rj.process.pid, (lambda: self.faulthandler_dump(rj)) if rj.detector.events else None,
-                                    why_not, subprocesses=rj.command is not None)  # a command may be a shell or launcher
+        dump = (lambda: self.faulthandler_dump(rj)) if rj.detector.events else None
+        stack = await capture_stack(rj.process.pid, dump, why_not,
+                                    subprocesses=rj.command is not None)  # a command may be a shell or launcher
         if stack.startswith("no stack: "):
             log.info("job %s: %s", rj.claim.job_id, stack)
         return stack
@@ -154,7 +155,7 @@ class JobDiagnosis:
         stacks as one text, rank -> its stack)."""
         stacks, text = await gangwatch.rank_stacks(rj.gang, rj.process.ranks())
         spec = rj.claim.spec
-        if getattr(spec, "nnodes", 1) <= 1:
+        if spec.nnodes <= 1:
             return diagnose(stacks, rj.gang.board), text, stacks
 
         path = f"/api/agents/{self.agent_id()}/jobs/{rj.claim.job_id}/stacks"

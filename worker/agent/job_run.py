@@ -165,7 +165,8 @@ class JobRunner:
             except OSError as e:  # no such program, not executable: the command's fault, not worth a retry
                 problem = f"could not start {spec.command[0]!r}: {e.strerror or e}"
         if problem is not None:
-            self.emit(rj, "state", ExitVerdict(state="failed", reason=problem, failure=Failure.SPEC).model_dump(exclude_none=True))
+            verdict = ExitVerdict(state="failed", reason=problem, failure=Failure.SPEC)
+            self.emit(rj, "state", verdict.model_dump(exclude_none=True))
             self.finish(claim.job_id)
             return
         self.watch(rj)
@@ -332,8 +333,9 @@ class JobRunner:
             action = c.action
             if action == Action.STACK and rj.claim.node_rank:  # node rank 0's agent asked: sent next heartbeat
                 gangstacks.share(rj.gang, (await gangwatch.rank_stacks(rj.gang, rj.process.ranks()))[0])
-            elif action == Action.STACK and rj.gang is not None and getattr(rj.claim.spec, "nnodes", 1) > 1:
-                asyncio.create_task(self.diagnosis.log_gang_stacks(rj))  # waits on the other nodes: not in the heartbeat
+            elif action == Action.STACK and rj.gang is not None and rj.claim.spec.nnodes > 1:
+                # waits on the other nodes: not in the heartbeat
+                asyncio.create_task(self.diagnosis.log_gang_stacks(rj))
             elif action == Action.STACK:
                 stack = (await gangwatch.stalled_message(rj.gang, rj.process.ranks()))[1] if rj.gang \
                     else await self.diagnosis.capture_stack(rj)
@@ -342,8 +344,9 @@ class JobRunner:
                 # The server refuses such a pause (409); a job whose process has not said pausable in this
                 # attempt is never sent SIGUSR2 (its default action kills).
                 rj.requested = Requested.PAUSE_REFUSED
-                self.emit(rj, "log", {"line": "agent: pause requested, but this command has not said it can "
-                                              "pause (no Trainer instrumentation); it keeps running", "stream": "agent"})
+                refused = ("agent: pause requested, but this command has not said it can pause "
+                           "(no Trainer instrumentation); it keeps running")
+                self.emit(rj, "log", {"line": refused, "stream": "agent"})
             elif action in (Action.CANCEL, Action.PAUSE) and (rj.requested is None or (action, rj.requested) in (
                     (Action.CANCEL, Requested.PAUSE), (Action.CANCEL, Requested.PAUSE_REFUSED))):
                 rj.requested = Requested(action)

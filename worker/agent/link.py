@@ -96,8 +96,9 @@ class ServerLink:
         if r is None:
             return  # stopped before the server ever answered
         if r.status_code in (401, 403):  # a token that may not do this will never may: say why and stop
-            raise SystemExit(f"the server refused to register this agent ({r.status_code}): "
-                             f"{r.json().get('detail', r.text) if r.headers.get('content-type', '').startswith('application/json') else r.text}")
+            is_json = r.headers.get("content-type", "").startswith("application/json")
+            detail = r.json().get("detail", r.text) if is_json else r.text
+            raise SystemExit(f"the server refused to register this agent ({r.status_code}): {detail}")
         r.raise_for_status()
         self.agent_id = Registered.model_validate(r.json()).id
         log.info("registered as agent %s (%s)%s", self.agent_id, hello.name,

@@ -17,7 +17,8 @@ log = logging.getLogger("tokenpulse.agent")
 class SystemReporter:
     def __init__(self, jobs: dict[int, RunningJob], emit: Emitter, post_summary: Callable[[dict], Awaitable[None]],
                  agent_id: Callable[[], Optional[int]], stopped: asyncio.Event):
-        self.jobs, self.emit, self.post_summary, self.agent_id, self.stopped = jobs, emit, post_summary, agent_id, stopped
+        self.jobs, self.emit, self.post_summary = jobs, emit, post_summary
+        self.agent_id, self.stopped = agent_id, stopped
         self.host: Optional[sysmetrics.Host] = None  # the machine's readings, made on first use
         self.gpus: Optional[sysmetrics.Gpus] = None
 
