@@ -13,6 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Optional
 
+from worker.agent.proc import children
 from worker.agent.tree import JobTree
 
 
@@ -33,26 +34,6 @@ def _read_line(fd: int) -> str:
             break
         out += chunk
     return out.decode(errors="replace")
-
-
-def children(pid: int) -> list[int]:
-    """A process's direct children (Linux /proc); [] where it cannot say."""
-    try:
-        found = []
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            found += [int(x) for x in (task / "children").read_text().split()]
-        return found
-    except (OSError, ValueError):
-        return []
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        out += kids
-        todo += kids
-    return out
 
 
 class Supervised:

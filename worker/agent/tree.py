@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from worker.agent.keeper import TAG_ENV
+from worker.agent.proc import descendants
 
 log = logging.getLogger("tokenpulse.agent")
 KEEPER = str(Path(__file__).resolve().with_name("keeper.py"))
@@ -199,7 +200,6 @@ class JobTree:
             return
         if keeper_pid is None:
             return
-        from worker.agent.child import descendants
         kill_until_gone(lambda: [p for p in descendants(keeper_pid) if _alive(p)])
 
     def release(self) -> None:
