@@ -1,8 +1,8 @@
 """The agent's link to its server: every call retried until the server answers (honouring its
 Retry-After), registration, heartbeats, and a job's events sent in batches until acknowledged.
 
-Heartbeats and event batches go over the agent's websocket (channel.py) while it is up, over HTTP
-otherwise; rank tables always go over HTTP (the socket carries job liveness only). The server's
+Heartbeats (rank tables included) and event batches go over the agent's websocket (channel.py)
+while it is up, over HTTP otherwise: one message model either way. The server's
 answers carry acknowledgements (dropped from the outbox here) and commands, handed to `on_commands`
 (the job runner's)."""
 from __future__ import annotations
@@ -139,9 +139,7 @@ class ServerLink:
                     for rj in self.jobs.values():
                         if rj.gang is not None:
                             gangstacks.sent(rj.gang)  # asked-for stacks go once
-                    reply = None
-                    if not beat.ranks:  # rank tables go over HTTP (the socket carries job liveness only)
-                        reply = await self.channel.request({"heartbeat": self.alive_jobs()})
+                    reply = await self.channel.heartbeat(beat)  # rank tables too: one message model
                     if reply is None or "status" in reply:
                         r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat",
                                             json=beat.model_dump(exclude_none=True))
@@ -173,7 +171,7 @@ class ServerLink:
         if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
             msg: dict = dict(body)
             if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5 and not any(  # one message, not two
-                    rj.gang is not None for rj in self.jobs.values()):  # (rank tables: heartbeat_loop, HTTP)
+                    rj.gang is not None for rj in self.jobs.values()):  # (rank tables: heartbeat_loop's)
                 msg["heartbeat"] = self.alive_jobs()
             got = await self.channel.request(msg)
             if got is not None and "status" not in got:
