@@ -72,7 +72,7 @@ class Advisor:
     open: dict = field(default_factory=dict)  # kind -> message sent
     quiet_open: bool = False
     quiet_checked_at: Optional[float] = None  # the last progress time a quiet verdict was judged for
-    quiet_since: Optional[tuple] = None  # (what finished or began, when): the quiet phase line's facts
+    quiet_since: Optional[tuple[str, float]] = None  # (what finished or began, when): the quiet phase line's facts
     quiet_line_at: float = 0.0  # when the quiet phase line was last sent
     phase: Optional[dict] = None  # the process's latest phase event: the job's line again once it moves
 
@@ -178,7 +178,7 @@ class Advisor:
         longest = L.get("max")
         fit = ceil_to(longest, 8) if longest else None
         cover = ""
-        if fit:
+        if fit and longest:
             cover = f"max_length={fit} covers every example (the longest has {longest:,} tokens)"
             if fit > 512:
                 cover += f", or {ceil_to(longest, 512)} for a round number"
@@ -344,10 +344,10 @@ class Advisor:
         self.quiet_checked_at = detector.last_progress
         what = f"'{detector.phase}' finished" if detector.finished() else f"'{detector.phase}' began"
         self.quiet_since = (what, detector.last_progress)
-        return self._quiet_head(now)
+        return self._quiet_head(now, self.quiet_since)
 
-    def _quiet_head(self, now: float) -> str:
-        what, since = self.quiet_since
+    def _quiet_head(self, now: float, quiet_since: tuple[str, float]) -> str:
+        what, since = quiet_since
         msg = f"no progress reported since {what} {_ago(now - since)} ago"
         if self.last_output:
             msg += f"; last output: {self.last_output}"
@@ -360,7 +360,7 @@ class Advisor:
         if not self.quiet_open or self.quiet_since is None or now - self.quiet_line_at < 60:
             return None
         self.quiet_line_at = now
-        return {"name": self._quiet_head(now)[:500], "quiet": True}
+        return {"name": self._quiet_head(now, self.quiet_since)[:500], "quiet": True}
 
     def quiet_message(self, head: str, stack: Optional[str]) -> str:
         self.quiet_open = True

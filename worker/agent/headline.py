@@ -111,7 +111,8 @@ WAIT_KINDS = (  # innermost frames that say what the main thread waits for
 def _frames(stack: str) -> list[str]:
     """The main thread's frames, innermost first, from a py-spy or faulthandler dump."""
     lines = stack.splitlines()
-    out, on = [], False
+    out: list[str] = []
+    on = False
     for line in lines:
         s = line.strip()
         if (line.startswith("Thread ") and ("MainThread" in line or not out)) or line.startswith("Current thread "):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Literal, Optional, overload
 
 import httpx
 
@@ -59,9 +59,15 @@ class ServerLink:
 
     # ---- server calls, each retried until the server answers (it may be restarting) ----------
 
+    @overload
+    async def call(self, method: str, path: str, until_stopped: Literal[False] = False, **kw) -> httpx.Response: ...
+
+    @overload
+    async def call(self, method: str, path: str, until_stopped: bool, **kw) -> Optional[httpx.Response]: ...
+
     async def call(self, method: str, path: str, until_stopped: bool = False, **kw) -> Optional[httpx.Response]:
         """until_stopped: give up (None) once the agent is stopping: a claim must not keep a stopping
-        agent alive while the server is down."""
+        agent alive while the server is down. Without it, a call returns only with an answer."""
         delay = 0.5
         while True:
             try:

@@ -78,8 +78,8 @@ class SlowDetector:
         if kind == "info":
             self.info.update({k: v for k, v in data.items() if k != "reason"})
             if "measured" in data:
-                rates = [m.get("tokens_per_s") for m in data["measured"] or [] if isinstance(m, dict)]
-                rates = [r for r in rates if isinstance(r, (int, float)) and r > 0]
+                measured = [m.get("tokens_per_s") for m in data["measured"] or [] if isinstance(m, dict)]
+                rates = [r for r in measured if isinstance(r, (int, float)) and r > 0]
                 if rates:
                     self.projected_tps = max(rates)
             if isinstance(data.get("projected_tokens_per_s"), (int, float)):

@@ -55,7 +55,7 @@ class SystemReporter:
 
     def read(self, due: list, now: float) -> tuple[list, dict]:
         """(job, sys/ values, its GPUs' utilisation) per due job, and the machine's summary (a thread)."""
-        if self.host is None:
+        if self.host is None or self.gpus is None:  # made together, on first use
             self.host, self.gpus = sysmetrics.Host(), sysmetrics.Gpus()
         gpus = self.gpus.read()
         host = self.host.read(now)

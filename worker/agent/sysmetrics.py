@@ -52,8 +52,10 @@ class Gpus:
 
     def read(self) -> list[dict]:
         """Per GPU: util_pct, mem_mb, power_w, temp_c (what the driver answers), and pids -> MB."""
-        out = []
+        out: list[dict] = []
         nv = self.nvml
+        if nv is None:  # no NVML: no handles either
+            return out
         for h in self.handles:
             g: dict = {"pids": {}}
             for key, read in (("util_pct", lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),

@@ -153,8 +153,8 @@ class JobTree:
         base = cgroup_base()
         if base is not None:
             for old in base.glob(f"{self.cgroup_stem}-a*"):
-                pid = old.name.rsplit("-p", 1)[-1]
-                if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+                owner = old.name.rsplit("-p", 1)[-1]  # the agent pid that made it
+                if owner.isdigit() and int(owner) != os.getpid() and _alive(int(owner)):
                     continue  # another live agent's: its own to end
                 self.settled += [p for p in cgroup_pids(old) if _alive(p)]
                 kill_cgroup(old)
