@@ -3,6 +3,7 @@ HTTP routes' answers, a person's request pushed as a nudge, refusals as on HTTP;
 process uses it for a whole job."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -87,6 +88,44 @@ def test_real_agent_runs_a_job_over_its_socket(agent_server):
     assert socket_messages(agent_server) > 3  # its heartbeats and batches came over the socket
     with agent_server.client() as c:
         assert c.get(f"/api/jobs/{jid}/metrics").json()["series"]["loss"]["step"][-1] == 4
+
+
+def test_idle_real_agent_claims_when_the_server_says_a_job_waits(server, tmp_path):
+    """The real agent, idle on its socket, does not claim every poll_s (100 idle agents polling cost
+    the server a third of a core: bench/idle_agents.py): after an empty claim it waits for the
+    server's "work" push, and a submitted job is claimed at once."""
+    from worker.agent.agent import Agent
+    poll_s = 0.5
+
+    async def scenario() -> tuple[int, float, int]:
+        agent = Agent(server.url, server.agent_token, tmp_path / "work", name="idle", poll_s=poll_s,
+                      heartbeat_s=1.0)
+        claims: list[float] = []  # monotonic times of its claim requests
+
+        async def count(request: httpx.Request) -> None:
+            if request.url.path.endswith("/claim"):
+                claims.append(time.monotonic())
+        agent.link.http.event_hooks["request"].append(count)
+        run = asyncio.create_task(agent.run(max_jobs=1))  # ends once its one job is done
+        deadline = time.monotonic() + 60
+        while agent.link.channel.ws is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert agent.link.channel.ws is not None, "the agent's socket never connected"
+        await asyncio.sleep(4 * poll_s)  # a claim sent before the socket was up has been answered
+        before = len(claims)
+        await asyncio.sleep(8 * poll_s)
+        idle_claims = len(claims) - before  # polling: ~8
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}) as c:
+            submitted = time.monotonic()
+            jid = (await c.post("/api/jobs", json={"name": "pushed", **QUICK})).json()["id"]
+        await asyncio.wait_for(run, 300)
+        return idle_claims, min(t for t in claims if t >= submitted) - submitted, jid
+
+    idle_claims, claimed_after, jid = asyncio.run(scenario())
+    assert idle_claims <= 1, f"{idle_claims} claims in {8 * poll_s:.0f} s idle on the socket"
+    assert claimed_after < 5, f"claimed {claimed_after:.1f} s after the submit"  # the push, not the 30 s claim
+    with server.client() as c:
+        assert c.get(f"/api/jobs/{jid}").json()["state"] == "completed"
 
 
 def test_socket_heartbeat_carries_rank_rows_and_says_when_work_waits(server):

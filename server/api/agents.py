@@ -34,7 +34,8 @@ router = APIRouter(prefix="/api/agents", tags=["agents"])
 
 def agent_dict(a: Agent, job_ids: list[int], system: Optional[dict] = None) -> dict:
     return {"system": system, "id": a.id, "name": a.name, "host": a.host, "device": a.device, "capacity": a.capacity,
-            "accepts_commands": bool(a.accepts_commands), "state": a.state, "created_at": a.created_at, "seen_at": a.seen_at, "jobs": job_ids}
+            "accepts_commands": bool(a.accepts_commands), "state": a.state, "created_at": a.created_at,
+            "seen_at": a.seen_at, "jobs": job_ids}
 
 
 @router.post("", status_code=201)

@@ -1,7 +1,8 @@
 """Websocket: live frames for the topics a client subscribes to.
 
 Topics (tokenpulse/protocol.py names them): "jobs" (job summaries and heartbeats of every job),
-"job:<id>" (that job's events), "alerts", "agents". Subscribe with ?topics=jobs,job:3 or by sending {"subscribe": [...]}.
+"job:<id>" (that job's events), "alerts", "agents". Subscribe with ?topics=jobs,job:3 or by sending
+{"subscribe": [...]}.
 Frames: tokenpulse/protocol.py's FrameType (job, events, heartbeat, alert, agent; error and subscribed
 answer a client's own message), built by its constructors.
 """

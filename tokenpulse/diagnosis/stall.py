@@ -74,7 +74,7 @@ class StallConfig:
             try:
                 setattr(c, f.name, type(getattr(c, f.name))(float(raw)))
             except ValueError:
-                raise ValueError(f"TOKENPULSE_STALL_{f.name.upper()}={raw!r}: not a number")
+                raise ValueError(f"TOKENPULSE_STALL_{f.name.upper()}={raw!r}: not a number") from None
         return c
 
 
@@ -194,10 +194,11 @@ class StallDetector:
         if self.output_lines > 1 and last is not None:  # the first line may follow setup: not typical
             self.intervals.setdefault(OUTPUT, deque(maxlen=50)).append(now - last)
         self.entered.clear()
-        if self.stalled:
+        if self.stalled:  # stalled: it had progress before (check() needs some), so last is set
             self.stalled, self.stalled_at = False, None
-            return Verdict("recovered", f"progressing again: output after {now - last:.0f} s without any",
-                           silent_s=now - last, phase=self.phase)
+            silent = now - last if last is not None else 0.0
+            return Verdict("recovered", f"progressing again: output after {silent:.0f} s without any",
+                           silent_s=silent, phase=self.phase)
         return None
 
     def signal(self) -> str:
@@ -216,7 +217,7 @@ class StallDetector:
     def _learned(self, phase) -> bool:
         """Enough movement seen in `phase` to judge it by its own typical interval."""
         hist = self.intervals.get(phase)
-        return bool(hist) and self.units.get(phase, len(hist)) >= self.config.min_intervals
+        return hist is not None and len(hist) > 0 and self.units.get(phase, len(hist)) >= self.config.min_intervals
 
     def _typical(self, phase) -> float:
         recent = list(self.intervals[phase])[-20:]
@@ -276,7 +277,8 @@ class StallDetector:
         return max(c.floor_s, min(c.ceiling_s, limit))
 
     def finished(self) -> bool:
-        return self.has_counter and bool(self.total) and self.done is not None and self.done >= self.total
+        done, total = self.done, self.total
+        return self.has_counter and total is not None and total != 0 and done is not None and done >= total
 
     def explain_timeout(self) -> str:
         c = self.config

@@ -72,7 +72,7 @@ class Advisor:
     open: dict = field(default_factory=dict)  # kind -> message sent
     quiet_open: bool = False
     quiet_checked_at: Optional[float] = None  # the last progress time a quiet verdict was judged for
-    quiet_since: Optional[tuple] = None  # (what finished or began, when): the quiet phase line's facts
+    quiet_since: Optional[tuple[str, float]] = None  # (what finished or began, when): the quiet phase line's facts
     quiet_line_at: float = 0.0  # when the quiet phase line was last sent
     phase: Optional[dict] = None  # the process's latest phase event: the job's line again once it moves
 
@@ -178,7 +178,7 @@ class Advisor:
         longest = L.get("max")
         fit = ceil_to(longest, 8) if longest else None
         cover = ""
-        if fit:
+        if fit and longest:
             cover = f"max_length={fit} covers every example (the longest has {longest:,} tokens)"
             if fit > 512:
                 cover += f", or {ceil_to(longest, 512)} for a round number"
@@ -268,21 +268,24 @@ class Advisor:
         if rows:
             acc = f" x {ga} accumulation" if ga > 1 else ""
             if width and per_batch and per_batch < rows:
-                shape = (f" ({rows} rows{acc}, packed into {per_batch} row{'s' if per_batch > 1 else ''} of {width:,} "
+                packed = f"{per_batch} row{'s' if per_batch > 1 else ''}"
+                shape = (f" ({rows} rows{acc}, packed into {packed} of {width:,} "
                          f"tokens: {per_batch * ga * width:,} tokens a step)")
             else:
-                shape = f" ({rows} rows{acc}" + (f" x {width:,} tokens = {rows * ga * width:,} tokens a step" if width else "") + ")"
+                tokens = f" x {width:,} tokens = {rows * ga * width:,} tokens a step" if width else ""
+                shape = f" ({rows} rows{acc}{tokens})"
         params = a.get("parameters")
         dev = a.get("device")
-        model = (f" for a {params / 1e6:.1f}M-parameter model" if params else "") + (f" on the {dev.split(':')[0].upper()}" if dev else "")
+        on_device = f" on the {dev.split(':')[0].upper()}" if dev else ""
+        model = (f" for a {params / 1e6:.1f}M-parameter model" if params else "") + on_device
         etas = [s.eta_s for s in self.steps[:FIRST_STEPS] if s.eta_s]
         eta = f"; at this pace the run takes {_dur(etas[-1])} more (ETA from step {self.steps[0].step})" if etas else ""
         msg = f"batch: each optimizer step takes {st:.0f} s{shape}{model}: the work per step is far too large{eta}"
         if rows and rows > 1:
             new_rows, new_ga = max(1, rows // 4), ga * 2
             msg += (f"\nFix: per_device_train_batch_size={new_rows}, gradient_accumulation_steps={new_ga} "
-                    f"({new_rows * new_ga} rows a step instead of {rows * ga}: about {st * new_rows * new_ga / (rows * ga):.0f} s "
-                    f"a step)")
+                    f"({new_rows * new_ga} rows a step instead of {rows * ga}: "
+                    f"about {st * new_rows * new_ga / (rows * ga):.0f} s a step)")
         else:
             msg += "\nFix: a shorter max_length, or fewer tokens per step"
         return msg
@@ -341,10 +344,10 @@ class Advisor:
         self.quiet_checked_at = detector.last_progress
         what = f"'{detector.phase}' finished" if detector.finished() else f"'{detector.phase}' began"
         self.quiet_since = (what, detector.last_progress)
-        return self._quiet_head(now)
+        return self._quiet_head(now, self.quiet_since)
 
-    def _quiet_head(self, now: float) -> str:
-        what, since = self.quiet_since
+    def _quiet_head(self, now: float, quiet_since: tuple[str, float]) -> str:
+        what, since = quiet_since
         msg = f"no progress reported since {what} {_ago(now - since)} ago"
         if self.last_output:
             msg += f"; last output: {self.last_output}"
@@ -357,7 +360,7 @@ class Advisor:
         if not self.quiet_open or self.quiet_since is None or now - self.quiet_line_at < 60:
             return None
         self.quiet_line_at = now
-        return {"name": self._quiet_head(now)[:500], "quiet": True}
+        return {"name": self._quiet_head(now, self.quiet_since)[:500], "quiet": True}
 
     def quiet_message(self, head: str, stack: Optional[str]) -> str:
         self.quiet_open = True
@@ -386,5 +389,7 @@ def _moved(old: str, new: str) -> bool:
     num = re.compile(r"[\d,]+(?:\.\d+)?")
     if num.sub("#", old) != num.sub("#", new):
         return True
-    a, b = [float(x.replace(",", "") or 0) for x in num.findall(old)], [float(x.replace(",", "") or 0) for x in num.findall(new)]
+    def numbers(text: str) -> list[float]:
+        return [float(x.replace(",", "") or 0) for x in num.findall(text)]
+    a, b = numbers(old), numbers(new)
     return any(abs(x - y) > 0.1 * max(abs(x), abs(y), 1) for x, y in zip(a, b))

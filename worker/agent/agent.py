@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -112,6 +113,7 @@ class Agent:
                 elif len(self.jobs) < self.capacity and not self.disk.blocked():
                     # the offer: where this node would host a multi-node job's rendezvous
                     offer = {"endpoint": f"{self.address}:{free_port('')}"}
+                    claimed_at = time.monotonic()
                     r = await link.call("POST", f"/api/agents/{link.agent_id}/claim", json=offer, until_stopped=True)
                     if r is None:
                         break
@@ -130,6 +132,9 @@ class Agent:
                         continue
                     if until_idle and not self.jobs:
                         break
+                    if r.status_code == 204:  # nothing for us: on the socket, until the server says a job waits
+                        await link.channel.wait_for_work(claimed_at, self.poll_s, self.stopped)
+                        continue
                 await asyncio.sleep(self.poll_s)
             while self.jobs:
                 await asyncio.sleep(0.2)

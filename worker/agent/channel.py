@@ -15,9 +15,12 @@ import itertools
 import json
 import logging
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from tokenpulse.protocol import NUDGE_FRAME, WORK_FRAME, Heartbeat
+
+if TYPE_CHECKING:  # imported when run() connects: an HTTP-only agent never loads websockets
+    from websockets.asyncio.client import ClientConnection
 
 log = logging.getLogger("tokenpulse.agent")
 RETRY_S = 2.0  # after a dropped connection
@@ -33,7 +36,7 @@ class Channel:
     def __init__(self, server: str, token: str, agent_id: Callable[[], Optional[int]], on_nudge: Callable[[], None]):
         self.base = server.replace("https://", "wss://").replace("http://", "ws://")
         self.token, self.agent_id, self.on_nudge = token, agent_id, on_nudge
-        self.ws = None
+        self.ws: Optional[ClientConnection] = None
         self.ids = itertools.count(1)
         self.waiting: dict[int, asyncio.Future] = {}
         self.work_at = 0.0  # monotonic time the server last said a job waits (see wait_for_work)

@@ -13,6 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Optional
 
+from worker.agent.proc import children
 from worker.agent.tree import JobTree
 
 
@@ -33,26 +34,6 @@ def _read_line(fd: int) -> str:
             break
         out += chunk
     return out.decode(errors="replace")
-
-
-def children(pid: int) -> list[int]:
-    """A process's direct children (Linux /proc); [] where it cannot say."""
-    try:
-        found = []
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            found += [int(x) for x in (task / "children").read_text().split()]
-        return found
-    except (OSError, ValueError):
-        return []
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        out += kids
-        todo += kids
-    return out
 
 
 class Supervised:
@@ -76,6 +57,20 @@ class Supervised:
     @property
     def gang(self) -> bool:
         return self.launcher
+
+    @property
+    def started(self) -> asyncio.subprocess.Process:
+        """Its keeper's process, once start() made it: what is waited on and read."""
+        if self.proc is None:
+            raise RuntimeError("the process has not been started")
+        return self.proc
+
+    def output(self) -> tuple[asyncio.StreamReader, asyncio.StreamReader]:
+        """Its stdout and stderr (_start_kept pipes both)."""
+        out, err = self.started.stdout, self.started.stderr
+        if out is None or err is None:
+            raise RuntimeError("the process's output is not piped")
+        return out, err
 
     def ranks(self) -> list[int]:
         """The ranks: torchrun's children for a gang, else the one process."""
@@ -121,7 +116,7 @@ class Supervised:
 
     async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None) -> None:
         if self.fifo is not None:
-            return await self._spawn_gang(args, env, cwd)
+            return await self._spawn_gang(self.fifo, args, env, cwd)
         read_fd, write_fd = os.pipe()
         env = {**env, "TOKENPULSE_EVENT_FD": str(write_fd)}
         # Own session: a signal for the process never reaches the agent, and SIGKILL of the group
@@ -135,24 +130,24 @@ class Supervised:
         finally:
             os.close(write_fd)
         loop = asyncio.get_running_loop()
-        self.events = asyncio.StreamReader(limit=1 << 24)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), os.fdopen(read_fd, "rb"))
+        events = self.events = asyncio.StreamReader(limit=1 << 24)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(events), os.fdopen(read_fd, "rb"))
 
-    async def _spawn_gang(self, args: list[str], env: dict, cwd: Optional[Path]) -> None:
+    async def _spawn_gang(self, fifo: Path, args: list[str], env: dict, cwd: Optional[Path]) -> None:
         """Every rank opens the FIFO by path and writes its lines (each below PIPE_BUF: atomic). The
         agent holds a write end itself, so the read end sees no EOF before the first rank opens it;
         release_pipe() drops it once the launcher has exited."""
-        if self.fifo.exists():
-            self.fifo.unlink()
-        os.mkfifo(self.fifo, 0o600)
-        read_fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
-        self._hold_fd = os.open(self.fifo, os.O_WRONLY)
+        if fifo.exists():
+            fifo.unlink()
+        os.mkfifo(fifo, 0o600)
+        read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self._hold_fd = os.open(fifo, os.O_WRONLY)
         env = {k: v for k, v in env.items() if k != "TOKENPULSE_EVENT_FD"}
-        env["TOKENPULSE_EVENT_PATH"] = str(self.fifo)
+        env["TOKENPULSE_EVENT_PATH"] = str(fifo)
         self.proc = await self._start_kept(args, env, cwd)
         loop = asyncio.get_running_loop()
-        self.events = asyncio.StreamReader(limit=1 << 24)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), os.fdopen(read_fd, "rb"))
+        events = self.events = asyncio.StreamReader(limit=1 << 24)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(events), os.fdopen(read_fd, "rb"))
 
     def release_pipe(self) -> None:
         """After the launcher exited: let the event reader reach EOF."""
@@ -171,10 +166,16 @@ class Supervised:
             pass
         self.tree.kill(self.proc.pid if self.proc.returncode is None else None)
 
+    def kill_leftovers(self) -> None:
+        """A command has exited, but processes it started still hold its output open (a
+        background server, a stray worker): the job is over, so they are killed (its keeper does
+        so too)."""
+        self.kill_all()
+
     @property
     def pid(self) -> int:
         """The job's own process (the keeper's child)."""
-        return self.main_pid if self.main_pid is not None else self.proc.pid
+        return self.main_pid if self.main_pid is not None else self.started.pid
 
     def signal(self, sig: int) -> None:
         """To the process; for a gang to every rank directly (torchrun forwards only SIGTERM, as a
@@ -200,7 +201,7 @@ class Supervised:
 
     async def _reap(self, grace_s: float) -> None:
         try:
-            await asyncio.wait_for(self.proc.wait(), grace_s)
+            await asyncio.wait_for(self.started.wait(), grace_s)
         except asyncio.TimeoutError:
             self.kill_all()
 
@@ -243,9 +244,3 @@ class CommandProcess(Supervised):
         else:
             self.signal(sig)
         await self._reap(grace_s)
-
-    def kill_leftovers(self) -> None:
-        """The command has exited, but processes it started still hold its output open (a
-        background server, a stray worker): the job is over, so they are killed (its keeper does
-        so too)."""
-        self.kill_all()

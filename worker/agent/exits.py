@@ -89,5 +89,6 @@ def close_alerts(rj: RunningJob, verdict: ExitVerdict, emit, disk_alert_open: bo
         # reason (and its log), not a second time in the alert
         head, _, rest = (verdict.reason or "training process crashed").partition("\n")
         head = head.split("; last output:")[0]
-        more = " (traceback and last output in the job's reason)" if rest or "; last output:" in (verdict.reason or "") else ""
+        has_more = bool(rest) or "; last output:" in (verdict.reason or "")
+        more = " (traceback and last output in the job's reason)" if has_more else ""
         emit(rj, "alert", {"kind": AlertKind.CRASHED, "severity": "critical", "message": (head + more)[:8000]})

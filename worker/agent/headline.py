@@ -73,7 +73,8 @@ def gang_headline(silent_s: float, stacks: dict[int, str], phase: str) -> tuple[
 
     first = odd if odd is not None else next(iter(groups))
     rs = groups[first]
-    head = f"Stuck {duration(silent_s)} in {_where(stacks[rs[0]]) or phase}, {who(rs) if odd is not None else 'every rank'}"
+    whom = who(rs) if odd is not None else "every rank"
+    head = f"Stuck {duration(silent_s)} in {_where(stacks[rs[0]]) or phase}, {whom}"
     others = []
     for w, rs in groups.items():
         if w == first:
@@ -110,7 +111,8 @@ WAIT_KINDS = (  # innermost frames that say what the main thread waits for
 def _frames(stack: str) -> list[str]:
     """The main thread's frames, innermost first, from a py-spy or faulthandler dump."""
     lines = stack.splitlines()
-    out, on = [], False
+    out: list[str] = []
+    on = False
     for line in lines:
         s = line.strip()
         if (line.startswith("Thread ") and ("MainThread" in line or not out)) or line.startswith("Current thread "):

@@ -21,6 +21,7 @@ from tokenpulse.diagnosis.stacks import can_run_handlers, describe_state, proces
 from tokenpulse.diagnosis.stall import ALIVE_CLAUSE, stuck_at
 from tokenpulse.protocol import AlertKind
 from worker.agent import gangstacks, gangwatch
+from worker.agent.advice import Advisor
 from worker.agent.headline import folded, gang_headline, stall_headline
 from worker.agent.ranks import diagnose
 from worker.agent.running import Emitter, RunningJob
@@ -44,8 +45,9 @@ class JobDiagnosis:
         uninstrumented one never)."""
         why_not = ("the command reports no events (not instrumented)" if rj.command is not None
                    else "the process has not started reporting yet")
-        stack = await capture_stack(rj.process.pid, (lambda: self.faulthandler_dump(rj)) if rj.detector.events else None,
-                                    why_not, subprocesses=rj.command is not None)  # a command may be a shell or launcher
+        dump = (lambda: self.faulthandler_dump(rj)) if rj.detector.events else None
+        stack = await capture_stack(rj.process.pid, dump, why_not,
+                                    subprocesses=rj.command is not None)  # a command may be a shell or launcher
         if stack.startswith("no stack: "):
             log.info("job %s: %s", rj.claim.job_id, stack)
         return stack
@@ -67,9 +69,9 @@ class JobDiagnosis:
 
     # ---- while it runs -----------------------------------------------------------------------------
 
-    def watch_gang(self, rj: RunningJob) -> None:
-        """A rank that ended without finishing takes the whole gang down within seconds."""
-        g, now = rj.gang, time.time()
+    def watch_gang(self, rj: RunningJob, g: gangwatch.GangState) -> None:
+        """A rank that ended without finishing takes the whole gang down within seconds (g: rj.gang)."""
+        now = time.time()
         pids = rj.process.ranks()
         gangwatch.identify(g, pids, now)  # ranks that have not said who they are (a command's)
         line = gangwatch.watch_deaths(g, pids, now)
@@ -95,27 +97,27 @@ class JobDiagnosis:
         if v is not None and v.kind == AlertKind.STALLED and rj.gang is not None and rj.claim.node_rank:
             pass  # another node's share: node rank 0's agent judges the gang, asking for these stacks
         elif v is not None and v.kind == AlertKind.STALLED and rj.gang is not None:
-            where, stack, stacks = await self.gang_verdict(rj)
-            if rj.process.proc.returncode is None:
+            where, stack, stacks = await self.gang_verdict(rj, rj.gang)
+            if rj.process.started.returncode is None:
                 head, odd_stack = gang_headline(v.silent_s, stacks, rj.detector.where())
                 message = folded(head, f"{v.message}; {where}", odd_stack)
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical",
                                         "message": message[:8192], "stack": stack[-199_000:]})
         elif v is not None and v.kind == AlertKind.STALLED:
             stack = await self.capture_stack(rj)
-            if rj.process.proc.returncode is not None:
+            if rj.process.started.returncode is not None:
                 return  # it ended while we looked: the exit tells the story
-            where = stuck_at(stack)
+            stuck = stuck_at(stack)
             state = process_state(rj.process.pid)
             message = v.message
             if not can_run_handlers(state):  # its alive thread spoke a moment ago, but it is frozen now
                 message = message.replace(ALIVE_CLAUSE, "") + f"; process state {describe_state(state)}"
-            message += f"; stuck at {where}" if where else ""
+            message += f"; stuck at {stuck}" if stuck else ""
             message = folded(stall_headline(v.silent_s, stack, rj.detector.where()), message, stack)
             self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
         if rj.advice is not None:
-            await self.advise(rj, now)
+            await self.advise(rj, rj.advice, now)
         if rj.slow is None:
             return
         sched = read_schedstat(rj.process.pid)  # CPU time vs waiting for a CPU: tells a busy machine
@@ -129,33 +131,33 @@ class JobDiagnosis:
             severity = "info" if kind == AlertKind.CONTENTION else "warning"
             self.emit(rj, "alert", {"kind": kind, "severity": severity, "message": v.message, "clear": clear})
 
-    async def advise(self, rj: RunningJob, now: float) -> None:
-        """A command job's verdicts on its first steps (worker/agent/advice.py), and the 'quiet'
-        warning: a finished phase and nothing since, with where the main thread waits."""
-        for kind, message in rj.advice.check():
+    async def advise(self, rj: RunningJob, advice: Advisor, now: float) -> None:
+        """A command job's verdicts on its first steps (worker/agent/advice.py; advice: rj.advice), and
+        the 'quiet' warning: a finished phase and nothing since, with where the main thread waits."""
+        for kind, message in advice.check():
             self.emit(rj, "alert", {"kind": kind, "severity": "warning", "message": message[:8192]})
-        head = rj.advice.quiet_due(rj.detector, now)
+        head = advice.quiet_due(rj.detector, now)
         if head is not None:
             stack = await self.capture_stack(rj)
-            if rj.process.proc.returncode is None and rj.detector.last_progress is not None \
+            if rj.process.started.returncode is None and rj.detector.last_progress is not None \
                     and now - rj.detector.last_progress >= 0 and not rj.detector.stalled:
                 self.emit(rj, "alert", {"kind": AlertKind.QUIET, "severity": "warning",
-                                        "message": rj.advice.quiet_message(head, stack)[:8192],
+                                        "message": advice.quiet_message(head, stack)[:8192],
                                         "stack": stack[-199_000:] if stack else None})
-        line = rj.advice.quiet_phase(now)
+        line = advice.quiet_phase(now)
         if line is not None:  # a finished phase is never the job's status: the phase line says it is quiet
             self.emit(rj, "phase", line)
 
     # ---- a gang's stacks ----------------------------------------------------------------------------
 
-    async def gang_verdict(self, rj: RunningJob) -> tuple[str, str, dict]:
-        """The stuck rank named across the gang: this node's stacks, and on a multi-node job every
-        other node's, as their agents sent them (worker/agent/gangstacks.py). (verdict, every rank's
-        stacks as one text, rank -> its stack)."""
-        stacks, text = await gangwatch.rank_stacks(rj.gang, rj.process.ranks())
+    async def gang_verdict(self, rj: RunningJob, gang: gangwatch.GangState) -> tuple[str, str, dict]:
+        """The stuck rank named across the gang (rj.gang): this node's stacks, and on a multi-node
+        job every other node's, as their agents sent them (worker/agent/gangstacks.py). (verdict,
+        every rank's stacks as one text, rank -> its stack)."""
+        stacks, text = await gangwatch.rank_stacks(gang, rj.process.ranks())
         spec = rj.claim.spec
-        if getattr(spec, "nnodes", 1) <= 1:
-            return diagnose(stacks, rj.gang.board), text, stacks
+        if spec.nnodes <= 1:
+            return diagnose(stacks, gang.board), text, stacks
 
         path = f"/api/agents/{self.agent_id()}/jobs/{rj.claim.job_id}/stacks"
         await self.call("POST", path)  # the other nodes' agents read theirs on their next heartbeat
@@ -164,10 +166,10 @@ class JobDiagnosis:
             r = await self.call("GET", path)
             return r.json() if r is not None and r.status_code == 200 else None
         remote = await gangstacks.gather(fetch, stacks, spec.nnodes * spec.nproc_per_node)
-        stacks, text, board = gangstacks.merged(rj.gang, stacks, text, remote)
+        stacks, text, board = gangstacks.merged(gang, stacks, text, remote)
         return diagnose(stacks, board), text, stacks
 
-    async def log_gang_stacks(self, rj: RunningJob) -> None:
+    async def log_gang_stacks(self, rj: RunningJob, gang: gangwatch.GangState) -> None:
         """A person's stack request on a multi-node job: the merged verdict and every node's stacks."""
-        where, stack, _ = await self.gang_verdict(rj)
+        where, stack, _ = await self.gang_verdict(rj, gang)
         self.emit(rj, "log", {"line": f"{where}\n{stack}"[:8000], "stream": "agent"})

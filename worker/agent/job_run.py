@@ -73,7 +73,7 @@ class JobRunner:
     async def start_job(self, claim: Claim) -> None:
         job_dir = self.work_dir / "jobs" / str(claim.job_id)
         if isinstance(claim.spec, CommandSpec):
-            return await self.start_command(claim, job_dir)
+            return await self.start_command(claim, claim.spec, job_dir)
         spec_path = job_dir / "spec.json"
         self.outbox.open_job(claim.job_id, claim.seq_start)
         try:
@@ -115,10 +115,9 @@ class JobRunner:
             return
         self.watch(rj)
 
-    async def start_command(self, claim: Claim, job_dir: Path) -> None:
-        """A command job: the command as given, in its working directory, with its environment, the
-        event pipe and (unless instrument is off) the instrumentation hook on its PYTHONPATH."""
-        spec: CommandSpec = claim.spec
+    async def start_command(self, claim: Claim, spec: CommandSpec, job_dir: Path) -> None:
+        """A command job (spec: its claim's): the command as given, in its working directory, with its
+        environment, the event pipe and (unless instrument is off) the instrumentation hook on its PYTHONPATH."""
         mask = Masker(os.environ[n] for n in spec.secret_env if n in os.environ)
         self.outbox.open_job(claim.job_id, claim.seq_start, mask)  # every event it sends, masked
         cwd = Path(spec.cwd) if spec.cwd else job_dir / "work"
@@ -165,7 +164,8 @@ class JobRunner:
             except OSError as e:  # no such program, not executable: the command's fault, not worth a retry
                 problem = f"could not start {spec.command[0]!r}: {e.strerror or e}"
         if problem is not None:
-            self.emit(rj, "state", ExitVerdict(state="failed", reason=problem, failure=Failure.SPEC).model_dump(exclude_none=True))
+            verdict = ExitVerdict(state="failed", reason=problem, failure=Failure.SPEC)
+            self.emit(rj, "state", verdict.model_dump(exclude_none=True))
             self.finish(claim.job_id)
             return
         self.watch(rj)
@@ -178,14 +178,17 @@ class JobRunner:
                                           f"of this job still running here (pids {proc.tree.settled[:20]}) "
                                           "before starting", "stream": "agent"})
         rj.detector.start(time.time())
-        rj.sys = sysmetrics.TreeSampler(proc.proc.pid)  # the whole tree, from now on (not its first output)
+        rj.sys = sysmetrics.TreeSampler(proc.started.pid)  # the whole tree, from now on (not its first output)
+        stdout, stderr = proc.output()
         rj.tasks = [asyncio.create_task(self.read_events(rj)),
-                    asyncio.create_task(self.read_output(rj, proc.proc.stdout, "stdout")),
-                    asyncio.create_task(self.read_output(rj, proc.proc.stderr, "stderr")),
+                    asyncio.create_task(self.read_output(rj, stdout, "stdout")),
+                    asyncio.create_task(self.read_output(rj, stderr, "stderr")),
                     asyncio.create_task(self.supervise(rj))]
 
     async def read_events(self, rj: RunningJob) -> None:
         reader = rj.process.events
+        if reader is None:  # never spawned: no event pipe
+            return
         while True:
             line = await reader.readline()
             if not line:
@@ -284,15 +287,16 @@ class JobRunner:
     async def supervise(self, rj: RunningJob) -> None:
         """Watch for stalls and slowness while the process runs; then report how it ended."""
         proc = rj.process
-        while proc.proc.returncode is None:
+        keeper = proc.started
+        while keeper.returncode is None:
             try:
-                await asyncio.wait_for(proc.proc.wait(), 0.5)
+                await asyncio.wait_for(keeper.wait(), 0.5)
             except asyncio.TimeoutError:
                 pass
-            if proc.proc.returncode is not None:
+            if keeper.returncode is not None:
                 break
             if rj.gang is not None:
-                self.diagnosis.watch_gang(rj)
+                self.diagnosis.watch_gang(rj, rj.gang)
             try:
                 await self.diagnosis.detect(rj, time.time())
             except Exception:  # detection must never take supervision down with it
@@ -312,7 +316,7 @@ class JobRunner:
                     t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
         await proc.release()  # its keeper killed what was left of its tree; its cgroup goes
-        verdict = final_verdict(rj, proc.proc.returncode, self.name)
+        verdict = final_verdict(rj, keeper.returncode, self.name)
         close_alerts(rj, verdict, self.emit, disk_alert_open=self.disk.alert is not None)
         self.emit(rj, "state", verdict.model_dump(exclude_none=True))
         self.finish(rj.claim.job_id)
@@ -330,10 +334,12 @@ class JobRunner:
             if rj is None:
                 continue
             action = c.action
-            if action == Action.STACK and rj.claim.node_rank:  # node rank 0's agent asked: sent next heartbeat
+            if action == Action.STACK and rj.claim.node_rank and rj.gang is not None:
+                # node rank 0's agent asked: sent with the next heartbeat
                 gangstacks.share(rj.gang, (await gangwatch.rank_stacks(rj.gang, rj.process.ranks()))[0])
-            elif action == Action.STACK and rj.gang is not None and getattr(rj.claim.spec, "nnodes", 1) > 1:
-                asyncio.create_task(self.diagnosis.log_gang_stacks(rj))  # waits on the other nodes: not in the heartbeat
+            elif action == Action.STACK and rj.gang is not None and rj.claim.spec.nnodes > 1:
+                # waits on the other nodes: not in the heartbeat
+                asyncio.create_task(self.diagnosis.log_gang_stacks(rj, rj.gang))
             elif action == Action.STACK:
                 stack = (await gangwatch.stalled_message(rj.gang, rj.process.ranks()))[1] if rj.gang \
                     else await self.diagnosis.capture_stack(rj)
@@ -342,8 +348,9 @@ class JobRunner:
                 # The server refuses such a pause (409); a job whose process has not said pausable in this
                 # attempt is never sent SIGUSR2 (its default action kills).
                 rj.requested = Requested.PAUSE_REFUSED
-                self.emit(rj, "log", {"line": "agent: pause requested, but this command has not said it can "
-                                              "pause (no Trainer instrumentation); it keeps running", "stream": "agent"})
+                refused = ("agent: pause requested, but this command has not said it can pause "
+                           "(no Trainer instrumentation); it keeps running")
+                self.emit(rj, "log", {"line": refused, "stream": "agent"})
             elif action in (Action.CANCEL, Action.PAUSE) and (rj.requested is None or (action, rj.requested) in (
                     (Action.CANCEL, Requested.PAUSE), (Action.CANCEL, Requested.PAUSE_REFUSED))):
                 rj.requested = Requested(action)

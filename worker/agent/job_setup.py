@@ -56,7 +56,7 @@ def prune_own_checkpoints(out_dir: Path, resume: Optional[Path]) -> None:
             continue
         if is_tmp_dir(p):
             shutil.rmtree(p, ignore_errors=True)
-        elif is_step_dir(p):
+        elif is_step_dir(p) and start is not None:  # None: the resume point went incomplete; newer unknown
             st = checkpoint_step(p)
             if st is None or st > start:
                 shutil.rmtree(p, ignore_errors=True)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from tokenpulse.protocol import SpecBase
+
 
 @dataclass
 class Gang:
@@ -28,8 +30,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def is_distributed(spec) -> bool:
-    return getattr(spec, "nproc_per_node", 1) > 1 or getattr(spec, "nnodes", 1) > 1
+def is_distributed(spec: SpecBase) -> bool:
+    return spec.nproc_per_node > 1 or spec.nnodes > 1
 
 
 def launches_ranks(argv: list[str]) -> bool:
@@ -48,7 +50,7 @@ def training_args(spec_path: Path, out_dir: Path, cache_dir: Path, resume: Optio
     return args + (["--resume", resume] if resume else [])
 
 
-def command(spec, train: list[str], gang: Optional[Gang] = None, no_python: bool = False) -> list[str]:
+def command(spec: SpecBase, train: list[str], gang: Optional[Gang] = None, no_python: bool = False) -> list[str]:
     """argv for the job: `python -u <train>` or `python -u -m torch.distributed.run ... <train>`.
     no_python: `train` is a whole command (a command job's), run as given once per rank."""
     if not is_distributed(spec):

@@ -1,8 +1,8 @@
 """The agent's link to its server: every call retried until the server answers (honouring its
 Retry-After), registration, heartbeats, and a job's events sent in batches until acknowledged.
 
-Heartbeats and event batches go over the agent's websocket (channel.py) while it is up, over HTTP
-otherwise; rank tables always go over HTTP (the socket carries job liveness only). The server's
+Heartbeats (rank tables included) and event batches go over the agent's websocket (channel.py)
+while it is up, over HTTP otherwise: one message model either way. The server's
 answers carry acknowledgements (dropped from the outbox here) and commands, handed to `on_commands`
 (the job runner's)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Literal, Optional, overload
 
 import httpx
 
@@ -59,9 +59,15 @@ class ServerLink:
 
     # ---- server calls, each retried until the server answers (it may be restarting) ----------
 
+    @overload
+    async def call(self, method: str, path: str, until_stopped: Literal[False] = False, **kw) -> httpx.Response: ...
+
+    @overload
+    async def call(self, method: str, path: str, until_stopped: bool, **kw) -> Optional[httpx.Response]: ...
+
     async def call(self, method: str, path: str, until_stopped: bool = False, **kw) -> Optional[httpx.Response]:
         """until_stopped: give up (None) once the agent is stopping: a claim must not keep a stopping
-        agent alive while the server is down."""
+        agent alive while the server is down. Without it, a call returns only with an answer."""
         delay = 0.5
         while True:
             try:
@@ -96,8 +102,9 @@ class ServerLink:
         if r is None:
             return  # stopped before the server ever answered
         if r.status_code in (401, 403):  # a token that may not do this will never may: say why and stop
-            raise SystemExit(f"the server refused to register this agent ({r.status_code}): "
-                             f"{r.json().get('detail', r.text) if r.headers.get('content-type', '').startswith('application/json') else r.text}")
+            is_json = r.headers.get("content-type", "").startswith("application/json")
+            detail = r.json().get("detail", r.text) if is_json else r.text
+            raise SystemExit(f"the server refused to register this agent ({r.status_code}): {detail}")
         r.raise_for_status()
         self.agent_id = Registered.model_validate(r.json()).id
         log.info("registered as agent %s (%s)%s", self.agent_id, hello.name,
@@ -138,9 +145,7 @@ class ServerLink:
                     for rj in self.jobs.values():
                         if rj.gang is not None:
                             gangstacks.sent(rj.gang)  # asked-for stacks go once
-                    reply = None
-                    if not beat.ranks:  # rank tables go over HTTP (the socket carries job liveness only)
-                        reply = await self.channel.request({"heartbeat": self.alive_jobs()})
+                    reply = await self.channel.heartbeat(beat)  # rank tables too: one message model
                     if reply is None or "status" in reply:
                         r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat",
                                             json=beat.model_dump(exclude_none=True))
@@ -172,7 +177,7 @@ class ServerLink:
         if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
             msg: dict = dict(body)
             if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5 and not any(  # one message, not two
-                    rj.gang is not None for rj in self.jobs.values()):  # (rank tables: heartbeat_loop, HTTP)
+                    rj.gang is not None for rj in self.jobs.values()):  # (rank tables: heartbeat_loop's)
                 msg["heartbeat"] = self.alive_jobs()
             got = await self.channel.request(msg)
             if got is not None and "status" not in got:

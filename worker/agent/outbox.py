@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TextIO
 
 from worker.agent.disk import disk_words
 from worker.agent.masking import SecretMask
@@ -41,7 +41,7 @@ class Outbox:
         self.masks: dict[int, SecretMask] = {}  # a command job's secret_env values
         self.next_seq: dict[int, int] = {}
         self.lines: dict[int, int] = {}  # lines in each journal file (pending + acknowledged)
-        self._files = {}
+        self._files: dict[int, TextIO] = {}  # each job's journal, open for appending
         self.disk_error: Optional[str] = None  # why the journal cannot be written now (None: it can)
         self._unjournaled: set[int] = set()  # jobs whose journal misses pending events
         self._retry_at = 0.0

@@ -1,5 +1,6 @@
 """A process's output as log lines: progress-bar redraws folded, secrets masked (before a long line
-is cut), a traceback's last frame found. Pure logic over bytes and a clock passed in, so every rule is testable without a process.
+is cut), a traceback's last frame found. Pure logic over bytes and a clock passed in, so every rule
+is testable without a process.
 
 A progress bar (tqdm, a download meter) redraws its line with a carriage return, often thousands of
 times before the newline that ends it. Stored as-is that is one enormous line; split on every `\\r`

@@ -87,7 +87,7 @@ class RankBoard:
                 for r, rk in self.ranks.items() if rk.busy_s is not None}
         if len(busy) < 2:
             return None
-        worst = max(busy, key=busy.get)
+        worst = max(busy, key=lambda r: busy[r])
         others = sorted(v for r, v in busy.items() if r != worst)
         med = others[len(others) // 2]
         if self.latch is None:

@@ -78,8 +78,8 @@ class SlowDetector:
         if kind == "info":
             self.info.update({k: v for k, v in data.items() if k != "reason"})
             if "measured" in data:
-                rates = [m.get("tokens_per_s") for m in data["measured"] or [] if isinstance(m, dict)]
-                rates = [r for r in rates if isinstance(r, (int, float)) and r > 0]
+                measured = [m.get("tokens_per_s") for m in data["measured"] or [] if isinstance(m, dict)]
+                rates = [r for r in measured if isinstance(r, (int, float)) and r > 0]
                 if rates:
                     self.projected_tps = max(rates)
             if isinstance(data.get("projected_tokens_per_s"), (int, float)):
@@ -208,7 +208,8 @@ class SlowDetector:
         cur = statistics.median(rates[-w:])
         # frozen too while the drop waits out its hold time: else the slow samples become the baseline
         # before the alert may open, and a drop that lasts is never reported
-        pending = [x for x in (self.latches.get("fell"), self.contention_latch) if x is not None and x.since is not None]
+        latches = (self.latches.get("fell"), self.contention_latch)
+        pending = [x for x in latches if x is not None and x.since is not None]
         held = "fell" in was_open or bool(self.contention_open) or bool(pending)
         if not held and n >= w + 5:
             self.baseline = statistics.median(rates[:-w][-500:])
@@ -330,7 +331,7 @@ class SlowDetector:
                 elif self.latches[k].since is not None:  # not measured: its last observation goes on
                     self.latches[k].update(not self.latches[k].is_open, now)
         else:  # a clock tick: reasons keep their last observation
-            for k, x in self.latches.items():
+            for x in self.latches.values():
                 if x.since is not None:
                     x.update(not x.is_open, now)
         keys = frozenset(k for k, x in self.latches.items() if x.is_open)

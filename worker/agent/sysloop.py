@@ -17,7 +17,8 @@ log = logging.getLogger("tokenpulse.agent")
 class SystemReporter:
     def __init__(self, jobs: dict[int, RunningJob], emit: Emitter, post_summary: Callable[[dict], Awaitable[None]],
                  agent_id: Callable[[], Optional[int]], stopped: asyncio.Event):
-        self.jobs, self.emit, self.post_summary, self.agent_id, self.stopped = jobs, emit, post_summary, agent_id, stopped
+        self.jobs, self.emit, self.post_summary = jobs, emit, post_summary
+        self.agent_id, self.stopped = agent_id, stopped
         self.host: Optional[sysmetrics.Host] = None  # the machine's readings, made on first use
         self.gpus: Optional[sysmetrics.Gpus] = None
 
@@ -54,7 +55,7 @@ class SystemReporter:
 
     def read(self, due: list, now: float) -> tuple[list, dict]:
         """(job, sys/ values, its GPUs' utilisation) per due job, and the machine's summary (a thread)."""
-        if self.host is None:
+        if self.host is None or self.gpus is None:  # made together, on first use
             self.host, self.gpus = sysmetrics.Host(), sysmetrics.Gpus()
         gpus = self.gpus.read()
         host = self.host.read(now)

@@ -52,8 +52,10 @@ class Gpus:
 
     def read(self) -> list[dict]:
         """Per GPU: util_pct, mem_mb, power_w, temp_c (what the driver answers), and pids -> MB."""
-        out = []
+        out: list[dict] = []
         nv = self.nvml
+        if nv is None:  # no NVML: no handles either
+            return out
         for h in self.handles:
             g: dict = {"pids": {}}
             for key, read in (("util_pct", lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),
@@ -100,7 +102,8 @@ class Host:
         return {"cpu_pct": self.values.get("sys/host_cpu_pct", 0.0), "cores": psutil.cpu_count() or 1,
                 "mem_used_mb": round((vm.total - vm.available) / MB, 1), "mem_total_mb": round(vm.total / MB, 1),
                 "load1": round(psutil.getloadavg()[0], 2),
-                "net_recv_mbps": self.values.get("sys/net_recv_mbps"), "net_sent_mbps": self.values.get("sys/net_sent_mbps"),
+                "net_recv_mbps": self.values.get("sys/net_recv_mbps"),
+                "net_sent_mbps": self.values.get("sys/net_sent_mbps"),
                 "gpus": [{k: v for k, v in g.items() if k != "pids"} for g in gpus], "t": time.time()}
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from worker.agent.keeper import TAG_ENV
+from worker.agent.proc import descendants
 
 log = logging.getLogger("tokenpulse.agent")
 KEEPER = str(Path(__file__).resolve().with_name("keeper.py"))
@@ -152,8 +153,8 @@ class JobTree:
         base = cgroup_base()
         if base is not None:
             for old in base.glob(f"{self.cgroup_stem}-a*"):
-                pid = old.name.rsplit("-p", 1)[-1]
-                if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+                owner = old.name.rsplit("-p", 1)[-1]  # the agent pid that made it
+                if owner.isdigit() and int(owner) != os.getpid() and _alive(int(owner)):
                     continue  # another live agent's: its own to end
                 self.settled += [p for p in cgroup_pids(old) if _alive(p)]
                 kill_cgroup(old)
@@ -199,7 +200,6 @@ class JobTree:
             return
         if keeper_pid is None:
             return
-        from worker.agent.child import descendants
         kill_until_gone(lambda: [p for p in descendants(keeper_pid) if _alive(p)])
 
     def release(self) -> None:
