@@ -429,8 +429,8 @@ def test_browser_command_mode_submits_and_job_page_shows_the_command(server_fact
         ui.login(d, srv)
         d.get(srv.url + "/submit")
         d.find_element(By.CSS_SELECTOR, 'input[name="job-mode"][value="command"]').click()
-        assert not d.find_element(By.ID, "command-form").get_attribute("hidden")
-        assert d.find_element(By.ID, "submit-form").get_attribute("hidden")  # the training form steps aside
+        assert not ui.attr(d, "#command-form", "hidden")
+        assert ui.attr(d, "#submit-form", "hidden")  # the training form steps aside
         d.find_element(By.ID, "c-command").send_keys(f"{PY} hello.py")
         d.find_element(By.ID, "c-cwd").send_keys(str(tmp_path))  # outside the roots: refused, by the field
         d.find_element(By.ID, "c-env").send_keys("GREETING=from the browser")
@@ -454,9 +454,9 @@ def test_browser_command_mode_submits_and_job_page_shows_the_command(server_fact
         ui.shot(d, "job-command", full=True)
         # Clone & edit opens the Command form filled in
         d.get(srv.url + "/submit?clone=" + d.current_url.rsplit("/", 1)[1])
-        ui.wait(d, 15).until(lambda d: d.find_element(By.ID, "c-command").get_attribute("value") == f"{PY} hello.py")
-        assert d.find_element(By.ID, "c-env").get_attribute("value") == "GREETING=from the browser"
-        assert d.find_element(By.ID, "c-secret-env").get_attribute("value") == "TP_UI_SECRET"
+        ui.wait(d, 15).until(lambda d: ui.attr(d, "#c-command", "value") == f"{PY} hello.py")
+        assert ui.attr(d, "#c-env", "value") == "GREETING=from the browser"
+        assert ui.attr(d, "#c-secret-env", "value") == "TP_UI_SECRET"
         ui.shot(d, "submit-command", full=True)
     finally:
         d.quit()

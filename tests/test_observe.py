@@ -10,7 +10,7 @@ import textwrap
 
 from conftest import ROOT, wait_for
 from selenium.webdriver.common.by import By
-from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+from test_ui import attr, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 
 from worker.agent.slow import SlowDetector
 
@@ -72,10 +72,10 @@ def test_system_metrics_and_logs(server_factory, browser, tmp_path):
         d = browser
         d.get(f"{server.url}/jobs/{jid}")
         until(d, 30, lambda d: d.find_element(By.ID, "system").is_displayed(), "System panel shown")
-        until(d, 30, lambda d: int(d.find_element(By.ID, "sys-cpu").get_attribute("data-points")) >= 2,
+        until(d, 30, lambda d: int(attr(d, "#sys-cpu", "data-points")) >= 2,
               "CPU chart has points")
-        assert "job (% of one core)" in d.find_element(By.ID, "sys-cpu").get_attribute("data-series")
-        assert d.find_element(By.ID, "sys-mem").get_attribute("data-points") != "0"
+        assert "job (% of one core)" in attr(d, "#sys-cpu", "data-series")
+        assert attr(d, "#sys-mem", "data-points") != "0"
         assert not d.find_elements(By.ID, "charts-sys"), "sys/ series also drawn as step charts"
         cpu = max(v for v in c.get(f"/api/jobs/{jid}/metrics", params={"keys": "sys/cpu_pct"}).json()
                   ["series"]["sys/cpu_pct"]["value"])
@@ -124,7 +124,7 @@ def test_system_metrics_and_logs(server_factory, browser, tmp_path):
     until(d, 20, lambda d: d.find_element(By.ID, "log-results").is_displayed(), "search results")
     assert text(d, "#log-search-note").startswith("10 of "), text(d, "#log-search-note")
     assert len(text(d, "#log-results").splitlines()) == 10
-    href = d.find_element(By.ID, "log-download").get_attribute("href")
+    href = attr(d, "#log-download", "href")
     assert href.endswith(f"/api/jobs/{jid}/logs.txt?grep=filler+line+0149"), href
     shot(d, "job-log-search")
     d.find_element(By.ID, "log-clear").click()

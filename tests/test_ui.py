@@ -75,6 +75,24 @@ def until(d, timeout: float, cond, what: str) -> None:
                              f"url={d.current_url}") from None
 
 
+def attr(d, css: str, name: str):
+    """An attribute of the first element matching css, read in one step in the page: a live page
+    re-renders between a find and a read (a stale element), the more so on a busy machine."""
+    return d.execute_script(ATTR_JS, css, name)
+
+
+# Selenium's get_attribute, as its atom answers: the element's property where it has a plain one
+# (a field's live value, textContent, a boolean as "true" or None), else the attribute.
+ATTR_JS = """
+const e = document.querySelector(arguments[0]), n = arguments[1];
+if (!e) return null;
+const v = e[n];
+if (typeof v === "boolean") return v ? "true" : null;
+if (typeof v === "string" || typeof v === "number") return String(v);
+return e.getAttribute(n);
+"""
+
+
 def text(d, css: str) -> str:
     els = d.find_elements(By.CSS_SELECTOR, css)
     return els[0].text if els else ""
@@ -117,7 +135,7 @@ def test_ui_end_to_end(agent_server, browser):
     assert "Packing" in text(d, "#analysis-table")
     assert d.execute_script("return document.querySelectorAll('#chart-hist canvas').length") == 1
     d.find_element(By.ID, "use-recommended").click()
-    assert d.find_element(By.NAME, "max_seq_length").get_attribute("value") == rec.split()[0].replace(",", "")
+    assert attr(d, '[name="max_seq_length"]', "value") == rec.split()[0].replace(",", "")
     shot(d, "submit-analysis", full=True)
 
     # -- an invalid value: the API's message appears next to its field --
@@ -150,7 +168,7 @@ def test_ui_end_to_end(agent_server, browser):
         p = text(d, "#phase-text")
         if p and (not phases or phases[-1] != p):
             phases.append(p)
-        n = int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0)
+        n = int(attr(d, "#chart-loss", "data-points") or 0)
         if n and (not points or points[-1] != n):
             points.append(n)
         if text(d, "#job-state") == "completed":
@@ -159,7 +177,7 @@ def test_ui_end_to_end(agent_server, browser):
     assert text(d, "#job-state") == "completed", (phases, points)
     until(d, 30, lambda d: (d.execute_script("return TPJOB.series.loss.step") or [0])[-1] == 30,
           "the final refill never reached step 30")
-    final_points = int(d.find_element(By.ID, "chart-loss").get_attribute("data-points"))
+    final_points = int(attr(d, "#chart-loss", "data-points"))
     names = {re.split(r"[\d·]", p)[0].strip() for p in phases}
     assert len(names) >= 2, phases  # e.g. loading model, tokenizing, training
     assert any(p.startswith("training") for p in phases), phases
@@ -196,10 +214,9 @@ def test_ui_end_to_end(agent_server, browser):
     d.get(f"{server.url}/jobs/{slow['id']}")
     until(d, 180, lambda d: text(d, "#job-state") == "running" and text(d, "#phase-text").startswith("training"),
           "the slow job is not training")
-    until(d, 60, lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 2,
+    until(d, 60, lambda d: int(attr(d, "#chart-loss", "data-points") or 0) >= 2,
           "no chart points for the slow job")
-    hb = d.find_element(By.CSS_SELECTOR, "#heartbeat time")
-    assert "hb-ok" in hb.get_attribute("class") and hb.get_attribute("title"), \
+    assert "hb-ok" in attr(d, "#heartbeat time", "class") and attr(d, "#heartbeat time", "title"), \
         "heartbeat age with absolute time on hover"
     shot(d, "job-running")
     # pause (a checkpoint, the process ends), resume (queued again, continues from the checkpoint)
@@ -236,7 +253,7 @@ def test_reconnect_fills_gap(server_factory, browser):
         job = c.post("/api/jobs",
                      json={"name": server.plan_fault("restart", step_sleep_s=0.1), "max_steps": 40, **FAST}).json()
     d.get(f"{server.url}/jobs/{job['id']}")
-    until(d, 180, lambda d: int(d.find_element(By.ID, "chart-loss").get_attribute("data-points") or 0) >= 3,
+    until(d, 180, lambda d: int(attr(d, "#chart-loss", "data-points") or 0) >= 3,
           "no chart points before the restart")
     server.kill(signal.SIGTERM)
     wait(d, 30).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#conn.on"))

@@ -11,7 +11,7 @@ import time
 
 import httpx
 from selenium.webdriver.common.by import By
-from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
+from test_ui import attr, browser, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import post_events
 
 
@@ -65,7 +65,7 @@ def test_a_two_rank_job_shows_each_ranks_step_as_data_collectives_compute(server
     assert d.find_elements(By.CSS_SELECTOR, "#anatomy-chart-r1 canvas")
     # no automatic chart per anatomy metric any more; the job's other metrics keep theirs
     assert not d.find_elements(By.CSS_SELECTOR, "[id^='chart-x-anatomy']")
-    assert d.find_element(By.ID, "chart-loss").get_attribute("data-points") == "6"
+    assert attr(d, "#chart-loss", "data-points") == "6"
     d.execute_script("document.getElementById('anatomy').scrollIntoView()")
     shot(d, "job-anatomy-ddp")
     assert not console_errors(d)

@@ -7,7 +7,7 @@ import time
 
 import httpx
 from selenium.webdriver.common.by import By
-from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+from test_ui import attr, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import js, post_events
 
 
@@ -34,7 +34,7 @@ def test_eval_loss_on_chart_generations_panel_and_compare(server_factory, browse
     d = browser
     login(d, server)
     d.get(f"{server.url}/jobs/{jid}")
-    until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-series") == "train loss,eval loss",
+    until(d, 20, lambda d: attr(d, "#chart-loss", "data-series") == "train loss,eval loss",
           "eval loss beside train loss on the loss chart")
     # the eval column holds the two eval points, at steps 10 and 20
     col = js(d,
@@ -85,7 +85,7 @@ def test_submit_form_test_run_eval_prompts_and_preflight_warnings(server_factory
     assert "is queued and runs as asked, with 1 warning" in box and "max_seq_length:" in box, box
     assert "are longer than max_seq_length=32" in box and "fix: max_seq_length=" in box, box
     assert "/submit" in d.current_url  # stayed to show them
-    jid = int(d.find_element(By.ID, "open-job").get_attribute("href").rsplit("/", 1)[1])
+    jid = int(attr(d, "#open-job", "href").rsplit("/", 1)[1])
     with server.client() as c:
         spec = c.get(f"/api/jobs/{jid}").json()["spec"]
         assert spec["test_run"] is True and spec["eval_fraction"] == 0.1, spec

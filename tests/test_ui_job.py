@@ -17,7 +17,7 @@ from conftest import wait_for
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
-from test_ui import FAST, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+from test_ui import FAST, attr, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 
 
 def js(d, code: str):
@@ -71,7 +71,7 @@ class FakeRun:
                 "step_time_s": 0.1 if fast else 0.3, "eta_s": (100 - s) * (0.1 if fast else 0.3), "mfu": 0.7}}, t0 + s))
             evs.append(("phase", {"name": "training", "done": s, "total": 100, "unit": "steps"}, t0 + s))
         seq = post_events(agent, aid, jid, 0, evs)
-        until(d, 20, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-points") == "80",
+        until(d, 20, lambda d: attr(d, "#chart-loss", "data-points") == "80",
               "80 loss points")
         self.d, self.agent, self.aid, self.jid, self.seq, self.t0 = d, agent, aid, jid, seq, t0
 
@@ -87,13 +87,13 @@ def test_live_speed_smoothed_mfu_caveat_and_only_existing_series(server_factory,
     until(d, 10, lambda d: "tok/s" in text(d, "#tps"), "tokens/s shown")
     tps = number(text(d, "#tps"))
     assert 1500 <= tps <= 2500, text(d, "#tps")
-    assert "latest: 3 ktok/s" in d.find_element(By.ID, "tps").get_attribute("title")
+    assert "latest: 3 ktok/s" in attr(d, "#tps", "title")
     eta = text(d, "#eta")
     assert re.fullmatch(r"\d+ s", eta) and 3 <= int(eta.split()[0]) <= 5, eta  # 20 steps x ~0.2 s
     # MFU on a CPU says it is rough; the memory chart has no "CUDA peak" series on a CPU run
     assert "70 %" in text(d, "#mfu") and "rough on CPU" in text(d, "#mfu")
-    assert "other processes" in d.find_element(By.CSS_SELECTOR, "#mfu .caveat").get_attribute("title")
-    assert d.find_element(By.ID, "chart-mem").get_attribute("data-series") == "process RSS"
+    assert "other processes" in attr(d, "#mfu .caveat", "title")
+    assert attr(d, "#chart-mem", "data-series") == "process RSS"
     assert "CUDA" not in text(d, "#chart-mem")
     assert not console_errors(d), console_errors(d)
 
@@ -104,15 +104,15 @@ def test_chart_log_clip_wallclock_keyboard_export_and_text(server_factory, brows
     run = FakeRun(server_factory, browser, tmp_path, "charts")
     d, jid, t0 = run.d, run.jid, run.t0
     # 20: text alternative, outlier clipping, log scale, keyboard zoom, wall-clock axis
-    summary = d.find_element(By.ID, "chart-loss-summary").get_attribute("textContent")
+    summary = attr(d, "#chart-loss-summary", "textContent")
     assert summary.startswith("Loss: 80 points from step 1 to step 80."), summary
     assert "highest 1000 (step 40)" in summary, summary
-    assert d.find_element(By.ID, "chart-loss").get_attribute("aria-describedby") == "chart-loss-summary chart-keys"
+    assert attr(d, "#chart-loss", "aria-describedby") == "chart-loss-summary chart-keys"
     ymax = lambda: js(d, "return TPJOB.charts['chart-loss'].scales.y.max")  # noqa: E731
     assert ymax() >= 1000
     d.find_element(By.ID, "clip").click()
     until(d, 5, lambda d: ymax() < 10, "the spike still sets the loss axis with clipping on")
-    clipped = d.find_element(By.ID, "chart-loss-summary").get_attribute("textContent")
+    clipped = attr(d, "#chart-loss-summary", "textContent")
     assert "1 point is outside the clipped y range" in clipped
     shot(d, "job-clipped", full=True)
     d.find_element(By.ID, "logy").click()
@@ -159,8 +159,8 @@ def test_stall_marks_speed_and_eta_stale(server_factory, browser, tmp_path):
           lambda d: (d.find_elements(By.CSS_SELECTOR, "#tps .stale-tag")
                      and d.find_elements(By.CSS_SELECTOR, "#eta .stale-tag")),
           "tokens/s and ETA not marked stale during a stall")
-    assert "stalled: no progress" in d.find_element(By.ID, "eta").get_attribute("title")
-    assert "stale" in d.find_element(By.ID, "tps").get_attribute("class")
+    assert "stalled: no progress" in attr(d, "#eta", "title")
+    assert "stale" in attr(d, "#tps", "class")
     js(d, "window.scrollTo(0, 0)")
     shot(d, "job-stale")
     run.post([("alert", {"kind": "stalled", "message": "progressing again", "clear": True}, time.time())])

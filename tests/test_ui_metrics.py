@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 from selenium.webdriver.common.by import By  # noqa: E402
 from test_ui import (  # noqa: F401 (browser is a fixture)
+    attr,
     browser,
     console_errors,
     login,
@@ -35,7 +36,7 @@ def test_every_logged_metric_gets_a_chart_grouped_by_prefix(server, browser):
 
     login(d, server)
     d.get(f"{server.url}/jobs/{jid}")
-    until(d, 60, lambda d: d.find_element(By.ID, "chart-loss").get_attribute("data-series") == "train loss,eval loss",
+    until(d, 60, lambda d: attr(d, "#chart-loss", "data-series") == "train loss,eval loss",
           "eval loss beside train loss on the loss chart")
     until(d, 30, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".extra-charts .chart[data-points='40'], "
                                                                ".extra-charts .chart[data-points='4']")) == 4,
@@ -45,9 +46,9 @@ def test_every_logged_metric_gets_a_chart_grouped_by_prefix(server, browser):
     titles = {g: [h.text for h in d.find_elements(By.CSS_SELECTOR, f"#{g} .chart-head h2")] for g in groups}
     assert titles == {"charts-eval": ["eval/ppl", "eval_accuracy"], "charts-other": ["custom_score"],
                       "charts-train": ["train/accuracy"]}, titles
-    assert d.find_element(By.ID, "chart-x-eval_ppl").get_attribute("data-points") == "4"
+    assert attr(d, "#chart-x-eval_ppl", "data-points") == "4"
     # each new chart has the same export and text alternative as the fixed ones
     assert d.find_elements(By.CSS_SELECTOR, "#charts-train .export button")
-    assert "train/accuracy" in d.find_element(By.ID, "chart-x-train_accuracy-summary").get_attribute("textContent")
+    assert "train/accuracy" in attr(d, "#chart-x-train_accuracy-summary", "textContent")
     shot(d, "job-extra-metrics", full=True)
     assert not console_errors(d), console_errors(d)

@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
-from test_ui import browser, console_errors, login, shot, text, until, wait  # noqa: F401 (browser is a fixture)
+from test_ui import attr, browser, console_errors, login, shot, text, until, wait  # noqa: F401 (browser is a fixture)
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(os.environ.get("TOKENPULSE_CHROMIUM", "/usr/bin/chromium"))
                                      and os.path.exists(os.environ.get("TOKENPULSE_CHROMEDRIVER",
@@ -44,9 +44,9 @@ def test_clone_and_edit_fills_the_form_and_any_job_can_be_picked(server, browser
 
     d.get(f"{server.url}/submit?clone={src['id']}")
     until(d, 20, lambda d: d.find_element(By.ID, "clone-note").is_displayed(), "no 'settings copied' note")
-    assert d.find_element(By.NAME, "learning_rate").get_attribute("value") == "0.001"
-    assert d.find_element(By.NAME, "max_steps").get_attribute("value") == "7"
-    assert d.find_element(By.NAME, "name").get_attribute("value") == "source (clone)"
+    assert attr(d, '[name="learning_rate"]', "value") == "0.001"
+    assert attr(d, '[name="max_steps"]', "value") == "7"
+    assert attr(d, '[name="name"]', "value") == "source (clone)"
     assert d.find_element(By.NAME, "lora.enabled").is_selected()
     shot(d, "submit-clone", full=True)
     d.find_element(By.ID, "submit").click()
@@ -62,14 +62,14 @@ def test_clone_and_edit_fills_the_form_and_any_job_can_be_picked(server, browser
     d.get(f"{server.url}/submit")
     box = wait(d, 15).until(lambda d: d.find_element(By.ID, "clone-from"))
     box.send_keys(f"#{src['id']}", Keys.ENTER)
-    until(d, 15, lambda d: d.find_element(By.NAME, "learning_rate").get_attribute("value") == "0.001",
+    until(d, 15, lambda d: attr(d, '[name="learning_rate"]', "value") == "0.001",
           "job 1 not picked by id")
     assert f"clone={src['id']}" in d.current_url
     box.clear()
     box.send_keys("filler-3", Keys.ENTER)
-    until(d, 15, lambda d: d.find_element(By.NAME, "name").get_attribute("value") == "filler-3 (clone)",
+    until(d, 15, lambda d: attr(d, '[name="name"]', "value") == "filler-3 (clone)",
           "not picked by name")
-    assert d.find_element(By.NAME, "max_steps").get_attribute("value") == "3"
+    assert attr(d, '[name="max_steps"]', "value") == "3"
     box.clear()
     box.send_keys("#99999", Keys.ENTER)
     until(d, 15, lambda d: "no job #99999" in text(d, "#clone-error"), "a missing job is not named")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from conftest import make_server
 from selenium.webdriver.common.by import By
-from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+from test_ui import attr, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import js, post_events
 
 LRS = [1e-4, 2e-4, 3e-4, 4e-4, 5e-4]
@@ -114,15 +114,15 @@ def test_job_page_metric_picker_remembered(runs, browser):
     for k in ("grad_norm", "eval/loss"):
         d.execute_script("const s = document.getElementById('panel-add'); s.value = arguments[0]; s.dispatchEvent(new "
                          "Event('change'))", k)
-    until(d, 10, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "grad_norm,eval/loss",
+    until(d, 10, lambda d: attr(d, "#chart-custom", "data-series") == "grad_norm,eval/loss",
           "both metrics in the panel")
     assert js(d, "return TPJOB.charts['chart-custom'].data[1].filter((v) => v !== null).length") == 20
     shot(d, "job-panel")
     # another job logging the same metrics opens with the same panel
     d.get(f"{server.url}/jobs/{ids[3]}")
-    until(d, 20, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "grad_norm,eval/loss",
+    until(d, 20, lambda d: attr(d, "#chart-custom", "data-series") == "grad_norm,eval/loss",
           "the panel remembered for the same metric set")
     d.find_element(By.CSS_SELECTOR, "#panel-picked .chip[data-key='grad_norm'] button").click()
-    until(d, 10, lambda d: d.find_element(By.ID, "chart-custom").get_attribute("data-series") == "eval/loss",
+    until(d, 10, lambda d: attr(d, "#chart-custom", "data-series") == "eval/loss",
           "grad_norm removed")
     assert not console_errors(d), console_errors(d)

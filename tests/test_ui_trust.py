@@ -12,7 +12,7 @@ import httpx
 import pytest
 from conftest import make_server
 from selenium.webdriver.common.by import By  # noqa: E402
-from test_ui import CHROMEDRIVER, CHROMIUM, console_errors, login, make_driver, shot, text, until  # noqa: F401
+from test_ui import CHROMEDRIVER, CHROMIUM, attr, console_errors, login, make_driver, shot, text, until  # noqa: F401
 
 TRACEBACK = ("train.py:42 in main: ValueError: learning rate must be positive\n"
              "command exited with code 1; last output:\n"
@@ -209,7 +209,7 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     d.get(srv.url + "/submit")
     until(d, 20, lambda d: d.find_element(By.ID, "submit").is_enabled(), "no submit form")
     assert not d.find_element(By.NAME, "revision").is_displayed()
-    assert not d.find_element(By.ID, "details-hub").get_attribute("open")
+    assert not attr(d, "#details-hub", "open")
     d.find_element(By.NAME, "streaming").click()
     d.find_element(By.NAME, "epochs").send_keys("2")
     d.find_element(By.NAME, "name").send_keys("warned once")
@@ -302,7 +302,7 @@ def test_eval_prompts_one_box_each_and_clone_keeps_a_multiline_prompt_whole(srv,
     until(d, 20, lambda d: d.find_element(By.ID, "clone-note").is_displayed(), "not cloned")
     boxes = d.find_elements(By.CSS_SELECTOR, "textarea[name=eval_prompts]")
     assert [b.get_attribute("value") for b in boxes] == want, [b.get_attribute("value") for b in boxes]
-    assert d.find_element(By.ID, "details-eval").get_attribute("open") is not None  # a set prompt opens its group
+    assert attr(d, "#details-eval", "open") is not None  # a set prompt opens its group
     add = d.find_element(By.CSS_SELECTOR, ".add-prompt")
     d.execute_script("arguments[0].scrollIntoView({block: 'center'})", add)  # not under the sticky actions bar
     add.click()
