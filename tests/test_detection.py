@@ -321,6 +321,7 @@ def test_a_stopped_training_process_gets_a_stack_read_from_outside(server_factor
         try:
             a = wait_for(lambda: alerts(c, jid, "stalled"), 90, "a stalled alert")[0]
             assert "process state T (stopped" in a["message"] and "still reports" not in a["message"], a["message"]
+            assert "the process is stopped (SIGSTOP" in a["message"], a["message"]  # the floor, said why
             where = re.search(r"stuck at (\S+) \((\S+\.py):(\d+)\)", a["message"])
             assert where, (a["message"], a["stack"][:3000])
             path, line = where.group(2), int(where.group(3))

@@ -95,6 +95,23 @@ def test_first_step_allowance():
     assert d.check(c.tick(2)).kind == "stalled"
 
 
+def test_a_stopped_process_is_stalled_at_the_floor_before_any_interval_is_learned():
+    """Issue 19's last miss: a fast loop SIGSTOPped in its first seconds had no step interval yet,
+    so the first-step allowance applied. A stopped process cannot move: the floor applies."""
+    d, c = started()
+    d.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c())
+    d.observe_stopped(True, c.tick(1))
+    assert d.timeout() == d.config.floor_s < d.config.first_step_s
+    v = d.check(c.tick(d.config.floor_s))
+    assert v is not None and v.kind == "stalled" and "the process is stopped" in v.message, v
+    d2, c2 = started()
+    d2.observe("phase", {"name": "training", "done": 0, "total": 100, "unit": "steps"}, c2())
+    d2.observe_stopped(True, c2.tick(1))
+    d2.observe_stopped(False, c2.tick(1))  # continued: the first-step allowance again
+    assert d2.timeout() == d2.config.first_step_s
+    assert d2.check(c2.tick(d2.config.floor_s)) is None
+
+
 def test_slow_phase_reporting_progress_never_stalls():
     d, c = started()
     d.observe("phase", {"name": "loading dataset", "detail": "stream"}, c())

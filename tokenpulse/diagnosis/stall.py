@@ -119,9 +119,19 @@ class StallDetector:
     entered: set = field(default_factory=set)  # phases whose entry counted since something last moved
     units: dict = field(default_factory=dict)  # phase -> units of movement its history was learned from
     step_phase: Optional[str] = None  # the phase whose history holds the job's step interval
+    stopped_since: Optional[float] = None  # the process has been stopped (SIGSTOP, job control) since
 
     def start(self, now: float) -> None:
         self.last_progress = self.last_event = now
+
+    def observe_stopped(self, stopped: bool, now: float) -> None:
+        """The agent read the process's state: stopped (T) or not. A stopped process moves no more
+        whatever its phase promised, so its timeout is the floor: no interval has to be learned
+        first (a fast loop stopped in its first seconds otherwise waits out the first-step budget)."""
+        if not stopped:
+            self.stopped_since = None
+        elif self.stopped_since is None:
+            self.stopped_since = now
 
     # ---- feeding -----------------------------------------------------------------------------
 
@@ -266,7 +276,9 @@ class StallDetector:
         """Seconds without progress after which the current phase counts as stalled."""
         c = self.config
         key = OUTPUT if self.by_output() else self.phase
-        if self.finished():
+        if self.stopped_since is not None:
+            limit = c.floor_s  # stopped: it cannot move until someone continues it
+        elif self.finished():
             limit = c.phase_s  # the counter is complete: the process is between phases
         elif self._learned(key):
             limit = c.factor * self._typical(key)
@@ -283,6 +295,8 @@ class StallDetector:
     def explain_timeout(self) -> str:
         c = self.config
         key = OUTPUT if self.by_output() else self.phase
+        if self.stopped_since is not None:
+            return f"the process is stopped (SIGSTOP or job control): the floor of {c.floor_s:g} s"
         if self.by_output() and self._learned(key):
             return (f"{c.factor:g} x the typical interval of {self._typical(key):.2f} s between its "
                     f"output lines, within [{c.floor_s:g}, {c.ceiling_s:g}] s")

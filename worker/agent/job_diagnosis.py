@@ -29,6 +29,8 @@ from worker.agent.sysmetrics import read_schedstat
 
 log = logging.getLogger("tokenpulse.agent")
 
+STOPPED_LOOK_S = 5.0  # silent this long (its alive thread speaks each second): is the process stopped?
+
 Call = Callable[..., Awaitable[Optional[httpx.Response]]]
 
 
@@ -88,6 +90,11 @@ class JobDiagnosis:
 
     async def detect(self, rj: RunningJob, now: float) -> None:
         # A command that reports nothing (not instrumented, not Python) is judged by its output lines.
+        if rj.gang is None and now - (rj.detector.last_event or now) > STOPPED_LOOK_S:
+            # silent, even its alive thread: a stopped process is stalled at the floor (one /proc read)
+            rj.detector.observe_stopped(process_state(rj.process.pid) in ("T", "t"), now)
+        elif rj.detector.stopped_since is not None:
+            rj.detector.observe_stopped(False, now)  # it spoke: continued
         v = rj.detector.check(now)
         if v is not None:
             rj.stall_clear = None  # stalled again before its clear was due: the open alert goes on
