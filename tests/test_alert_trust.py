@@ -69,8 +69,8 @@ def test_a_straggler_is_one_alert_while_the_blamed_rank_switches_and_clears_when
         nonlocal t
         end = t + seconds
         while t < end:
-            for r, x in busy.items():
-                b.observe(r, "alive", {"step": int(t), "busy_s": x}, t)
+            for r, x in busy.items():  # a new anatomy window each second, each a little different
+                b.observe(r, "alive", {"step": int(t), "busy_s": x * (1 + 0.01 * (int(t) % 3))}, t)
             v = b.check_straggler(now=t)
             if v is not None:
                 events.append(v)
@@ -252,3 +252,38 @@ def test_a_throughput_drop_that_lasts_opens_although_its_samples_outnumber_the_e
             opened.append((v.kind, v.message))
     assert [k for k, _ in opened] == ["slow"], opened
     assert "throughput fell 5.0x" in opened[0][1]
+
+
+def test_a_slow_rank_is_named_though_evaluations_inflate_every_other_window():
+    """Fault benchmark (slow_rank, DDP): rank 1 sleeps 0.2 s a step; windows holding an evaluation
+    add 0.135 s a step to both ranks, and rank 0's wait inside backward (DDP's all-reduce) counts as
+    work: 0.40 vs 0.20 s there (2x), 0.26 vs 0.06 s in the others (4x). The median of the recent
+    reports hovered at the bar and no alert came in 120 s; the quietest window is each rank's pace."""
+    b, events = board(2), []
+    for k in range(20):  # one anatomy window every 3 s, carried by the alive events each second
+        extra = 0.135 if k % 2 else 0.0
+        for sec in range(3):
+            t = 3.0 * k + sec
+            b.observe(0, "alive", {"step": 8 * k, "busy_s": 0.063 + extra + 1e-4 * k}, t)
+            b.observe(1, "alive", {"step": 8 * k, "busy_s": 0.264 + extra + 1e-4 * k}, t)
+            v = b.check_straggler(now=t)
+            if v is not None:
+                events.append((t, v))
+    assert [v[0] for _, v in events] == ["straggler"], events
+    assert "rank 1" in events[0][1][1] and events[0][0] <= 25, events  # 4 windows and the 10 s hold
+
+
+def test_a_rank_that_saves_checkpoints_alone_is_no_straggler():
+    """Rank 0 saves a checkpoint every few windows (2 s, the others wait at a barrier): its own work
+    jumps in those windows only; every rank's quietest window agrees."""
+    b, events = board(2), []
+    for k in range(40):
+        save = 2.0 / 8 if k % 3 == 0 else 0.0
+        for sec in range(3):
+            t = 3.0 * k + sec
+            b.observe(0, "alive", {"step": 8 * k, "busy_s": 0.05 + save + 1e-4 * k}, t)
+            b.observe(1, "alive", {"step": 8 * k, "busy_s": 0.05 + 2e-4 * k}, t)
+            v = b.check_straggler(now=t)
+            if v is not None:
+                events.append(v)
+    assert events == [], events

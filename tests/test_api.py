@@ -97,3 +97,45 @@ def test_cookie_login_and_csrf(server):
         # a state change riding only on the cookie needs the CSRF header
         assert b.post("/api/jobs", json={}).status_code == 403
         assert b.post("/api/jobs", json={}, headers={"X-TokenPulse-CSRF": "1"}).status_code == 201
+
+
+def test_jobs_sorted_and_filtered_by_a_column_across_every_page(server):
+    """The jobs list's picked columns (a setting, a latest metric) sort and filter all jobs on the
+    server, not the 50 on the page: numbers as numbers, blanks last, nested settings by their dots."""
+    agent = httpx.Client(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {server.agent_token}"})
+    aid = agent.post("/api/agents", json={"name": "fake", "host": "h"}).json()["id"]
+    lrs = [3e-4, 1e-3, 2e-5, 5e-4]  # 1e-3 > 5e-4 > 3e-4 > 2e-5: not the text order
+    ids = []
+    with server.client() as c:
+        for i, lr in enumerate(lrs):
+            jid = c.post("/api/jobs", json={"name": f"col-{i}", "max_steps": 5, "learning_rate": lr,
+                                            "stall": {"factor": 10 - i}}).json()["id"]
+            assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == jid
+            batch = [{"kind": "metrics", "job_id": jid, "seq": 0, "t": 1.0e9,
+                      "data": {"step": 1, "values": {"eval/loss": 2.0 + i, "loss": 9.0 - i}}},
+                     {"kind": "state", "job_id": jid, "seq": 1, "t": 1.0e9 + 1,
+                      "data": {"state": "completed", "reason": "trained"}}]  # frees the agent for the next
+            agent.post(f"/api/agents/{aid}/events", json={"events": batch}).raise_for_status()
+            ids.append(jid)
+        blank = c.post("/api/jobs", json={"name": "col-none", "max_steps": 5,
+                                          "learning_rate": 0.1}).json()["id"]  # no metrics yet
+
+        def names(**params):
+            r = c.get("/api/jobs", params=params)
+            assert r.status_code == 200, r.text
+            return [j["name"] for j in r.json()["jobs"]]
+
+        assert names(sort="spec:learning_rate", limit=2) == ["col-2", "col-0"]
+        assert names(sort="spec:learning_rate", desc=True, limit=2) == ["col-none", "col-1"]
+        assert names(sort="spec:learning_rate", desc=True, limit=2, offset=2) == ["col-3", "col-0"]
+        assert names(sort="last:eval/loss", limit=5) == ["col-0", "col-1", "col-2", "col-3", "col-none"]
+        assert names(sort="last:eval/loss", desc=True, limit=5)[-1] == "col-none", "blanks last either way"
+        assert names(sort="spec:stall.factor", limit=1) == ["col-3"]  # a nested setting
+        r = c.get("/api/jobs", params={"filter": ["last:loss<8", "spec:name~COL-"], "sort": "last:loss", "limit": 1})
+        assert r.json()["total"] == 2 and [j["id"] for j in r.json()["jobs"]] == [ids[3]], r.text
+        assert names(filter="last:loss>100") == []
+        assert blank not in [j["id"] for j in c.get("/api/jobs", params={"filter": "last:loss>0"}).json()["jobs"]]
+        for params, field in (({"sort": "loss"}, "sort"), ({"filter": "last:loss"}, "filter"),
+                              ({"filter": "last:loss<abc"}, "filter")):
+            r = c.get("/api/jobs", params=params)
+            assert r.status_code == 422 and r.json()["detail"]["field"] == field, r.text

@@ -422,6 +422,18 @@ def test_memory_blowup_from_the_agents_memory_readings():
     assert v is not None and v.kind == "slow" and "memory blow-up" in v.message
 
 
+def test_a_memory_blowup_opens_on_two_samples_not_the_general_hold():
+    """The general hold (alert_open_s, 10 s by default) on top of the 5 s samples took a blow-up
+    growing 128 MiB/s past the fault benchmark's 35 s goal; two samples that agree are enough."""
+    s = SlowDetector(StallConfig(alert_open_s=10, alert_clear_s=10))
+    for k, mb in enumerate([120, 300, 310, 305, 1500]):
+        s.observe_memory(1000 + 5 * k, mb)
+    assert s.check(1020) is None  # seen once: held 0 s
+    s.observe_memory(1025, 2900)
+    v = s.check(1025)
+    assert v is not None and "memory blow-up" in v.message  # held 5 s, not 10
+
+
 def test_memory_that_grows_within_the_first_step_is_the_working_set_not_a_blowup():
     """Post-mortem case b: 8 DataLoader workers and the first step's activations took the job from
     443 MiB to 9 GiB during its first step, then memory held: no leak, no memory verdict. Growth

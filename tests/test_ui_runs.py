@@ -92,6 +92,8 @@ def test_jobs_list_column_picker_sort_and_filter(runs, browser):
     d.find_element(By.CSS_SELECTOR, "input.col-filter[data-col='spec:learning_rate']").send_keys(">=0.0003")
     until(d, 5, lambda d: column("spec:learning_rate") == ["0.0003", "0.0004", "0.0005"],
           "filtered on the learning rate")
+    # sorted and filtered by the server, over every page: its count says 3 jobs pass, not 5 on a page
+    until(d, 10, lambda d: text(d, "#page-info") == "1–3 of 3", "the server's count of the filtered jobs")
     shot(d, "jobs-columns")
     # kept per browser: a new visit shows the same columns, sort and filter
     d.get(server.url + "/")

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, or_, select
 
-from server import gang, store
+from server import gang, job_columns, store
 from server.analysis_pool import pool_of
 from server.api.agent_ws import work_queued
 from server.context import AppDep
@@ -108,9 +108,16 @@ def list_jobs(tp: AppDep, _: UserDep,
                                        description="search: a name fragment, or a job id (`4` or `#4`)"),
               limit: int = Query(50, ge=1, le=1000), offset: int = Query(0, ge=0),
               spec: bool = Query(False,
-                                 description="include each job's settings (the jobs list's columns)")) -> JobList:
+                                 description="include each job's settings (the jobs list's columns)"),
+              sort: Optional[str] = Query(None, max_length=210, description=(
+                  "sort every job (not the page) by a setting or latest metric: `spec:learning_rate`, "
+                  "`last:eval/loss`; numbers as numbers, blanks last; default newest first")),
+              desc: bool = Query(False, description="with sort: largest first"),
+              filter: Optional[list[str]] = Query(None, max_length=20, description=(
+                  "column filters (repeatable): `last:loss<0.5`, `spec:learning_rate>=1e-4`, "
+                  "`spec:model~gpt` (the text contains it)"))) -> JobList:
     with tp.db.read() as s:
-        where = []
+        where = [job_columns.filter_clause(f, tp.db.dialect) for f in filter or []]
         if state:
             where.append(Job.state.in_([x.value for x in state]))
         q = (q or "").strip()
@@ -121,7 +128,8 @@ def list_jobs(tp: AppDep, _: UserDep,
         elif q:
             where.append(or_(Job.name.contains(q), Job.id == the_id))
         total = s.scalar(select(func.count()).select_from(Job).where(*where))
-        rows = list(s.scalars(select(Job).where(*where).order_by(Job.id.desc()).limit(limit).offset(offset)))
+        order = job_columns.order_by(sort, desc, tp.db.dialect) if sort else [Job.id.desc()]
+        rows = list(s.scalars(select(Job).where(*where).order_by(*order).limit(limit).offset(offset)))
         # The agent that ran each job's latest attempt: a finished job no longer holds one, but the
         # list still says where it ran.
         ran_on = dict(s.execute(select(Attempt.job_id, Attempt.agent_id)

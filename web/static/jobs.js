@@ -25,6 +25,9 @@
     const p = new URLSearchParams({ limit: PAGE, offset, spec: "true" }); // settings: the picked columns
     if (search.value.trim()) p.set("q", search.value.trim()); // "#4" is job 4; the server knows
     for (const s of states()) p.append("state", s);
+    // the picked columns' sort and filters apply to every job on the server, not this page alone
+    if (view.sort && view.cols.includes(view.sort)) { p.set("sort", view.sort); if (view.dir < 0) p.set("desc", "true"); }
+    for (const c of view.cols) { const f = serverFilter(c, view.filters[c]); if (f) p.append("filter", f); }
     const [data, ags, waiting] = await Promise.all([TP.api(`/api/jobs?${p}`), TP.api("/api/agents"), TP.api("/api/jobs?state=queued&limit=1")]);
     if (my !== loadSeq) return; // a newer filter won
     agents = new Map(ags.map((a) => [a.id, a]));
@@ -114,6 +117,13 @@
     }
     return true;
   }
+  function serverFilter(c, f) { // a filter box in the API's words: "last:loss<0.5", "spec:model~gpt"
+    if (!f || !f.trim()) return null;
+    const m = /^\s*(>=|<=|>|<|=)\s*(-?[\d.eE+-]+)\s*$/.exec(f);
+    return m ? `${c}${m[1]}${m[2]}` : `${c}~${f.trim()}`;
+  }
+  let refilter = null;
+  const reload = (delay = 0) => { clearTimeout(refilter); refilter = setTimeout(() => { offset = 0; load(); }, delay); };
   function compareBy(c) {
     return (a, b) => {
       const x = colValue(a, c), y = colValue(b, c);
@@ -134,14 +144,14 @@
     head.querySelectorAll("th.picked").forEach((th) => th.remove());
     filters.replaceChildren(TP.el("th", { colspan: 13, class: "filter-note", text: view.cols.length ? "Filter (>0.001, <5, =3 or text):" : "" }),
       ...view.cols.map((c) => TP.el("th", { class: "picked" }, TP.el("input", { type: "search", class: "col-filter", "data-col": c, value: view.filters[c] || "",
-        "aria-label": `Filter on ${colLabel(c)}`, oninput: (e) => { view.filters[c] = e.target.value; saveView(); renderBody(); } }))));
+        "aria-label": `Filter on ${colLabel(c)}`, oninput: (e) => { view.filters[c] = e.target.value; saveView(); renderBody(); reload(300); } }))));
     filters.hidden = !view.cols.length;
     head.append(...view.cols.map((c) => TP.el("th", { class: "r picked", "data-col": c, "aria-sort": view.sort === c ? (view.dir > 0 ? "ascending" : "descending") : "none" },
       TP.el("button", { type: "button", class: "sort", title: "Sort by this column", onclick: () => {
         if (view.sort === c) view.dir = -view.dir; else { view.sort = c; view.dir = 1; }
-        saveView(); renderNow(); } }, colLabel(c), view.sort === c ? (view.dir > 0 ? " ▲" : " ▼") : ""),
+        saveView(); renderNow(); reload(); } }, colLabel(c), view.sort === c ? (view.dir > 0 ? " ▲" : " ▼") : ""),
       TP.el("button", { type: "button", class: "small ghost unpick", title: "Remove this column", "aria-label": `Remove the column ${colLabel(c)}`,
-        onclick: () => { view.cols = view.cols.filter((x) => x !== c); saveView(); renderNow(); } }, "×"))));
+        onclick: () => { view.cols = view.cols.filter((x) => x !== c); saveView(); renderNow(); reload(); } }, "×"))));
   }
 
   function phaseCell(j, active) {

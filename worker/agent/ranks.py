@@ -4,7 +4,6 @@ every rank grouped by where they are), and which one died. Pure logic, clock pas
 from __future__ import annotations
 
 import re
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
@@ -42,6 +41,9 @@ class Rank:
         return {k: v for k, v in self.__dict__.items()}
 
 
+BUSY_WINDOWS = 4  # a rank's last step-anatomy windows (3 s each) judged for the straggler rule
+
+
 @dataclass
 class RankBoard:
     ranks: dict[int, Rank] = field(default_factory=dict)
@@ -68,7 +70,9 @@ class RankBoard:
                 if isinstance(data.get(k), (int, float)):
                     setattr(rk, k, float(data[k]))
             if isinstance(data.get("busy_s"), (int, float)):
-                self.busy_recent.setdefault(r, deque(maxlen=5)).append(float(data["busy_s"]))
+                recent = self.busy_recent.setdefault(r, deque(maxlen=BUSY_WINDOWS))
+                if not recent or recent[-1] != float(data["busy_s"]):  # every alive repeats the last window's
+                    recent.append(float(data["busy_s"]))
 
     def rows(self) -> list[dict]:
         return [self.ranks[r].row() for r in sorted(self.ranks)]
@@ -79,11 +83,16 @@ class RankBoard:
     def check_straggler(self, factor: float = 3.0, floor_s: float = 0.05,
                         now: float = 0.0) -> Optional[tuple[str, Optional[str]]]:
         """('straggler' | 'straggler_clear', message) when one rank's own work per step (waits for the
-        others left out; the median of its last reports, not one noisy step) is far above the median
-        of the others, held for open_s; cleared only when the ranks agree again (under 2/3 of the
-        factor) for clear_s. The alert is the condition, not the rank: when the rank blamed changes
-        while it lasts, the open alert is updated to name the new one, never cleared and re-opened."""
-        busy = {r: statistics.median(self.busy_recent.get(r) or [rk.busy_s])
+        others left out) is far above the median of the others, held for open_s; cleared only when the
+        ranks agree again (under 2/3 of the factor) for clear_s. The alert is the condition, not the
+        rank: when the rank blamed changes while it lasts, the open alert is updated to name the new
+        one, never cleared and re-opened.
+
+        A rank's own work is the least of its last BUSY_WINDOWS reports: an evaluation, a checkpoint
+        save or a descheduled step inflates a window for one rank or all, and a DDP gradient
+        all-reduce waited on inside backward counts as work (no Python call to time); the quietest
+        window is the rank's real pace, so only a rank slow in every recent window is a straggler."""
+        busy = {r: min(self.busy_recent.get(r) or [rk.busy_s])
                 for r, rk in self.ranks.items() if rk.busy_s is not None}
         if len(busy) < 2:
             return None

@@ -28,6 +28,9 @@ from worker.agent.anatomy import Anatomy
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
 from worker.agent.slow_reasons import padding_reason, periodic_stalls
 
+# The memory blow-up's hold: two of the agent's 5 s samples (sysmetrics.EVERY_S), not the general
+# alert_open_s, since the machine may run out of memory before a longer hold ends.
+MEMORY_OPEN_S = 5.0
 GPU_IDLE_PCT = 10.0  # a training job's GPUs below this utilisation (median of a minute) are idle
 
 
@@ -305,7 +308,10 @@ class SlowDetector:
 
     def _latch(self, key: str) -> Latch:
         if key not in self.latches:
-            self.latches[key] = Latch(self.config.alert_open_s, self.config.alert_clear_s)
+            open_s = self.config.alert_open_s
+            if key == "memory":  # a doubling by a GiB does not flicker: two samples agreeing are enough
+                open_s = min(open_s, MEMORY_OPEN_S)
+            self.latches[key] = Latch(open_s, self.config.alert_clear_s)
         return self.latches[key]
 
     def _measured(self, key: str) -> bool:
