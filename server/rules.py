@@ -133,15 +133,19 @@ class Rules:
         return rule.channels if rule is not None else []
 
     # ---- evaluation ----------------------------------------------------------------------------
-    def on_metrics(self, s: Session, job, step: int, values: dict, by_metric: dict, out) -> None:
+    def on_metrics(self, s: Session, job, events: list[tuple[int, dict]], by_metric: dict, out) -> None:
+        """A batch's metrics events of one job, (step, values) in order. Hot: each rule walks the
+        values of its metric in a tight loop, and a message is written only when its alert opens or
+        clears."""
+        job_id = job.id  # once: an ORM attribute read costs
         for key, rules in by_metric.items():
-            v = values.get(key)
-            if v is None:
-                continue
-            for r in rules:
-                verdict = self._judge(s, r, job.id, step, v)
-                if verdict is not None:
-                    self._fire(s, r, job, *verdict, out)
+            series = [(step, v) for step, values in events if (v := values.get(key)) is not None]
+            if series:
+                for r in rules:
+                    if self._unchanged(s, r, job_id, series):
+                        continue
+                    for firing, step, v in self._changes(s, r, job_id, series):
+                        self._fire(s, r, job, firing, self._message(r, job_id, firing, step, v), out)
 
     def state_changed(self, s: Session, job, out) -> None:
         """A job's state changed outside an agent's report (the reaper's lost worker, a person's
@@ -169,43 +173,107 @@ class Rules:
                 self._fire(s, r, job, not cleared, f"{r.name}: {metric} is finite again" if cleared
                            else f"{r.name}: {metric} is NaN or infinite (job {job.id})", out)
 
-    def _judge(self, s: Session, r: Rule, job_id: int, step: int, v: float) -> Optional[tuple[bool, str]]:
-        """(fires?, message) when this value says something; None when nothing changes."""
-        c = r.condition
+    def _unchanged(self, s: Session, r: Rule, job_id: int, series: list[tuple[int, float]]) -> bool:
+        """The common case in one builtin pass: no value of the batch can change the alert's state.
+        (A NaN makes max/min/sum answer 'maybe': the exact walk in _changes decides.)"""
+        c, is_open = r.condition, (r.id, job_id) in self.open
+        if c == "jump":
+            return False
+        values = [v for _, v in series]
         if c == "nonfinite":
-            bad = not math.isfinite(v)
-            return bad, (f"{r.name}: {r.metric} = {v} at step {step}" if bad else
-                         f"{r.metric} finite again at step {step}")
-        if not math.isfinite(v):
-            return None
-        if c in ("above", "below"):
-            hit = v > r.threshold if c == "above" else v < r.threshold
-            return hit, (f"{r.name}: {r.metric} = {v:.6g} {'>' if c == 'above' else '<'} {r.threshold:g} at step {step}"
-                         if hit else f"{r.metric} = {v:.6g} at step {step}")
+            return not is_open and math.isfinite(sum(values))
+        if c == "above":
+            return max(values) <= r.threshold if not is_open else min(values) > r.threshold
+        if c == "below":
+            return min(values) >= r.threshold if not is_open else max(values) < r.threshold
+        best = self.memory.get((r.id, job_id))
+        if c == "no_improvement" and best is not None and best[0] is not None:
+            none_better = min(values) >= best[0] if r.mode != "max" else max(values) <= best[0]
+            return none_better and (is_open or series[-1][0] - best[1] < r.steps)
+        return False
+
+    def _changes(self, s: Session, r: Rule, job_id: int, series: list[tuple[int, float]]):
+        """(fires?, step, value) at each value where the rule's verdict differs from its alert's state."""
+        was, c, isfinite = (r.id, job_id) in self.open, r.condition, math.isfinite
+        if c in ("above", "below", "nonfinite"):
+            above, below, limit = c == "above", c == "below", r.threshold
+            for step, v in series:
+                if c == "nonfinite":
+                    hit = not isfinite(v)
+                elif not isfinite(v):
+                    continue
+                else:
+                    hit = v > limit if above else v < limit if below else False
+                if hit != was:
+                    was = hit
+                    yield hit, step, v
+            return
         key = (r.id, job_id)
         if c == "no_improvement":
             best = self.memory.get(key) or self._rebuild_best(s, r, job_id)
             self.memory[key] = best
-            better = best[0] is None or (v < best[0] if r.mode != "max" else v > best[0])
-            if better:
-                best[0], best[1] = v, step
-                return False, f"{r.metric} improved to {v:.6g} at step {step}"
-            if step - best[1] >= r.steps:
-                return True, (f"{r.name}: {r.metric} has not improved for {step - best[1]} steps "
-                              f"(best {best[0]:.6g} at step {best[1]})")
-            return None
-        if c == "jump":
+            lower = r.mode != "max"
+            for step, v in series:
+                if not isfinite(v):
+                    continue
+                if best[0] is None or (v < best[0] if lower else v > best[0]):
+                    best[0], best[1] = v, step
+                    hit = False
+                elif step - best[1] >= r.steps:
+                    hit = True
+                else:
+                    continue
+                if hit != was:
+                    was = hit
+                    yield hit, step, v
+        elif c == "jump":
             w = self.memory.get(key) or self._rebuild_window(s, r, job_id)
             self.memory[key] = w
-            verdict = w.judge(v, r.sigmas)
-            w.add(v)
-            if verdict is None:
-                return None
-            z, mean = verdict
-            return (z > r.sigmas, f"{r.name}: {r.metric} = {v:.6g} jumped {z:.1f} standard deviations from "
-                                  f"its recent mean {mean:.6g} at step {step}" if z > r.sigmas
-                    else f"{r.metric} back within {r.sigmas:g} standard deviations at step {step}")
-        return None
+            # Window.add and the z test inlined, on locals: the one rule that must see every value
+            window, total, squares, sig2 = w.values, w.total, w.squares, r.sigmas * r.sigmas
+            for step, v in series:
+                if not isfinite(v):
+                    continue
+                n, hit = len(window), None
+                if n >= JUMP_MIN:
+                    mean = total / n
+                    m2 = mean * mean
+                    var = squares / n - m2
+                    floor = 1e-24 * (m2 if m2 > 1.0 else 1.0)  # a flat series: any move is a jump, not a 0 division
+                    if var < floor:
+                        var = floor
+                    d = v - mean
+                    hit = d * d > sig2 * var
+                    if hit:
+                        w.last = (abs(d) / math.sqrt(var), mean)
+                window.append(v)
+                total += v
+                squares += v * v
+                if n >= JUMP_WINDOW:
+                    old = window.popleft()
+                    total -= old
+                    squares -= old * old
+                w.total, w.squares = total, squares
+                if hit is not None and hit != was:
+                    was = hit
+                    yield hit, step, v
+
+    def _message(self, r: Rule, job_id: int, firing: bool, step: int, v: float) -> str:
+        """What an opening or clearing alert of a metric rule says (judged just before by _judge)."""
+        c, m = r.condition, r.metric
+        if c == "nonfinite":
+            return f"{r.name}: {m} = {v} at step {step}" if firing else f"{m} finite again at step {step}"
+        if c in ("above", "below"):
+            return (f"{r.name}: {m} = {v:.6g} {'>' if c == 'above' else '<'} {r.threshold:g} at step {step}"
+                    if firing else f"{m} = {v:.6g} at step {step}")
+        memory = self.memory.get((r.id, job_id))
+        if c == "no_improvement":
+            best = memory or [v, step]
+            return (f"{r.name}: {m} has not improved for {step - best[1]} steps (best {best[0]:.6g} at step "
+                    f"{best[1]})" if firing else f"{m} improved to {v:.6g} at step {step}")
+        z, mean = memory.last if isinstance(memory, Window) and memory.last else (0.0, v)
+        return (f"{r.name}: {m} = {v:.6g} jumped {z:.1f} standard deviations from its recent mean {mean:.6g} "
+                f"at step {step}" if firing else f"{m} back within {r.sigmas:g} standard deviations at step {step}")
 
     def _series(self, s: Session, metric: str, job_id: int, order: str, limit: int) -> list[tuple]:
         return s.execute(text("SELECT m.step, m.value FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
@@ -249,11 +317,12 @@ class Fired:
 
 class Window:
     """The last JUMP_WINDOW values with running sums: a mean and a standard deviation in O(1)."""
-    __slots__ = ("values", "total", "squares")
+    __slots__ = ("values", "total", "squares", "last")
 
     def __init__(self):
         self.values: deque = deque()
         self.total = self.squares = 0.0
+        self.last: Optional[tuple[float, float]] = None  # the last jump's (z, mean): its message
 
     def add(self, v: float) -> None:
         self.values.append(v)
@@ -263,15 +332,6 @@ class Window:
             old = self.values.popleft()
             self.total -= old
             self.squares -= old * old
-
-    def judge(self, v: float, sigmas: float) -> Optional[tuple[float, float]]:
-        n = len(self.values)
-        if n < JUMP_MIN:
-            return None
-        mean = self.total / n
-        std = math.sqrt(max(self.squares / n - mean * mean, 0.0))
-        std = max(std, 1e-12 * max(abs(mean), 1.0))  # a flat series: any move is a jump, not a division by zero
-        return abs(v - mean) / std, mean
 
 
 RULES = Rules()

@@ -152,6 +152,7 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         if job.state == JobState.starting.value:
             store.transition(s, job, JobState.running)
         last: Optional[dict] = None
+        rule_events: list[tuple[int, dict]] = []  # (step, values) for the alert rules, judged after the batch
         critical = False
         log_bytes = 0
         for e in fresh:
@@ -160,7 +161,7 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                 points.add(s, job_id, d["step"], e.t, d["values"])
                 out.stored_points += len(d["values"])
                 if by_metric:
-                    RULES.on_metrics(s, job, d["step"], d["values"], by_metric, out)
+                    rule_events.append((d["step"], d["values"]))
                 if is_system(d["values"]):
                     continue  # the agent's system samples, keyed by time: not the job's step or its latest metrics
                 if last is None:
@@ -173,6 +174,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                     log_bytes += len(event_rows[-1][4])
                 apply_event(s, job, e, out)
                 critical = critical or e.kind in ("state", "alert")
+        if rule_events:
+            RULES.on_metrics(s, job, rule_events, by_metric, out)
         if state_rules and job.state != state_before:
             RULES.on_state(s, job, job.state, out)
         if log_bytes:
