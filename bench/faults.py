@@ -58,7 +58,7 @@ class Fault:
     kinds: tuple[str, ...]
     expect: str  # "stalled": a hang alert; "slow": a slow-job verdict; "failed": the job fails, cause named
     cause: tuple[str, ...]  # any of these in the alert's message or stack: the user's function
-    rank: int = 0
+    ddp_rank: int = 1  # the rank it strikes in the distributed script (the alert must name it)
     env: dict = field(default_factory=dict)
     steps: int = STEPS  # long enough for the fault to show
 
@@ -69,10 +69,11 @@ FAULTS = [
           ("_deadlock", "read_batch", "read_example")),
     Fault("collate_hang", "a collate function that never returns", ALL, "stalled", ("collate",)),
     Fault("skip_collective", "rank 1 skips a collective (the others wait in all_reduce)", ("ddp",), "stalled",
-          ("barrier", "all_reduce"), rank=1),
-    Fault("slow_rank", "rank 1 is 3x slower than the others", ("ddp",), "slow", ("rank 1",), rank=1),
+          ("barrier", "all_reduce")),
+    Fault("slow_rank", "rank 1 is 3x slower than the others", ("ddp",), "slow", ("rank 1",)),
     Fault("sigstop", "the training process frozen by SIGSTOP", ALL, "stalled", ("SIGSTOP", "stopped", "after_step")),
-    Fault("checkpoint_hang", "a hang while saving a checkpoint", ALL, "stalled", ("save_checkpoint",)),
+    Fault("checkpoint_hang", "a hang while saving a checkpoint", ALL, "stalled", ("save_checkpoint",),
+          ddp_rank=0),  # the DDP script saves on rank 0 only
     Fault("worker_hang", "a DataLoader worker that hangs", ("accelerate", "trainer"), "stalled",
           ("read_example", "DataLoader", "_worker_loop"), env={"NUM_WORKERS": "1"}),
     Fault("worker_dies", "a DataLoader worker that dies", ("accelerate", "trainer"), "failed",
@@ -80,8 +81,6 @@ FAULTS = [
     Fault("eval_hang", "an evaluation that never ends", ALL, "stalled", ("evaluate", "read_example", "evaluation")),
     Fault("memory", "CPU memory grows 128 MiB/s to ~4 GiB", ALL, "memory", ("memory", "RSS", "rss"), steps=4000),
 ]
-# A rank other than 0 for the distributed script's faults: the alert must name it.
-DDP_RANK = 1
 
 
 @dataclass
@@ -153,7 +152,7 @@ class Bench:
                 "note": "; ".join(f"{a['kind']}: {a['message'].splitlines()[0][:90]}" for a in bad)}
 
     def run(self, f: Fault, kind: str) -> Row:
-        rank = DDP_RANK if kind == "ddp" else 0
+        rank = f.ddp_rank if kind == "ddp" else 0
         name = f"{f.name}-{kind}-{time.monotonic_ns()}"
         out = self.tmp / name
         jid = self.submit(name, kind, {"FAULT": f.name, "FAULT_STEP": str(FAULT_STEP), "FAULT_RANK": str(rank),

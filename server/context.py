@@ -30,9 +30,6 @@ class App:
     stats: ServerStats = field(default_factory=ServerStats)  # counters /metrics exposes
     agent_writes: object = None  # agent websockets' writes, batched (server/agent_channel.py)
     deliveries: Deliveries = field(default_factory=Deliveries)  # jobs' events arriving (store.reconcile)
-    # agent id -> its machine's latest system summary (POST /api/agents/{id}/system, every few seconds);
-    # a live reading, kept in memory: per server process, gone at a restart until the next sample
-    machines: dict[int, dict] = field(default_factory=dict)
 
     def caller(self, token: str) -> Optional[Caller]:
         h = auth.hash_token(token)

@@ -73,6 +73,9 @@ class Agent(Base):
     accepts_commands: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # A stable id of the agent's work dir on its host: a restarted agent registers under the same row.
     instance: Mapped[Optional[str]] = mapped_column(String(64), nullable=True, index=True)
+    # Its machine's latest system summary (JSON; POST /api/agents/{id}/system every few seconds), in
+    # the database so that every server process on it shows the same workers page.
+    machine: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
 
 
 class Attempt(Base):

@@ -22,6 +22,13 @@ from tests import pg
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 
+# Four test files run side by side on two cores (Makefile XDIST), each starting servers, agents and
+# training processes: every process computes on one thread and waits without spinning, instead of
+# teams of OpenMP and tokenizer threads fighting for the same two cores. (A test that measures
+# threads sets its own; the product's defaults are unchanged: worker/training/runtime.py.)
+for _k, _v in {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}.items():
+    os.environ.setdefault(_k, _v)
+
 
 def wait_for(pred, timeout: float, what: str, every: float = 0.2, show=None):
     """Poll pred() until it returns something truthy; fail naming what never happened."""
@@ -233,3 +240,16 @@ def agent_server(server) -> Server:
     """A server with one agent running."""
     server.start_agent("a1")
     return server
+
+
+# The longest files, measured (seconds of test time in a whole run, 2 cores, 4 workers). xdist hands
+# out files in collection order: started first, the long ones overlap with many short ones instead of
+# running alone at the end while the other workers sit idle (longest first, as in LPT scheduling).
+LONG_FILES = {"test_gang_control.py": 302, "test_hf_hub.py": 208, "test_spine.py": 206, "test_distributed.py": 198,
+              "test_detection.py": 194, "test_durability.py": 169, "test_command_instrument.py": 161,
+              "test_disk_full.py": 143, "test_ui.py": 134, "test_cli.py": 133, "test_memory.py": 119,
+              "test_ui_job.py": 113, "test_any_script.py": 102, "test_training.py": 93}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: -LONG_FILES.get(item.path.name, 0))  # stable: a file's own order is kept

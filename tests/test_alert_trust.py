@@ -145,6 +145,34 @@ def test_the_headline_names_the_users_frame_the_rank_and_what_the_others_wait_in
     assert stall_headline(700, fh, "x") == "Stuck 12 min in collate (data.py:12)"
 
 
+def test_a_loop_waiting_on_a_dataloader_worker_is_stuck_where_the_worker_is():
+    """Fault benchmark (collate_hang, Accelerate, one DataLoader worker): the alert said "Stuck 30 s in
+    <module> (accelerate_loop.py:18)", the loop's `for batch in loader`; the worker's collate that
+    never returns is in the same py-spy dump, one process down."""
+    lib = "/v/lib/python3.11/site-packages/torch/utils/data"
+    stack = (f"Process 16928: python accelerate_loop.py 400\n\nThread 16928 (idle): \"MainThread\"\n"
+             f"    Queue.get (/usr/lib/python3.11/multiprocessing/queues.py:113)\n"
+             f"    _MultiProcessingDataLoaderIter._get_data ({lib}/dataloader.py:1464)\n"
+             f"    _BaseDataLoaderIter.__next__ ({lib}/dataloader.py:725)\n"
+             f"    <module> (/home/u/proj/accelerate_loop.py:18)\n"
+             f"Thread 16929 (idle): \"tokenpulse-alive\"\n    Event.wait (/usr/lib/python3.11/threading.py:629)\n\n"
+             f"Process 16930: python accelerate_loop.py 400\nParent Process 16928: python accelerate_loop.py\n\n"
+             f"Thread 16930 (idle): \"MainThread\"\n"
+             f"    Event.wait (/usr/lib/python3.11/threading.py:629)\n"
+             f"    collate (/home/u/proj/userdata.py:120)\n"
+             f"    _MapDatasetFetcher.fetch ({lib}/_utils/fetch.py:57)\n"
+             f"    _worker_loop ({lib}/_utils/worker.py:374)\n"
+             f"    <module> (/home/u/proj/accelerate_loop.py:18)\n")
+    assert stall_headline(30, stack, "'training'") == (
+        "Stuck 30 s in collate (userdata.py:120) in DataLoader worker 16930 (the training loop waits for its batch)")
+    # a loop stuck in its own code, with workers idle beside it, is stuck in its own code
+    own = stack.replace("    Queue.get (/usr/lib/python3.11/multiprocessing/queues.py:113)\n"
+                        f"    _MultiProcessingDataLoaderIter._get_data ({lib}/dataloader.py:1464)\n"
+                        f"    _BaseDataLoaderIter.__next__ ({lib}/dataloader.py:725)\n",
+                        "    save (/home/u/proj/ckpt.py:9)\n")
+    assert stall_headline(30, own, "'training'") == "Stuck 30 s in save (ckpt.py:9)"
+
+
 # ---- webhooks: one open and one clear ---------------------------------------------------------------
 
 def test_a_flapping_alert_reaches_a_webhook_receiver_as_one_open_and_one_clear():

@@ -76,6 +76,12 @@ def test_frames_cross_server_processes_and_one_reaper_acts(server_factory):
     evs += [{"kind": "log", "job_id": jid, "seq": 6 + i, "t": time.time(), "data": {"line": f"{i}{big}"}}
             for i in range(4)]
     assert agent.post(f"/api/agents/{aid}/events", json={"events": evs}).json()["acked"] == {str(jid): 9}
+    # the agent's machine summary, posted to B, is on A's workers page too
+    sample = {"cpu_pct": 42.0, "cores": 2, "mem_used_mb": 1000.0, "mem_total_mb": 4000.0, "t": time.time()}
+    assert agent.post(f"/api/agents/{aid}/system", json=sample).status_code == 204
+    with a.client() as c:
+        seen = next(x for x in c.get("/api/agents").json() if x["id"] == aid)["system"]
+    assert seen is not None and seen["cpu_pct"] == 42.0 and seen["cores"] == 2, seen
     got = wait_for(lambda: len(live.events(jid)) == 10 and live.events(jid), 30,
                    "A's browser to see every event B stored", show=lambda: sorted(live.events(jid)))
     assert [got[6 + i]["data"]["line"] for i in range(4)] == [f"{i}{big}" for i in range(4)]  # put back whole

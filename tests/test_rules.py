@@ -153,7 +153,7 @@ def test_a_batchs_shortcut_never_hides_a_change_the_exact_walk_would_make():
     rnd = random.Random(7)
     specials = [math.nan, math.inf, -math.inf]
     checked = 0
-    for trial in range(3000):
+    for _ in range(3000):
         cond = rnd.choice(["above", "below", "nonfinite", "no_improvement"])
         r = Rule(1, "r", None, "all", None, None, cond, "m", rnd.uniform(-1, 1), rnd.randint(1, 20), None,
                  rnd.choice([None, "max"]), None, "warning")

@@ -1,6 +1,7 @@
 """The agent protocol: register, heartbeat, claim, report events. Agent tokens only."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Optional
 
@@ -71,7 +72,8 @@ def list_agents(tp: AppDep, _: UserDep) -> list[AgentOut]:
         running: dict[int, list[int]] = {}
         for jid, aid in s.execute(select(Job.id, Job.agent_id).where(Job.agent_id.is_not(None))):
             running.setdefault(aid, []).append(jid)
-        return [agent_dict(a, running.get(a.id, []), tp.machines.get(a.id) if a.state == "online" else None)
+        return [agent_dict(a, running.get(a.id, []), json.loads(a.machine) if a.machine and a.state == "online"
+                           else None)
                 for a in s.scalars(select(Agent).order_by(Agent.id))]
 
 
@@ -98,14 +100,14 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
 
 
 @router.post("/{agent_id}/system", status_code=204)
-def machine_sample(agent_id: int, sample: MachineSample, tp: AppDep, caller: AgentDep) -> Response:
-    """The agent's machine now (CPU, memory, network, GPUs), every few seconds: kept in memory for the
-    workers page (a live reading; the jobs' own sys/ series are stored as metrics)."""
-    with tp.db.read() as s:
-        known_agent(s, agent_id, caller)
-    if len(tp.machines) > 10_000:
-        tp.machines.clear()
-    tp.machines[agent_id] = sample.model_dump()
+async def machine_sample(agent_id: int, sample: MachineSample, tp: AppDep, caller: AgentDep) -> Response:
+    """The agent's machine now (CPU, memory, network, GPUs), every few seconds: its latest sample kept on
+    the agent's row for the workers page (the jobs' own sys/ series are stored as metrics)."""
+    body = sample.model_dump_json()
+
+    def keep(s):
+        known_agent(s, agent_id, caller).machine = body
+    await tp.db.write(keep)
     return Response(status_code=204)
 
 

@@ -66,6 +66,8 @@ class State:
         self.eval_t = 0.0
         self.in_eval = False
         self.last: dict = {}  # the last window's figures (alive extras)
+        self.step_busy: list[float] = []  # this window's steps, each: its seconds less its collective waits
+        self.comm_mark = 0.0  # comm_s at the last step: the next step's own collective waits
 
 
 STATE = State()
@@ -102,6 +104,8 @@ def _after_step(opt, args, kwargs) -> None:
             s.lead = key  # it steps on while the leader does not: the loop's optimizer changed
         s.others.clear()
         now = perf()
+        if s.last_step_t is not None and s.win_t is not None and not (s.eval_batches and s.in_eval):
+            s.step_busy.append(now - s.last_step_t - (s.comm_s - s.comm_mark))  # an evaluation's step: left out
         s.opt_steps += 1
         s.win_steps += 1
         s.last_step_t = now
@@ -120,6 +124,7 @@ def _after_step(opt, args, kwargs) -> None:
             em.step_done = s.opt_steps  # the alive thread carries it every second: the step, not a second old
         if s.in_eval or now - s.phase_t >= PHASE_EVERY_S or now - s.win_t >= ANATOMY_EVERY_S:
             _report(now)
+        s.comm_mark = s.comm_s
     except Exception:
         pass
 
@@ -161,8 +166,13 @@ def _emit_window(em, now: float, own: bool) -> None:
     rss = _rss_mb()
     if rss is not None:
         values[f"anatomy/r{r}/rss_mb"] = rss  # each rank's own memory: a blow-up names its rank
+    # the typical step's own work (the median step): a checkpoint save every 25 steps or a slow first
+    # step lifts the window's mean, not the median; the straggler rule judges this (agent ranks.py)
+    busy = sorted(s.step_busy)
     s.last = {"step_time_s": step_s, "busy_s": step_s - comm_s, "data_s": data_s, "comm_s": comm_s,
-              "compute_s": compute_s, **({"rss_mb": rss} if rss is not None else {})}
+              "compute_s": compute_s, **({"rss_mb": rss} if rss is not None else {}),
+              **({"busy_step_s": max(0.0, busy[len(busy) // 2])} if busy else {})}
+    s.step_busy = []
     if own and r == 0:
         values["step_time_s"] = step_s
         if rss is not None:

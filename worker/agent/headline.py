@@ -51,9 +51,38 @@ def duration(s: float) -> str:
 
 
 def _where(stack: Optional[str]) -> Optional[str]:
-    """The user's innermost frame (where their code is stuck), else the innermost frame at all."""
+    """The user's innermost frame (where their code is stuck), else the innermost frame at all; where
+    the main thread waits for a DataLoader batch, the worker process's frame that holds it up."""
+    worker = stuck_worker(stack)
+    if worker is not None:
+        pid, frame = worker
+        return f"{short(frame)} in DataLoader worker {pid} (the training loop waits for its batch)"
     own, every = own_frames(stack), frames(stack)
     return short(own[0]) if own else short(every[0]) if every else None
+
+
+def processes(stack: str) -> list[tuple[Optional[int], str]]:
+    """A py-spy dump of a process tree (its --subprocesses sections), as (pid, that process's text)."""
+    out = []
+    for part in re.split(r"(?m)^(?=Process \d+:)", stack):
+        m = re.match(r"Process (\d+):", part)
+        if part.strip():
+            out.append((int(m.group(1)) if m else None, part))
+    return out
+
+
+def stuck_worker(stack: Optional[str]) -> Optional[tuple[Optional[int], tuple[str, str, int]]]:
+    """(pid, the user's innermost frame) of a DataLoader worker process, when the main thread waits in
+    the DataLoader for a batch and a worker sits in the user's code (a collate or __getitem__ that
+    never returns): that frame is where the job is stuck, not the loop's `for batch in loader`."""
+    if not stack or not any("dataloader.py" in path for _, path, _ in frames(stack)):
+        return None
+    for pid, text in processes(stack)[1:]:
+        if "_worker_loop (" in text or "in _worker_loop" in text:
+            own = own_frames(text)
+            if own:
+                return pid, own[0]
+    return None
 
 
 def stall_headline(silent_s: float, stack: Optional[str], phase: str) -> str:

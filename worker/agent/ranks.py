@@ -69,10 +69,13 @@ class RankBoard:
             for k in ("step_time_s", "busy_s", "rss_mb", "data_s", "compute_s", "comm_s"):
                 if isinstance(data.get(k), (int, float)):
                     setattr(rk, k, float(data[k]))
-            if isinstance(data.get("busy_s"), (int, float)):
+            # the straggler rule's figure: the window's median step (busy_step_s, a command job's hook),
+            # else its mean (tokenpulse's own loop reports busy_s alone)
+            busy = data.get("busy_step_s", data.get("busy_s"))
+            if isinstance(busy, (int, float)):
                 recent = self.busy_recent.setdefault(r, deque(maxlen=BUSY_WINDOWS))
-                if not recent or recent[-1] != float(data["busy_s"]):  # every alive repeats the last window's
-                    recent.append(float(data["busy_s"]))
+                if not recent or recent[-1] != float(busy):  # every alive repeats the last window's
+                    recent.append(float(busy))
 
     def rows(self) -> list[dict]:
         return [self.ranks[r].row() for r in sorted(self.ranks)]
