@@ -7,9 +7,14 @@ for the CLI."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import httpx
+from conftest import ROOT
 from test_cli import cli, ok
 from test_ui_job import post_events
 
@@ -151,3 +156,49 @@ def test_the_tokenizer_hook_measures_the_first_steps_then_takes_itself_off():
             cls._tp_patched = saved_flag
         elif "_tp_patched" in cls.__dict__:
             del cls._tp_patched
+
+
+def test_an_evaluation_of_the_wrapped_model_is_an_evaluation_counted_once(tmp_path):
+    """Fault benchmark (healthy DDP run): the script trains through DDP's forward and evaluates
+    `model.module` directly; only the wrapper was hooked, so each evaluation looked like a pause every
+    20 steps ("periodic stalls ... 40% of the time", a false slow alert). The inner model is hooked too,
+    and a forward through the wrapper still counts one batch."""
+    script = tmp_path / "wrapped.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys, time, torch
+        from tokenpulse.instrument import patch_torch as pt
+        pt.install_forward(sys.modules["torch.nn.modules.module"])
+        pt.install_optimizer(sys.modules["torch.optim.optimizer"])
+        class Wrapper(torch.nn.Module):  # what DDP looks like from here: .module, forward calls it
+            def __init__(self, m):
+                super().__init__()
+                self.module = m
+            def forward(self, **kw):
+                return self.module(**kw)
+        class Tiny(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(10, 4)
+            def forward(self, input_ids, attention_mask=None):
+                return self.emb(input_ids).sum()
+        model = Wrapper(Tiny())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3)}
+        for _ in range(3):  # two calls find the model, the third goes through the settled hooks
+            model(**batch).backward(); opt.step(); opt.zero_grad()
+        padded = pt.STATE.padded
+        time.sleep(pt.EVAL_AFTER_S + 0.1)
+        with torch.no_grad():
+            model.module(**batch)  # evaluate(model.module)
+        direct = pt.STATE.eval_batches
+        with torch.no_grad():
+            model(**batch)  # through the wrapper: one batch, not two
+        print(json.dumps({"padded": padded, "direct": direct, "both": pt.STATE.eval_batches,
+                          "in_eval": pt.STATE.in_eval}))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "TOKENPULSE_INSTRUMENT": "0"})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # the forwards after the first step (its window starts there), 6 tokens each, counted once: 12, not 24
+    assert got == {"padded": 12, "direct": 1, "both": 2, "in_eval": True}, got

@@ -332,9 +332,31 @@ def _settle() -> None:
         for module, _ in _seen.values():
             try:
                 module.register_forward_pre_hook(_model_forward, with_kwargs=True)
+                _hook_wrapped(module)
             except Exception:
                 pass
         _seen.clear()
+
+
+_wrapper = threading.local()  # .on while a wrapper's forward runs (its inner module's call is not another)
+
+
+def _hook_wrapped(wrapper) -> None:
+    """A wrapper (DDP, DataParallel) trains through its forward, but a script often evaluates its inner
+    model directly (`evaluate(model.module)`): that module is hooked too, so an evaluation is seen as
+    one (not as a pause every N steps), and counted once when it does go through the wrapper."""
+    import torch
+    inner = getattr(wrapper, "module", None)
+    if not isinstance(inner, torch.nn.Module) or inner is wrapper or getattr(inner, "_tp_inner", False):
+        return
+    inner._tp_inner = True
+    wrapper.register_forward_pre_hook(lambda m, a: setattr(_wrapper, "on", True))
+    wrapper.register_forward_hook(lambda m, a, o: setattr(_wrapper, "on", False), always_call=True)
+    inner.register_forward_pre_hook(_inner_forward, with_kwargs=True)
+
+
+def _inner_forward(module, args, kwargs):
+    return None if getattr(_wrapper, "on", False) else _model_forward(module, args, kwargs)
 
 
 def _model_forward(module, args, kwargs):
