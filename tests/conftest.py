@@ -41,6 +41,18 @@ def wait_for(pred, timeout: float, what: str, every: float = 0.2, show=None):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {show()}" if show else ""))
 
 
+def wait_exit(p: subprocess.Popen, timeout: float, what: str) -> int:
+    """p's exit code; if it is still running after timeout, fail with its stacks (py-spy) so the
+    failure says where it hangs, not only that it did."""
+    try:
+        return p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        spy = Path(sys.executable).parent / "py-spy"
+        dump = subprocess.run([str(spy), "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=60)
+        p.kill()
+        raise AssertionError(f"{what}: still running {timeout} s on; its stacks:\n{dump.stdout}{dump.stderr}") from None
+
+
 def is_training(cmdline: list[str]) -> bool:
     """The training process itself, not the keeper that starts it (worker/agent/keeper.py carries the
     training command line after its own)."""

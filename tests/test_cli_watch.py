@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 
-from conftest import ROOT, wait_for
+from conftest import ROOT, wait_exit, wait_for
 
 from tokenpulse.progress import RateEstimator, format_duration
 
@@ -50,7 +50,7 @@ def test_watch_shows_eta_and_ctrl_c_leaves_the_job_running(agent_server):
         wait_for(lambda: any("ETA " in x and any(ch.isdigit() for ch in x.split("ETA ")[1][:3]) for x in out),
                  180, "an ETA in the watch output", show=lambda: "".join(out)[-2000:])
         p.send_signal(signal.SIGINT)
-        assert p.wait(30) == 130
+        assert wait_exit(p, 60, "`tokenpulse watch` after Ctrl+C") == 130
         text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", "".join(out))  # colours off
         assert "keeps running" in text and f"tokenpulse cancel {jid}" in text, text[-400:]
         assert c.get(f"/api/jobs/{jid}").json()["state"] == "running"

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, wait_for
+from conftest import ROOT, wait_exit, wait_for
 
 from worker.agent.output import LineFolder, Masker, last_traceback_frame
 
@@ -264,7 +264,8 @@ def test_cancel_stops_a_command_sigterm_then_sigkill_and_pause_is_refused(server
         job_id = c.get("/api/jobs").json()["jobs"][0]["id"]
         wait_for(lambda: any(x["line"] == "ready" for x in logs(c, job_id)), 30, "its output")
         cli.send_signal(signal.SIGINT)
-        out = cli.communicate(timeout=30)[0]
+        wait_exit(cli, 60, "`tokenpulse run -f` after Ctrl+C")
+        out = cli.communicate()[0]
         assert f"job {job_id} keeps running" in out and f"tokenpulse cancel {job_id}" in out, out
         assert c.get(f"/api/jobs/{job_id}").json()["state"] == "running"
 
