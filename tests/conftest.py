@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 
 # Four test files run side by side on two cores (Makefile XDIST), each starting servers, agents and
-# training processes: every process computes on one thread and waits without spinning, instead of
-# teams of OpenMP and tokenizer threads fighting for the same two cores. (A test that measures
-# threads sets its own; the product's defaults are unchanged: worker/training/runtime.py.)
-for _k, _v in {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}.items():
+# training processes: OpenMP threads wait without spinning and tokenizers start no thread pool, so
+# they do not fight for the two cores. (OMP_NUM_THREADS=1 was tried: oneDNN then fails the memory
+# measurement under the tests' address-space cap, test_memory.py.)
+for _k, _v in {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(_k, _v)
 
 
@@ -39,6 +39,17 @@ def wait_for(pred, timeout: float, what: str, every: float = 0.2, show=None):
             return got
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {show()}" if show else ""))
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_python_leaves_it():
+    """Each test starts with Python's own SIGINT handler, unblocked: children inherit an ignored or
+    blocked signal, and a CLI started after some earlier test in the same worker left SIGINT so
+    ignored Ctrl+C (seen twice in whole runs: `watch` looping on after SIGINT)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    yield
 
 
 def wait_exit(p: subprocess.Popen, timeout: float, what: str) -> int:

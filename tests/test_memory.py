@@ -25,6 +25,7 @@ def test_allocator_errors_count_as_out_of_memory():
         torch.empty(1 << 60, dtype=torch.uint8)  # the CPU allocator refuses: a real RuntimeError
     assert is_oom(e.value), e.value
     assert is_oom(MemoryError()) and not is_oom(RuntimeError("shape mismatch")) and not is_oom(ValueError("x"))
+    assert is_oom(RuntimeError("could not create a primitive"))  # oneDNN's scratchpad, refused by the limit
 
 
 def test_cpu_oom_fails_as_oom_and_is_retried_with_half_the_micro_batch(server):

@@ -11,7 +11,10 @@ import os
 import resource
 from typing import Optional
 
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "defaultcpuallocator")
+# oneDNN (torch's CPU kernels) says "could not create a primitive" when its scratchpad cannot be
+# allocated: under an address-space limit that is the allocator's no (seen in the suite on a busy run)
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "defaultcpuallocator",
+               "could not create a primitive")
 # Test-only: cap this process's address space at what it has mapped now plus this many MiB, so a
 # micro-batch that needs more really fails in the allocator (no mocks). Read where training sets up
 # its batches (session.py), after the model, data and threads are in place.
