@@ -84,12 +84,14 @@ def test_jobs_list_column_picker_sort_and_filter(runs, browser):
         return [td.text for td in d.find_elements(By.CSS_SELECTOR, f"#jobs-body td[data-col='{c}']")]
     until(d, 10, lambda d: len(column("last:eval/loss")) == 5, "the eval loss column")
     assert column("spec:learning_rate") == [str(lr) for lr in reversed(LRS)]  # newest first
+    # the filter box lives through re-renders (sorting, live updates): typing in it is never lost
+    box = d.find_element(By.CSS_SELECTOR, "input.col-filter[data-col='spec:learning_rate']")
     # sort on the final eval loss, lowest first: the run with the highest learning rate wins here
     d.find_element(By.CSS_SELECTOR, "th.picked[data-col='last:eval/loss'] button.sort").click()
     until(d, 5, lambda d: column("last:eval/loss") == ["4", "4.5", "5", "5.5", "6"], "sorted by eval loss")
     d.find_element(By.CSS_SELECTOR, "th.picked[data-col='last:eval/loss'] button.sort").click()
     until(d, 5, lambda d: column("last:eval/loss") == ["6", "5.5", "5", "4.5", "4"], "sorted the other way")
-    d.find_element(By.CSS_SELECTOR, "input.col-filter[data-col='spec:learning_rate']").send_keys(">=0.0003")
+    box.send_keys(">=0.0003")
     until(d, 5, lambda d: column("spec:learning_rate") == ["0.0003", "0.0004", "0.0005"],
           "filtered on the learning rate")
     # sorted and filtered by the server, over every page: its count says 3 jobs pass, not 5 on a page

@@ -132,19 +132,23 @@
       return (typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y), undefined, { numeric: true })) * view.dir;
     };
   }
+  let shownPicks = null, shownFilters = null;
   function renderColumns(list) {
     const specKeys = new Set(), lastKeys = new Set();
     for (const j of list) { Object.keys(flat(j.spec)).forEach((k) => specKeys.add(k)); Object.keys(j.last || {}).forEach((k) => lastKeys.add(k)); }
     const opt = (c) => TP.el("label", { class: "check col-pick" }, TP.el("input", { type: "checkbox", value: c, checked: view.cols.includes(c),
       onchange: (e) => { view.cols = e.target.checked ? [...view.cols, c] : view.cols.filter((x) => x !== c); saveView(); renderNow(); } }), ` ${c.slice(c.indexOf(":") + 1)}`);
-    $("col-picks").replaceChildren(
+    // rebuilt only when what they show changes: a rebuild under the user's hand loses their click or typing
+    const picks = JSON.stringify([[...lastKeys].sort(), [...specKeys].sort(), view.cols]);
+    if (picks !== shownPicks) { shownPicks = picks; $("col-picks").replaceChildren(
       TP.el("h3", { text: "Latest metrics" }), ...[...lastKeys].sort().map((k) => opt(`last:${k}`)),
-      TP.el("h3", { text: "Settings" }), ...[...specKeys].sort().filter((k) => k !== "name").map((k) => opt(`spec:${k}`)));
+      TP.el("h3", { text: "Settings" }), ...[...specKeys].sort().filter((k) => k !== "name").map((k) => opt(`spec:${k}`))); }
     const head = $("jobs-head"), filters = $("jobs-filters");
     head.querySelectorAll("th.picked").forEach((th) => th.remove());
-    filters.replaceChildren(TP.el("th", { colspan: 13, class: "filter-note", text: view.cols.length ? "Filter (>0.001, <5, =3 or text):" : "" }),
+    const filterCols = view.cols.join("\n");
+    if (filterCols !== shownFilters) { shownFilters = filterCols; filters.replaceChildren(TP.el("th", { colspan: 13, class: "filter-note", text: view.cols.length ? "Filter (>0.001, <5, =3 or text):" : "" }),
       ...view.cols.map((c) => TP.el("th", { class: "picked" }, TP.el("input", { type: "search", class: "col-filter", "data-col": c, value: view.filters[c] || "",
-        "aria-label": `Filter on ${colLabel(c)}`, oninput: (e) => { view.filters[c] = e.target.value; saveView(); renderBody(); reload(300); } }))));
+        "aria-label": `Filter on ${colLabel(c)}`, oninput: (e) => { view.filters[c] = e.target.value; saveView(); renderBody(); reload(300); } })))); }
     filters.hidden = !view.cols.length;
     head.append(...view.cols.map((c) => TP.el("th", { class: "r picked", "data-col": c, "aria-sort": view.sort === c ? (view.dir > 0 ? "ascending" : "descending") : "none" },
       TP.el("button", { type: "button", class: "sort", title: "Sort by this column", onclick: () => {
