@@ -92,6 +92,18 @@ class Attempt(Base):
     exit_code: Mapped[Optional[int]] = mapped_column(Int, nullable=True)
     signal: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
     resumed_from: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # checkpoint it started from
+    # the retry policy's account (migration 0013): the failure's class (oom, hang, preempted, data,
+    # collective_timeout, ...), the change made for the next attempt ({"batch_size": [8, 4], ...}, JSON),
+    # why the next attempt was (not) made; a hang's step and frame (compared with the next hang's);
+    # the peak memory it reached (MiB); seconds from a checkpoint request (pause, stop, SIGTERM) to
+    # its saved checkpoint
+    failure_class: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
+    change: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    decision: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    hang_step: Mapped[Optional[int]] = mapped_column(Int, nullable=True)
+    hang_frame: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    peak_mb: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    checkpoint_s: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
 
 
 class Event(Base):

@@ -68,6 +68,16 @@ class AttemptOut(Answer):
     exit_code: Optional[int]
     signal: Optional[str]
     resumed_from: Optional[str]
+    failure_class: Optional[str] = Field(None, description="the failure's class for the retry policy: oom, hang, "
+                                         "preempted, data, collective_timeout, crash, signal, lost, spec, nan, ...")
+    change: Optional[dict[str, Any]] = Field(None, description="the change made for the next attempt, "
+                                             "e.g. {\"batch_size\": [8, 4], \"grad_accum\": [1, 2]}")
+    decision: Optional[str] = Field(None, description="why the next attempt was (not) made")
+    hang_step: Optional[int] = Field(None, description="a hang: the step it was stuck at")
+    hang_frame: Optional[str] = Field(None, description="a hang: the frame it was stuck in")
+    peak_mb: Optional[float] = Field(None, description="the peak memory the attempt reached (MiB), where known")
+    checkpoint_s: Optional[float] = Field(None, description="seconds from a checkpoint request (pause, stop, "
+                                          "SIGTERM from outside) to the saved checkpoint")
 
 
 class JobDetail(JobSummary):

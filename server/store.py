@@ -43,12 +43,20 @@ TRANSITIONS: dict[JobState, set[JobState]] = {
 
 # Failure policy. Worth another attempt (resuming from the newest checkpoint): a crash, a killed
 # process, a lost worker, a stall the agent gave up on; out of memory too, with half the micro-batch.
-RETRYABLE = {Failure.OOM, Failure.CRASH, Failure.LOST, Failure.SIGNAL, Failure.HANG}
+RETRYABLE = {Failure.OOM, Failure.CRASH, Failure.LOST, Failure.SIGNAL, Failure.HANG, Failure.COLLECTIVE_TIMEOUT}
 # Never retried, whatever the agent asks: a bad spec or a non-finite loss would only fail again; so
 # would a full disk (disk_full: the same agent, the same output dir), and each retry would first
 # write more onto it. The reason names the disk and the newest checkpoint kept: free space, then
 # clone the job or resume from there.
-FINAL_FAILURES = {Failure.SPEC, Failure.NAN, Failure.DISK_FULL}
+FINAL_FAILURES = {Failure.SPEC, Failure.NAN, Failure.DISK_FULL, Failure.DATA}
+# Why a failure of each final class is not retried (the attempt's `decision`).
+NOT_RETRIED = {
+    Failure.SPEC: "the spec cannot run as it is: fix the named field and clone the job",
+    Failure.NAN: "a non-finite loss comes back at the same step with the same data and settings",
+    Failure.DISK_FULL: "the same disk would fill again: free space, then resume or clone",
+    Failure.DATA: "a data error naming its row fails on the same row again: fix the data",
+    Failure.ERROR: "the command's own failure (a non-zero exit): it would fail the same way",
+}
 
 
 class TransitionError(Exception):
@@ -246,15 +254,22 @@ def retries_used(s: Session, job: Job) -> int:
 
 def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], failure: Optional[str],
                 exit_code: Optional[int] = None, signal: Optional[str] = None,
-                retry: bool = False, rank_exits: Optional[dict] = None, lost_agent: Optional[int] = None) -> JobState:
-    """Apply how an attempt ended, with the failure policy:
+                retry: bool = False, rank_exits: Optional[dict] = None, lost_agent: Optional[int] = None,
+                step: Optional[int] = None, frame: Optional[str] = None, peak_mb: Optional[float] = None) -> JobState:
+    """Apply how an attempt ended, with the failure policy: the failure is classed and the retry
+    chosen to cure it.
 
     - oom: requeued with half the micro-batch and twice the accumulation (same effective batch),
-      from step 0 (a checkpoint's data position belongs to its micro-batch layout);
-    - crash, killed, lost worker, hang: requeued, resuming from the newest checkpoint;
-    - spec, nan: failed at once, never retried (the training process raises the alert naming the step);
+      from step 0 (a checkpoint's data position belongs to its micro-batch layout); at micro-batch 1,
+      or with the budget spent, it gives up naming the peak memory the attempt reached;
+    - crash, killed, lost worker, a collective's timeout: requeued, resuming from the newest checkpoint;
+    - hang (a stall the agent killed after stall.kill_after_s): retried from the newest checkpoint; a
+      hang at the same step in the same frame as an earlier attempt's is deterministic: not retried;
+    - preempted (a SIGTERM from outside; the process checkpointed): requeued, no retry spent;
+    - spec, nan, disk_full, data (an error naming its row), a command's own error: final at once;
     - each job retries at most spec.max_retries times; a cancel asked for wins over any retry.
-    The attempt row keeps why it ended (outcome, failure kind, exit code, signal, reason)."""
+    The attempt row keeps why it ended (outcome, failure and its class, exit code, signal, reason),
+    the change made for the next attempt and why the next was (not) made (`decision`)."""
     if JobState(job.state) not in ACTIVE_STATES:
         return JobState(job.state)  # already settled (a late report after a lease expired)
     ranks.settle(s, job, state.value, rank_exits, lost_agent)  # the rank table's exit column
@@ -263,18 +278,47 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
     attempt = s.get(Attempt, (job.id, job.attempt))
     if attempt is not None:
         attempt.failure, attempt.exit_code, attempt.signal = failure, exit_code, signal
-    if job.requested_action == "cancel" and state in (JobState.failed, JobState.paused):
+        attempt.failure_class, attempt.peak_mb = failure, peak_mb
+        if failure == Failure.HANG:
+            attempt.hang_step, attempt.hang_frame = step, frame
+    if job.requested_action == "cancel" and state in (JobState.failed, JobState.paused, JobState.queued):
         state, reason = JobState.cancelled, f"cancelled by user ({reason})" if reason else "cancelled by user"
+        return _final(s, job, state, reason, attempt, now, "cancelled by user: no further attempt")
+    if state == JobState.queued:  # checkpointed and back to the queue, no retry spent
+        where = f"resumes from checkpoint {job.checkpoint}" if job.checkpoint else "starts again from step 0"
+        if failure == Failure.PREEMPTED:
+            if job.requested_action == "pause":  # a person asked for a pause meanwhile: it pauses there
+                return _final(s, job, JobState.paused, reason, attempt, now, f"paused as asked; {where} on resume")
+            decision = (f"requeued: preempted (a SIGTERM not sent by its agent); {where}; a preemption is not "
+                        "the job's fault: no retry spent")
+        else:
+            decision = f"requeued: its agent stopped; {where}; no retry spent"
+        transition(s, job, JobState.queued, reason=reason)
+        if attempt is not None:
+            attempt.ended_at, attempt.reason, attempt.decision = now, reason, decision
+            attempt.outcome = "preempted" if failure == Failure.PREEMPTED else "queued"
+        return JobState.queued
     if state == JobState.failed and failure not in FINAL_FAILURES and (retry or failure in RETRYABLE):
         spec = load_spec(job.kind, job.spec)
         used = retries_used(s, job)
+        memory = f"; peak memory {peak_mb:,.0f} MiB" if peak_mb else ""
+        if failure == Failure.HANG and step is not None and frame:
+            same = s.scalars(select(Attempt).where(
+                Attempt.job_id == job.id, Attempt.attempt < job.attempt, Attempt.failure == Failure.HANG,
+                Attempt.hang_step == step, Attempt.hang_frame == frame).order_by(Attempt.attempt)).first()
+            if same is not None:
+                why = (f"deterministic hang: attempt {same.attempt} hung at the same step {step} in the same "
+                       f"frame {frame}; not retried (it would hang there again)")
+                return _final(s, job, state, f"{reason}; {why}", attempt, now, f"not retried: {why}")
         if used < spec.max_retries:
-            note = ""
+            note, change = "", None
             if failure == Failure.OOM and isinstance(spec, JobSpec):
                 smaller = halve_micro_batch(spec, json.loads(job.info) if job.info else {})
                 if smaller is None:
-                    return _final(s, job, state, f"{reason}; out of memory at micro-batch 1: nothing left to halve",
-                                  attempt, now)
+                    why = f"out of memory at micro-batch 1: nothing left to halve{memory}"
+                    return _final(s, job, state, f"{reason}; {why}", attempt, now, f"not retried: {why}")
+                old_bs, old_ga = _sizes(spec, json.loads(job.info) if job.info else {})
+                change = {"batch_size": [old_bs, smaller.batch_size], "grad_accum": [old_ga, smaller.grad_accum]}
                 spec = smaller
                 job.spec = spec.model_dump_json()
                 job.checkpoint = None
@@ -286,29 +330,53 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
             else:
                 note = "; retrying from step 0 (no checkpoint yet)"
             why = f"attempt {job.attempt} failed ({failure or 'error'}): {reason or 'no reason given'}"
-            transition(s, job, JobState.queued, reason=f"{why}{note} (retry {used + 1} of {spec.max_retries})")
+            budget = f"retry {used + 1} of {spec.max_retries}"
+            transition(s, job, JobState.queued, reason=f"{why}{note} ({budget})")
             if attempt is not None:  # after transition(), which marks it 'queued'
                 attempt.ended_at, attempt.outcome, attempt.reason = now, "retried", why[:8000]
+                attempt.change = json.dumps(change) if change else None
+                attempt.decision = f"{budget}: {CURES.get(str(failure), 'retried')}{note}"
             return JobState.queued
-        reason = f"{reason}; gave up after {used} retr{'y' if used == 1 else 'ies'} (max_retries={spec.max_retries})"
-    return _final(s, job, state, reason, attempt, now)
+        given_up = f"gave up after {used} retr{'y' if used == 1 else 'ies'} (max_retries={spec.max_retries})"
+        reason = f"{reason}; {given_up}{memory}"
+        return _final(s, job, state, reason, attempt, now, f"not retried: {given_up}{memory}")
+    decision = None
+    if state == JobState.failed:
+        decision = f"not retried: {NOT_RETRIED.get(str(failure), 'the agent did not ask for a retry')}"
+    return _final(s, job, state, reason, attempt, now, decision)
+
+
+# What each retried class's retry is meant to cure (the attempt's `decision`).
+CURES = {
+    Failure.OOM: "out of memory, half the micro-batch and twice the accumulation",
+    Failure.CRASH: "a crash, again from the newest checkpoint",
+    Failure.SIGNAL: "killed by a signal, again from the newest checkpoint",
+    Failure.LOST: "a lost worker, again from the newest checkpoint on any agent",
+    Failure.HANG: "a hang, again from the newest checkpoint (the same hang again is not retried)",
+    Failure.COLLECTIVE_TIMEOUT: "a collective's timeout (transient), again from the newest checkpoint",
+}
+
+
+def _sizes(spec: JobSpec, info: dict) -> tuple[int, int]:
+    """The micro-batch and accumulation an attempt ran with ('auto' read from what it chose)."""
+    bs = spec.batch_size if isinstance(spec.batch_size, int) else info.get("batch_size", 8)
+    ga = spec.grad_accum if isinstance(spec.grad_accum, int) else info.get("grad_accum", 1)
+    return int(bs), int(ga)
 
 
 def _final(s: Session, job: Job, state: JobState, reason: Optional[str], attempt: Optional[Attempt],
-           now: float) -> JobState:
+           now: float, decision: Optional[str] = None) -> JobState:
     transition(s, job, state, reason=reason)
     if attempt is not None:  # transition() wrote outcome/reason; keep them (and the end time)
         attempt.ended_at, attempt.outcome, attempt.reason = now, state.value, reason
+        attempt.decision = decision
     return state
 
 
 def halve_micro_batch(spec: JobSpec, info: Optional[dict] = None) -> Optional[JobSpec]:
     """Out of memory: half the micro-batch, double accumulation, same effective batch. 'auto' sizes
     are read from what the attempt chose (its info events); None when the micro-batch is already 1."""
-    info = info or {}
-    bs = spec.batch_size if isinstance(spec.batch_size, int) else info.get("batch_size", 8)
-    ga = spec.grad_accum if isinstance(spec.grad_accum, int) else info.get("grad_accum", 1)
-    bs, ga = int(bs), int(ga)
+    bs, ga = _sizes(spec, info or {})
     if bs <= 1:
         return None
     return spec.model_copy(update={"batch_size": max(1, bs // 2), "grad_accum": min(65536, ga * 2)})

@@ -34,7 +34,8 @@ FINAL_STATES = {JobState.completed, JobState.failed, JobState.cancelled}
 # ---- named kinds: failures, alerts, phases, commands, job kinds ------------------------------------
 # Plain str constants (not enums): they go into SQLite columns, JSON and f-strings unchanged.
 
-FailureKind = Literal["oom", "nan", "crash", "lost", "signal", "hang", "spec", "disk_full", "error"]
+FailureKind = Literal["oom", "nan", "crash", "lost", "signal", "hang", "spec", "disk_full", "error", "data",
+                      "preempted", "collective_timeout"]
 
 
 class Failure:
@@ -48,6 +49,11 @@ class Failure:
     SPEC: FailureKind = "spec"  # the spec cannot run (a missing file, a bad field)
     DISK_FULL: FailureKind = "disk_full"
     ERROR: FailureKind = "error"  # a command job exited non-zero (its script's own failure)
+    DATA: FailureKind = "data"  # a data error naming its row/index/line: never retried (it fails the same way)
+    # SIGTERM from outside (a scheduler's preemption, a node drain): checkpointed and requeued, no retry spent
+    PREEMPTED: FailureKind = "preempted"
+    # a collective (NCCL/gloo) timed out: transient, retried like a crash (a class, refined from a crash)
+    COLLECTIVE_TIMEOUT: FailureKind = "collective_timeout"
 
 
 
@@ -157,6 +163,11 @@ class StallSpec(BaseModel):
     alert_clear_s: Optional[float] = Field(
         None, ge=0, title="Alert clears after (s)",
         description="an alert's condition must stay away this long before the alert clears")
+    kill_after_s: Optional[float] = Field(
+        None, ge=0, title="Kill a stalled job after (s)",
+        description="end a stalled attempt as a hang this long after its stall alert opened (retried from the "
+                    "newest checkpoint; a second hang at the same step and frame is not); 0: never. Default: "
+                    "1800 for tokenpulse's own training, never for command jobs")
 
 
 _HUB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
@@ -480,6 +491,11 @@ class StateData(BaseModel):
     failure: Optional[str] = None
     # a distributed job: how each rank ended (rank -> "exited with code 1", "killed by SIGKILL", ...)
     ranks: Optional[dict[int, str]] = Field(None, max_length=1024)
+    # what the retry policy compares and reports (server/store.py end_attempt): a hang's step and the
+    # frame it was stuck in (the user's innermost), the peak memory the attempt reached (MiB)
+    step: Optional[int] = Field(None, ge=0)
+    frame: Optional[str] = Field(None, max_length=500)
+    peak_mb: Optional[float] = Field(None, ge=0)
 
 
 class AlertData(BaseModel):
@@ -494,6 +510,10 @@ class CheckpointData(BaseModel):
     step: int
     path: str
     final: bool = False
+    # a checkpoint taken because it was asked for (SIGUSR2: pause or an agent's stop; an unannounced
+    # SIGTERM: a preemption): which signal, and the seconds from its arrival to the saved checkpoint
+    requested: Optional[str] = Field(None, max_length=32)
+    request_s: Optional[float] = Field(None, ge=0)
 
 
 class Event(BaseModel):
@@ -891,3 +911,6 @@ class ExitVerdict(BaseModel):
     signal: Optional[str] = None
     retry: Optional[bool] = None  # the agent asks for a requeue (the policy decides)
     ranks: Optional[dict[int, str]] = None  # a distributed job: how each rank of this node ended
+    step: Optional[int] = None  # a hang: the step it was stuck at
+    frame: Optional[str] = None  # a hang: the frame it was stuck in (the user's innermost)
+    peak_mb: Optional[float] = None  # the peak memory the attempt reached (MiB), where known

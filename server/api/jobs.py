@@ -52,7 +52,10 @@ def job_detail(job: Job, attempts: list[Attempt]) -> dict:
     d["attempts"] = [{"attempt": a.attempt, "agent_id": a.agent_id, "started_at": a.started_at,
                       "ended_at": a.ended_at, "outcome": a.outcome, "reason": a.reason,
                       "failure": a.failure, "exit_code": a.exit_code, "signal": a.signal,
-                      "resumed_from": a.resumed_from} for a in attempts]
+                      "resumed_from": a.resumed_from, "failure_class": a.failure_class,
+                      "change": json.loads(a.change) if a.change else None, "decision": a.decision,
+                      "hang_step": a.hang_step, "hang_frame": a.hang_frame, "peak_mb": a.peak_mb,
+                      "checkpoint_s": a.checkpoint_s} for a in attempts]
     return d
 
 

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from server import store
@@ -21,7 +22,7 @@ from server.ingest.alerts import alert_dict, upsert_alert
 from server.ingest.logcap import BUDGET as LOG_BUDGET
 from server.ingest.metrics import PointBatch
 from server.ingest.parse import INT_LIMIT, Ev
-from server.models import Job
+from server.models import Attempt, Job
 from server.rules import NON_FINITE_ALERT, RULES
 from tokenpulse.protocol import (
     ACTIVE_STATES,
@@ -221,7 +222,8 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
     elif e.kind == "state":
         state = JobState(d["state"])
         store.end_attempt(s, job, state, d.get("reason"), d.get("failure"), d.get("exit_code"),
-                          d.get("signal"), d.get("retry", False), _rank_exits(d.get("ranks")))
+                          d.get("signal"), d.get("retry", False), _rank_exits(d.get("ranks")),
+                          step=d.get("step"), frame=d.get("frame"), peak_mb=d.get("peak_mb"))
     elif e.kind == "checkpoint":
         if d.get("final"):
             job.output_dir = d["path"]
@@ -231,6 +233,9 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
             # logged metric, and the job must not say "paused at 368" beside its reason's "369"
             if isinstance(d.get("step"), int) and d["step"] > (job.step or 0):
                 job.step = d["step"]
+            if d.get("request_s") is not None and job.attempt:  # a checkpoint asked for: how long it took
+                s.execute(update(Attempt).where(Attempt.job_id == job.id, Attempt.attempt == job.attempt)
+                          .values(checkpoint_s=float(d["request_s"])))
     elif e.kind == "info":
         info = json.loads(job.info) if job.info else {}
         info.update(d)

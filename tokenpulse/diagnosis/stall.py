@@ -56,6 +56,8 @@ class StallConfig:
     # ---- alert hysteresis (worker/agent/hysteresis.py): slow reasons, contention, stragglers ----
     alert_open_s: float = 10.0  # a condition must hold this long before its alert opens
     alert_clear_s: float = 30.0  # ... and stay away this long before it clears (a stall: keep moving)
+    # ---- a stall that lasts: the agent ends the attempt as a hang (worker/agent/job_diagnosis.py) ----
+    kill_after_s: float = -1.0  # after the stall alert opened; -1: the job kind's default, 0: never
 
     def merged(self, overrides: dict) -> "StallConfig":
         known = {f.name for f in fields(self)}

@@ -155,6 +155,8 @@ class Agent:
                 how = ("checkpointing to requeue" if rj.command is None or rj.pausable else
                        "stopping the command (it cannot checkpoint) to requeue it")
                 self.emit(rj, "log", {"line": f"agent {self.name} stopping: {how}", "stream": "agent"})
+        for rj in self.jobs.values():
+            rj.asked_at = time.time()
         # SIGUSR2: checkpoint and exit paused. A command job that never said it can (pausable) would
         # die of SIGUSR2's default action: it gets SIGTERM, and the retry policy requeues it.
         await asyncio.gather(*(rj.process.stop(signal.SIGUSR2 if rj.requested == Requested.SHUTDOWN and (

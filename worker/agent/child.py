@@ -16,6 +16,9 @@ from typing import Optional
 from worker.agent.proc import children
 from worker.agent.tree import JobTree
 
+CONTROL_ENV = "TOKENPULSE_CONTROL_FILE"  # read by worker/training/controls.py and the Trainer hook
+CANCEL_WORD = "cancel"
+
 
 def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:
     """(exit_code, signal name, words) for a process's return code."""
@@ -53,6 +56,30 @@ class Supervised:
         # process (what is signalled, read by py-spy, judged) is main_pid.
         self.tree = JobTree(job=f"untracked-{os.getpid()}-{id(self)}", job_id=-1, attempt=0)
         self.main_pid: Optional[int] = None
+        # The agent's word before its own SIGTERM (worker/training/controls.py, the Trainer hook): a
+        # SIGTERM with "cancel" written here is the agent's cancel; any other comes from outside (a
+        # preemption) and means "checkpoint and come back". Set by the job run, one per attempt.
+        self.control_file: Optional[Path] = None
+
+    def control_env(self, env: dict) -> dict:
+        """The control file named in the job's environment, emptied for this attempt."""
+        if self.control_file is None:
+            return env
+        try:
+            self.control_file.parent.mkdir(parents=True, exist_ok=True)
+            self.control_file.write_text("")
+        except OSError:
+            return env
+        return {**env, CONTROL_ENV: str(self.control_file)}
+
+    def announce_cancel(self) -> None:
+        """Before the agent's SIGTERM: say it is a cancel (written before the signal, so every rank's
+        handler reads it)."""
+        if self.control_file is not None:
+            try:
+                self.control_file.write_text(CANCEL_WORD)
+            except OSError:
+                pass
 
     @property
     def gang(self) -> bool:
@@ -118,7 +145,7 @@ class Supervised:
         if self.fifo is not None:
             return await self._spawn_gang(self.fifo, args, env, cwd)
         read_fd, write_fd = os.pipe()
-        env = {**env, "TOKENPULSE_EVENT_FD": str(write_fd)}
+        env = {**self.control_env(env), "TOKENPULSE_EVENT_FD": str(write_fd)}
         # Own session: a signal for the process never reaches the agent, and SIGKILL of the group
         # takes its children (dataloader workers, a launcher's ranks) too; what leaves the group
         # (setsid, a double-forked daemon) is still its keeper's.
@@ -142,7 +169,7 @@ class Supervised:
         os.mkfifo(fifo, 0o600)
         read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         self._hold_fd = os.open(fifo, os.O_WRONLY)
-        env = {k: v for k, v in env.items() if k != "TOKENPULSE_EVENT_FD"}
+        env = {k: v for k, v in self.control_env(env).items() if k != "TOKENPULSE_EVENT_FD"}
         env["TOKENPULSE_EVENT_PATH"] = str(fifo)
         self.proc = await self._start_kept(args, env, cwd)
         loop = asyncio.get_running_loop()
@@ -195,7 +222,10 @@ class Supervised:
                 pass
 
     async def stop(self, sig: int, grace_s: float) -> None:
-        """Ask politely (sig), then SIGKILL the whole tree after grace_s."""
+        """Ask politely (sig), then SIGKILL the whole tree after grace_s. The agent's SIGTERM is
+        always a cancel (or a stop): announced first, so it is not taken for a preemption."""
+        if sig == signal.SIGTERM:
+            self.announce_cancel()
         self.signal(sig)
         await self._reap(grace_s)
 
@@ -240,6 +270,7 @@ class CommandProcess(Supervised):
         the foreground job: a shell script or a launcher (`accelerate launch`, torchrun) and its
         ranks stop together. Other signals (SIGUSR2: checkpoint and pause) go to the leader only."""
         if sig == signal.SIGTERM:
+            self.announce_cancel()
             self.signal_group(sig)
         else:
             self.signal(sig)

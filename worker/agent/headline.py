@@ -61,6 +61,16 @@ def _where(stack: Optional[str]) -> Optional[str]:
     return short(own[0]) if own else short(every[0]) if every else None
 
 
+def hang_frame(stack: Optional[str]) -> Optional[str]:
+    """Where a hang is stuck, comparable between attempts (no pid in it): the user's innermost frame,
+    a DataLoader worker's when the loop waits for its batch, else the innermost frame at all."""
+    worker = stuck_worker(stack)
+    if worker is not None:
+        return f"{short(worker[1])} in a DataLoader worker"
+    own, every = own_frames(stack), frames(stack)
+    return short(own[0]) if own else short(every[0]) if every else None
+
+
 def processes(stack: str) -> list[tuple[Optional[int], str]]:
     """A py-spy dump of a process tree (its --subprocesses sections), as (pid, that process's text)."""
     out = []

@@ -22,9 +22,9 @@ from tokenpulse.diagnosis.stall import ALIVE_CLAUSE, stuck_at
 from tokenpulse.protocol import AlertKind
 from worker.agent import gangstacks, gangwatch
 from worker.agent.advice import Advisor
-from worker.agent.headline import folded, gang_headline, stall_headline
+from worker.agent.headline import folded, gang_headline, hang_frame, stall_headline
 from worker.agent.ranks import diagnose
-from worker.agent.running import Emitter, RunningJob
+from worker.agent.running import Emitter, Requested, RunningJob
 from worker.agent.sysmetrics import read_schedstat
 
 log = logging.getLogger("tokenpulse.agent")
@@ -107,6 +107,7 @@ class JobDiagnosis:
             where, stack, stacks = await self.gang_verdict(rj, rj.gang)
             if rj.process.started.returncode is None:
                 head, odd_stack = gang_headline(v.silent_s, stacks, rj.detector.where())
+                self.note_hang(rj, now, head, hang_frame(odd_stack))
                 message = folded(head, f"{v.message}; {where}", odd_stack)
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical",
                                         "message": message[:8192], "stack": stack[-199_000:]})
@@ -120,9 +121,12 @@ class JobDiagnosis:
             if not can_run_handlers(state):  # its alive thread spoke a moment ago, but it is frozen now
                 message = message.replace(ALIVE_CLAUSE, "") + f"; process state {describe_state(state)}"
             message += f"; stuck at {stuck}" if stuck else ""
-            message = folded(stall_headline(v.silent_s, stack, rj.detector.where()), message, stack)
+            head = stall_headline(v.silent_s, stack, rj.detector.where())
+            self.note_hang(rj, now, head, hang_frame(stack))
+            message = folded(head, message, stack)
             self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical", "message": message,
                                     "stack": stack[-199_000:] if stack else None})
+        self.end_hang(rj, now)
         if rj.advice is not None:
             await self.advise(rj, rj.advice, now)
         if rj.slow is None:
@@ -137,6 +141,32 @@ class JobDiagnosis:
             kind, clear = v.kind.removesuffix("_clear"), v.kind.endswith("_clear")
             severity = "info" if kind == AlertKind.CONTENTION else "warning"
             self.emit(rj, "alert", {"kind": kind, "severity": severity, "message": v.message, "clear": clear})
+
+    # ---- a stall that lasts: a hang --------------------------------------------------------------
+
+    @staticmethod
+    def note_hang(rj: RunningJob, now: float, headline: str, frame: Optional[str]) -> None:
+        """A stall alerted: where it is stuck, kept for the hang's verdict (the first alert's time)."""
+        since = rj.hang["since"] if rj.hang is not None else now
+        rj.hang = {"since": since, "step": rj.detector.step, "frame": frame, "headline": headline}
+
+    def end_hang(self, rj: RunningJob, now: float) -> None:
+        """Moving again: no hang. Stalled for stall.kill_after_s since its alert: the attempt is ended
+        (SIGKILL of its tree: a hung step cannot checkpoint) and judged a hang (exits.py), which the
+        retry policy retries once from the newest checkpoint, and not again if it hangs at the same
+        step in the same frame."""
+        if not rj.detector.stalled:
+            rj.hang = None
+            return
+        if rj.hang is None or rj.kill_after_s <= 0 or rj.requested is not None \
+                or now - rj.hang["since"] < rj.kill_after_s:
+            return
+        rj.requested = Requested.HANG
+        at = f" at step {rj.hang['step']}" if rj.hang.get("step") is not None else ""
+        self.emit(rj, "log", {"line": f"agent: stalled{at} {now - rj.hang['since']:.0f} s since its alert "
+                                      f"(stall.kill_after_s={rj.kill_after_s:g}); killing it to end the attempt "
+                                      "as a hang", "stream": "agent"})
+        rj.process.kill_all()
 
     async def advise(self, rj: RunningJob, advice: Advisor, now: float) -> None:
         """A command job's verdicts on its first steps (worker/agent/advice.py; advice: rj.advice), and

@@ -50,6 +50,19 @@ def is_anatomy(data: dict) -> bool:
     return isinstance(values, dict) and bool(values) and all(str(k).startswith("anatomy/") for k in values)
 
 
+TRAIN_KILL_AFTER_S = 1800.0  # tokenpulse's own training: a stall alerted this long ago is a hang
+
+
+def kill_after(stall: StallConfig, command: bool) -> float:
+    """Seconds after a stall alert that the attempt is ended as a hang (0: never): the job's
+    stall.kill_after_s, else the agent's TOKENPULSE_STALL_KILL_AFTER_S, else by kind: tokenpulse's own
+    loop has no reason to sit still for half an hour past its learned timeout; a command may wait on
+    purpose (a prompt, a silent download), so it is never killed unless asked."""
+    if stall.kill_after_s >= 0:
+        return stall.kill_after_s
+    return 0.0 if command else TRAIN_KILL_AFTER_S
+
+
 def new_gang(stall: StallConfig) -> gangwatch.GangState:
     """A distributed job's ranks, its straggler rule holding and clearing like its other alerts."""
     return gangwatch.GangState(board=RankBoard(open_s=stall.alert_open_s, clear_s=stall.alert_clear_s))
@@ -101,9 +114,10 @@ class JobRunner:
         proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None,
                                command=argv, fifo=fifo)
         proc.tree = JobTree.for_job(self.server, claim.job_id, claim.attempt)
+        proc.control_file = job_dir / "control"  # the agent's word before its own SIGTERM (child.py)
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16),
-                        gang=new_gang(stall) if fifo else None)
+                        gang=new_gang(stall) if fifo else None, kill_after_s=kill_after(stall, command=False))
         self.jobs[claim.job_id] = rj
         self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}: {resume_note}", "stream": "agent"})
         try:
@@ -136,8 +150,9 @@ class JobRunner:
         launcher = is_distributed(spec) or launches_ranks(spec.command)
         proc = CommandProcess(argv, cwd, env, launcher=launcher)
         proc.tree = JobTree.for_job(self.server, claim.job_id, claim.attempt)
+        proc.control_file = job_dir / "control"  # the agent's word before its own SIGTERM (child.py)
         stall = self.stall_config.merged(spec.stall.model_dump())
-        rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
+        rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall), kill_after_s=kill_after(stall, True),
                         # padding and step size: judged by the advisor, with the script's own fix
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16, owned=OWNED), cwd=cwd,
                         gang=new_gang(stall) if launcher else None,
@@ -240,7 +255,22 @@ class JobRunner:
             if kind == "state":
                 rj.child_state = data  # judged together with the exit code, in supervise()
                 continue
+            if kind == "checkpoint" and not data.get("final") and data.get("requested"):
+                self.emit(rj, "log", {"line": self.checkpoint_words(rj, data, now), "stream": "agent"})
             self.emit(rj, kind, data, t)
+
+    @staticmethod
+    def checkpoint_words(rj: RunningJob, data: dict, now: float) -> str:
+        """A checkpoint that was asked for, and how long it took: the process measures from its signal,
+        the agent from when it asked (a SIGTERM from outside: the agent did not ask)."""
+        sig = data.get("requested")
+        why = {"SIGUSR2": "asked for (pause or stop)", "SIGTERM": "on a SIGTERM from outside (preemption)"}.get(
+            sig, f"asked for ({sig})")
+        words = (f"agent: checkpoint at step {data.get('step')} {why}: saved {data.get('request_s', 0):.1f} s "
+                 "after the signal")
+        if sig == "SIGUSR2" and rj.asked_at is not None:
+            words += f" ({now - rj.asked_at:.1f} s after this agent asked)"
+        return words
 
     @staticmethod
     def masked(rj: RunningJob, kind: str, data: dict) -> dict:
@@ -368,4 +398,5 @@ class JobRunner:
                 rj.alive_at <= rj.born and time.monotonic() - rj.started < 120 and rj.process.proc.returncode is None)):
             await asyncio.sleep(0.2)
         if rj.process.proc is not None and rj.requested == Requested.PAUSE:
+            rj.asked_at = time.time()
             await rj.process.stop(signal.SIGUSR2, max(self.grace_s, 120))

@@ -32,6 +32,7 @@ class Requested(str, Enum):
     PAUSE = "pause"
     SHUTDOWN = "shutdown"
     PAUSE_REFUSED = "pause-refused"
+    HANG = "hang"  # stalled past stall.kill_after_s: killed, to end as a hang (job_diagnosis.py)
 
 
 @dataclass
@@ -55,6 +56,10 @@ class RunningJob:
     pausable: bool = False  # its events said it can checkpoint and pause on SIGUSR2
     stall_clear: Optional[tuple] = None  # (since, message): moving again, the stall alert's clear held
     sys: Optional[sysmetrics.TreeSampler] = None  # its process tree's CPU, memory, disk, GPU (sys/ series)
+    asked_at: Optional[float] = None  # when this agent asked it for a checkpoint (SIGUSR2: pause, stop)
+    # its stall, once alerted: {"since", "step", "frame", "headline"} (ended as a hang after kill_after_s)
+    hang: Optional[dict] = None
+    kill_after_s: float = 0.0  # 0: a stall is never killed
 
     @property
     def command(self) -> Optional[CommandSpec]:

@@ -116,6 +116,8 @@ class TreeSampler:
     cpu: dict = field(default_factory=dict)  # pid -> cpu seconds at the last sample
     io: dict = field(default_factory=dict)  # pid -> (read bytes, write bytes) at the last sample
     pids: set = field(default_factory=set)  # the tree at the last sample
+    peak_rss_mb: float = 0.0  # the highest sys/rss_mb sampled (an OOM's give-up names it)
+    peak_gpu_mb: float = 0.0  # the highest sys/gpu_mem_mb sampled
 
     def due(self, now: float) -> bool:
         if self.last_at is None:
@@ -167,6 +169,8 @@ class TreeSampler:
             own_gpu += sum(mb for pid, mb in g["pids"].items() if pid in mine)
         if any(g["pids"] for g in gpus):
             values["sys/gpu_mem_mb"] = own_gpu
+            self.peak_gpu_mb = max(self.peak_gpu_mb, own_gpu)
+        self.peak_rss_mb = max(self.peak_rss_mb, rss / MB)
         return {k: round(v, 3) for k, v in values.items()}
 
 

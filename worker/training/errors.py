@@ -5,6 +5,8 @@ from __future__ import annotations
 # Exit codes of `python -m worker.training.train` / `python -m worker.training.analyze` (the agent maps them to
 # failures).
 EXIT_OK, EXIT_CRASH, EXIT_SPEC, EXIT_FAULT_CRASH, EXIT_NAN, EXIT_OOM, EXIT_DISK_FULL = 0, 1, 2, 3, 4, 5, 6
+# a SIGTERM the agent did not announce (a preemption): checkpointed where it could, state `queued`
+EXIT_PREEMPTED = 7
 
 
 def clip(text: str, limit: int = 8000) -> str:

@@ -26,7 +26,7 @@ from tokenpulse.protocol import Phase
 from .errors import EXIT_FAULT_CRASH, Cancelled
 
 PLAN_ENV = "TOKENPULSE_FAULT_PLAN"
-Point = Literal["data", "step", "loss", "step_end"]
+Point = Literal["data", "step", "loss", "step_end", "collate"]
 
 
 class Fault(BaseModel):
@@ -39,6 +39,8 @@ class Fault(BaseModel):
     crash_at_step: Optional[int] = Field(None, ge=0, description=f"exit({EXIT_FAULT_CRASH}) at this step")
     nan_at_step: Optional[int] = Field(None, ge=0, description="loss becomes NaN at this step")
     step_sleep_s: float = Field(0.0, ge=0, description="sleep this long every step (a slow but alive job)")
+    bad_row_at_step: Optional[int] = Field(None, ge=0, description="collating this step's batch raises a data "
+                                           "error naming its row")
     rank: Optional[int] = Field(None, ge=0, description="only this rank of a distributed job gets the fault")
 
 
@@ -91,6 +93,9 @@ class Faults:
                 _fault_hang()
             if f.step_sleep_s:
                 time.sleep(f.step_sleep_s)
+        elif point == "collate" and f.bad_row_at_step is not None and step == f.bad_row_at_step:
+            raise ValueError(f"fault injection: cannot collate row {1000 + step} of the dataset: column 'text' "
+                             "holds None, not a string")
         elif point == "loss":
             return f.nan_at_step is not None and step == f.nan_at_step
         elif point == "step_end" and f.slow_after_step is not None and step >= f.slow_after_step:

@@ -143,10 +143,12 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         t_iter = time.perf_counter()
         faults.at("step", step)
         t_wait = time.perf_counter()
-        cancel, pause = agree(ranks, controls.cancel, controls.pause)
+        # a preemption (an unannounced SIGTERM) stops as a pause does: checkpoint, then exit
+        cancel, pause = agree(ranks, controls.cancel, controls.pause or controls.preempt)
         waited = time.perf_counter() - t_wait  # waiting for the other ranks is not this rank's work
         if cancel or pause:
             controls.cancel, controls.pause = cancel, pause
+            controls.boundary.set()  # at a step boundary: the requested checkpoint's bound is met
             r = flush(state.step)
             if r:
                 return r

@@ -22,7 +22,7 @@ from .autotune import autotune
 from .controls import Controls
 from .diskspace import looks_like_disk_full
 from .distributed import broadcast, env_ranks, rank_info, setup, wrap
-from .errors import EXIT_NAN, EXIT_OK, DiskFull, is_disk_full
+from .errors import EXIT_NAN, EXIT_OK, EXIT_PREEMPTED, DiskFull, is_disk_full
 from .evaluation import Evaluator, cap, hold_out
 from .faults import Faults
 from .hub import fetch_model
@@ -332,6 +332,7 @@ class Session:
         pad = self.tokenizer.pad_token_id
         for k, (epoch, data, step) in enumerate(plan):
             if k >= skip:
+                self.faults.at("collate", k)
                 yield epoch, [collate(data, rows, lay, pad) for rows in step]
 
     def _train(self, batches, lay: Layout, precision: str, total: int, data: Tokenized) -> int:
@@ -372,7 +373,7 @@ class Session:
         ev = self.evaluator = Evaluator(spec, self.eval_data, lay, self.tokenizer, self.device, precision, em,
                                         self.controls.should_stop, self.ranks) if self.eval_data is not None else None
 
-        def save(st: LoopState) -> Optional[Path]:
+        def save(st: LoopState, requested: bool = False) -> Optional[Path]:
             if not self.ranks.main:
                 return None  # only rank 0 saves: the ranks' weights and optimizer states are equal
             em.phase(Phase.SAVING, detail=f"checkpoint at step {st.step}")
@@ -385,7 +386,10 @@ class Session:
                 if is_disk_full(e):
                     raise DiskFull(self.out, f"saving a checkpoint at step {st.step}", e) from e
                 raise
-            em.emit("checkpoint", step=st.step, path=str(p), final=False)
+            asked = {}
+            if requested and self.controls.requested_at is not None:  # measured: the signal to the saved checkpoint
+                asked = {"requested": self.controls.requested, "request_s": round(self.controls.request_s() or 0.0, 3)}
+            em.emit("checkpoint", step=st.step, path=str(p), final=False, **asked)
             last_ckpt["t"] = time.monotonic()
             return p
 
@@ -415,8 +419,15 @@ class Session:
             em.emit("state", state="cancelled", reason=f"cancelled (SIGTERM) at step {res.step}")
             return EXIT_OK
         if res.outcome == "paused":
-            p = save(state)
-            em.emit("state", state="paused", reason=f"paused at step {state.step}; resume from {p}")
+            p = save(state, requested=True)
+            took = self.controls.request_s()
+            took_words = f", saved {took:.1f} s after the {self.controls.requested}" if took is not None else ""
+            if self.controls.preempt:  # an unannounced SIGTERM: back to the queue, to resume from p
+                em.emit("state", state="queued", failure=Failure.PREEMPTED, exit_code=EXIT_PREEMPTED,
+                        reason=f"preempted: SIGTERM not sent by its agent (a scheduler's preemption, a node "
+                               f"drain) at step {state.step}; checkpoint {p}{took_words}; requeued to resume from it")
+                return EXIT_PREEMPTED
+            em.emit("state", state="paused", reason=f"paused at step {state.step}; resume from {p}{took_words}")
             return EXIT_OK
         if ev is not None and (ev.last is None or ev.last["step"] != state.step):
             ev.run(model, state.step)  # the data ran out before the last planned step: the final eval
