@@ -744,8 +744,27 @@
       TP.el("td", { class: "wrap" }, `${a.outcome || (a.ended_at ? "ended" : "running")}${a.reason ? " — " + TP.reasonParts(a.reason).head : ""}`,
         a.reason && TP.reasonParts(a.reason).rest ? TP.el("a", { class: "small-link", href: a === list[list.length - 1] ? "#reason" : `#attempt-${a.attempt}`,
           text: a === list[list.length - 1] ? " (full output above)" : " (full output)",
-          onclick: a === list[list.length - 1] ? null : (e) => { e.preventDefault(); e.target.replaceWith(TP.el("pre", { class: "traceback", text: TP.reasonParts(a.reason).rest })); } }) : ""))));
-    if (!list.length) $("attempts").append(TP.el("tr", {}, TP.el("td", { colspan: 5, class: "muted", text: "Not started yet." })));
+          onclick: a === list[list.length - 1] ? null : (e) => { e.preventDefault(); e.target.replaceWith(TP.el("pre", { class: "traceback", text: TP.reasonParts(a.reason).rest })); } }) : ""),
+      TP.el("td", { class: "attempt-class", text: attemptClass(a) }),
+      TP.el("td", { class: "attempt-change", text: attemptChange(a.change) }),
+      TP.el("td", { class: "attempt-next wrap", text: a.decision || "–" }),
+      TP.el("td", { class: "attempt-ckpt", text: a.checkpoint_s != null ? `${TP.num(a.checkpoint_s, 1)} s` : "–" }))));
+    if (!list.length) $("attempts").append(TP.el("tr", {}, TP.el("td", { colspan: 9, class: "muted", text: "Not started yet." })));
+  }
+  // the failure's class, with what the policy compares or reports for it (a hang's step and frame, the peak memory)
+  function attemptClass(a) {
+    const cls = a.failure_class || a.failure;
+    if (!cls) return "–";
+    const more = [];
+    if (a.hang_step != null) more.push(`step ${a.hang_step}`);
+    if (a.hang_frame) more.push(a.hang_frame);
+    if (a.peak_mb != null) more.push(`peak ${TP.num(a.peak_mb)} MiB`);
+    return more.length ? `${cls} (${more.join(", ")})` : cls;
+  }
+  // {"batch_size": [8, 4], "grad_accum": [1, 2]} -> "batch_size 8 → 4, grad_accum 1 → 2"
+  function attemptChange(change) {
+    if (!change) return "–";
+    return Object.entries(change).map(([k, v]) => Array.isArray(v) && v.length === 2 ? `${k} ${v[0]} → ${v[1]}` : `${k} ${JSON.stringify(v)}`).join(", ");
   }
 
   let lastProgress = null;
