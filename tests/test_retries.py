@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import is_training, make_server, wait_for
+from conftest import ROOT, is_training, make_server, wait_for
+from test_instrument import SCRIPTS, tiny_model  # noqa: F401  (the module-scoped model fixture)
 
+from worker.training.controls import BOUND_ENV
 from worker.training.memory import HEADROOM_ENV
 
 SPEC = dict(batch_size=2, grad_accum=1, max_seq_length=64, precision="fp32", device="cpu", seed=3, log_every=1)
@@ -35,7 +38,8 @@ def srv(tmp_path_factory):
     address-space cap (700 MiB over what they have mapped when they set up their batches): a
     micro-batch of 8 rows of 1,024 tokens fails in the CPU allocator, the small jobs here fit."""
     s = make_server(tmp_path_factory.mktemp("retries")).start()
-    agent = s.start_agent("a1", env={HEADROOM_ENV: "700"})
+    # a requested checkpoint not reached within 8 s falls back to the newest saved one (controls.py)
+    agent = s.start_agent("a1", "--allow-commands", env={HEADROOM_ENV: "700", BOUND_ENV: "8"})
     yield s
     agent.send_signal(signal.SIGTERM)
     try:
@@ -106,6 +110,64 @@ def test_sigterm_from_outside_checkpoints_and_the_job_resumes_from_it(srv):
     assert stored_losses(srv, jid) == list(range(1, 15))  # every step once: no gap, no step twice
     print(f"\nMEASURED | SIGTERM from outside -> checkpoint saved: {first['checkpoint_s']:.2f} s "
           f"(step {saved_at}, steps of ~0.25 s)")
+
+
+def test_sigterm_from_outside_checkpoints_an_instrumented_trainer_script_and_it_resumes(srv, tiny_model, tmp_path):  # noqa: F811
+    """The same for an unchanged Hugging Face Trainer script run as a command job: the startup hook's
+    callback saves at the next step end, the job is requeued and the script resumes from that
+    checkpoint (TOKENPULSE_RESUME_FROM)."""
+    command = [sys.executable, str(SCRIPTS / "hf_trainer.py"), "--model", str(tiny_model), "--data",
+               str(ROOT / "tokenpulse" / "demo" / "demo.jsonl"), "--out", str(tmp_path / "out"),
+               "--max-steps", "14", "--step-sleep", "0.3"]
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-datasets"), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}
+    with srv.client() as c:
+        r = c.post("/api/jobs/command", json={"command": command, "cwd": str(tmp_path), "env": env, "max_retries": 0})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        wait_for(lambda: (lambda j: j["info"].get("pausable") and (j["step"] or 0) >= 3)(job(c, jid)), 240,
+                 "3 Trainer steps", show=lambda: job(c, jid))
+
+        def script():
+            for p in psutil.Process(srv.agents[0].pid).children(recursive=True):
+                line = " ".join(p.cmdline())
+                if "hf_trainer.py" in line and "keeper" not in line:
+                    return p.pid
+            return None
+        os.kill(wait_for(script, 30, "the script's process"), signal.SIGTERM)
+        j = srv.wait_job(jid, states=("completed", "failed", "cancelled"), timeout=300)
+        assert j["state"] == "completed", why(j)
+        first, second = j["attempts"]
+        assert first["outcome"] == "preempted" and first["failure_class"] == "preempted", why(j)
+        assert first["checkpoint_s"] is not None and first["checkpoint_s"] < 10, first
+        assert second["resumed_from"] and "checkpoint-" in second["resumed_from"], second
+        at = int(second["resumed_from"].rsplit("-", 1)[1])
+        steps = c.get(f"/api/jobs/{jid}/metrics", params={"keys": ["loss"]}).json()["series"]["loss"]["step"]
+    assert sorted(steps) == list(range(1, 15)), steps  # every step once, the resumed ones after `at`
+    print(f"\nMEASURED | Trainer script: SIGTERM from outside -> checkpoint-{at} saved: {first['checkpoint_s']:.2f} s")
+
+
+def test_a_process_stuck_past_the_bound_says_so_and_falls_back_to_the_newest_checkpoint(srv):
+    """SIGTERM from outside while the step never ends: no step boundary within the bound (8 s here),
+    so the process says so and goes back to the queue; the next attempt resumes from the newest
+    checkpoint saved before."""
+    spec = {**SPEC, "max_steps": 10, "checkpoint_every": 2, "stall": {"kill_after_s": 0},
+            "name": srv.plan_fault("stuck", hang_at_step=4)}
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json=spec).json()["id"]
+        j = wait_for(lambda: (lambda x: x if (x["step"] or 0) >= 4 and (x["checkpoint"] or "").endswith("4")
+                              else None)(job(c, jid)), 120, "step 4 and its checkpoint")
+        newest = j["checkpoint"]
+        os.kill(training_pid(srv.agents[0].pid), signal.SIGTERM)
+        j = wait_for(lambda: (lambda x: x if len(x["attempts"]) >= 2 else None)(job(c, jid)), 90, "a second attempt")
+        first, second = j["attempts"][:2]
+        assert first["outcome"] == "preempted", why(j)
+        assert "no step boundary was reached within 8 s (stuck at step 4)" in first["reason"], first["reason"]
+        assert f"resumes from the newest saved checkpoint {newest}" in first["reason"], first["reason"]
+        assert first["checkpoint_s"] is None, first  # nothing was saved on request
+        assert second["resumed_from"] == newest, second
+        assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+        assert srv.wait_job(jid, states=("completed", "failed", "cancelled"), timeout=60)["state"] == "cancelled"
 
 
 def test_the_agents_own_sigterm_is_a_cancel(srv):

@@ -155,6 +155,7 @@ class TokenPulseCallback(TrainerCallback):
         run.start_alive()
         run.trainer_training = True
         pausable = run.install_pause_handler() or run.pause_requested.is_set()
+        run.install_term_handler()  # a SIGTERM from outside: checkpoint and come back (preemption)
         self._max_steps = state.max_steps
         FACTS.training_args(args, kw.get("model"))
         em.info(pausable=pausable, trainer=self.trainer_name,
@@ -179,7 +180,8 @@ class TokenPulseCallback(TrainerCallback):
             self.paused = True
             control.should_save = True
             control.should_training_stop = True
-            em.phase("saving", detail=f"checkpoint at step {step} (pause)")
+            em.phase("saving", detail=f"checkpoint at step {step} "
+                     f"({'preempted' if run.preempt_requested.is_set() else 'pause'})")
         elif control.should_save:
             em.phase("saving", detail=f"checkpoint at step {step}")
         elif time.monotonic() - self._phase_t >= PHASE_EVERY_S:
@@ -242,7 +244,11 @@ class TokenPulseCallback(TrainerCallback):
         path = os.path.abspath(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
         if os.path.isdir(path):
             self.checkpoint = path
-            self.em.emit("checkpoint", step=state.global_step, path=path, final=False)
+            asked = {}
+            if self.paused and run.requested.get("at"):  # the requested one: measured from its signal
+                asked = {"requested": run.requested.get("signal"),
+                         "request_s": round(max(0.0, time.time() - run.requested["at"]), 3)}
+            self.em.emit("checkpoint", step=state.global_step, path=path, final=False, **asked)
         if self.active and not self.paused:
             self.em.phase("training", done=state.global_step, total=state.max_steps, unit="steps")
             self._reset_window(time.perf_counter(), state.global_step)
@@ -253,8 +259,15 @@ class TokenPulseCallback(TrainerCallback):
             return
         self.active = False
         run.trainer_training = False
+        if not self.paused:
+            run.remove_term_handler()
         em = self.em
-        if self.paused:
+        if self.paused and run.preempt_requested.is_set():  # a SIGTERM from outside: back to the queue
+            where = f"; requeued to resume from {self.checkpoint}" if self.checkpoint else "; requeued"
+            em.emit("state", state="queued", failure="preempted",
+                    reason=f"preempted: SIGTERM not sent by its agent (a scheduler's preemption, a node drain) "
+                           f"at step {state.global_step}{where}")
+        elif self.paused:
             where = f"; resume from {self.checkpoint}" if self.checkpoint else ""
             em.emit("state", state="paused", reason=f"paused at step {state.global_step}{where}")
         else:

@@ -20,6 +20,10 @@ _lock = threading.RLock()
 _reporter = None  # an Emitter, or a remote.RemoteRun (same methods)
 _alive_started = False
 pause_requested = threading.Event()  # SIGUSR2 from the agent: a Trainer callback checkpoints and stops
+# A SIGTERM its agent did not announce (a preemption, tokenpulse/control.py): the callback checkpoints
+# as for a pause, and the job goes back to the queue instead of pausing. pause_requested is set too.
+preempt_requested = threading.Event()
+requested: dict = {}  # {"signal": "SIGUSR2" | "SIGTERM", "at": time.time()} of the first checkpoint request
 
 
 def reporter(create: bool = True):
@@ -47,6 +51,8 @@ trainer_training = False  # set by TokenPulseCallback while a Trainer trains in 
 
 
 def _on_pause(signum, frame) -> None:
+    requested.setdefault("signal", "SIGUSR2")
+    requested.setdefault("at", time.time())
     pause_requested.set()
     if not trainer_training:
         # A launcher (trl sft, accelerate launch) trains in a child: pass the request down.
@@ -73,6 +79,56 @@ def _forward_pause() -> None:
                 os.kill(pid, signal.SIGUSR2)
         except (OSError, ValueError, IndexError):
             continue
+
+
+_term_before = None  # the SIGTERM handler ours replaced
+
+
+def _on_term(signum, frame) -> None:
+    """The agent's announced SIGTERM (a cancel) does what SIGTERM did before; any other is a
+    preemption: checkpoint at the next step end and come back (while a Trainer trains)."""
+    from tokenpulse.control import announced_cancel, control_file
+    if announced_cancel(control_file()) or not trainer_training:
+        before = _term_before if _term_before is not None else signal.SIG_DFL
+        signal.signal(signal.SIGTERM, before)
+        if callable(before):
+            before(signum, frame)
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)  # the default action, as if ours had never been there
+        return
+    requested.setdefault("signal", "SIGTERM")
+    requested.setdefault("at", time.time())
+    preempt_requested.set()
+    pause_requested.set()
+
+
+def install_term_handler() -> bool:
+    """While a Trainer trains under an agent: SIGTERM from outside = checkpoint and come back. Only
+    over the default action (a script's own handler wins), only from the main thread."""
+    global _term_before
+    from tokenpulse.control import control_file
+    if not control_file() or threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        current = signal.getsignal(signal.SIGTERM)
+        if current is _on_term:
+            return True
+        if current not in (signal.SIG_DFL, None):
+            return False
+        _term_before = current
+        signal.signal(signal.SIGTERM, _on_term)
+        return True
+    except (ValueError, OSError, AttributeError):
+        return False
+
+
+def remove_term_handler() -> None:
+    """Training is over: SIGTERM is what it was before."""
+    try:
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is _on_term:
+            signal.signal(signal.SIGTERM, _term_before if _term_before is not None else signal.SIG_DFL)
+    except (ValueError, OSError, AttributeError):
+        pass
 
 
 def install_pause_handler() -> bool:

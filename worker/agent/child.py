@@ -13,11 +13,9 @@ from collections import deque
 from pathlib import Path
 from typing import Optional
 
+from tokenpulse.control import CANCEL_WORD, CONTROL_ENV  # read by worker/training/controls.py, the Trainer hook
 from worker.agent.proc import children
 from worker.agent.tree import JobTree
-
-CONTROL_ENV = "TOKENPULSE_CONTROL_FILE"  # read by worker/training/controls.py and the Trainer hook
-CANCEL_WORD = "cancel"
 
 
 def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:

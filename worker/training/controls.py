@@ -20,22 +20,11 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
-CONTROL_ENV = "TOKENPULSE_CONTROL_FILE"
+from tokenpulse.control import CONTROL_ENV, announced_cancel
+
 BOUND_ENV = "TOKENPULSE_CHECKPOINT_BOUND_S"
-CANCEL_WORD = "cancel"
-
-
-def announced_cancel(control_file: Optional[str]) -> bool:
-    """Did the agent say that its SIGTERM is a cancel? (No control file: run alone, SIGTERM is one.)"""
-    if not control_file:
-        return True
-    try:
-        return Path(control_file).read_text().strip() == CANCEL_WORD
-    except OSError:
-        return False
 
 
 class Controls:
