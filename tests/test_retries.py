@@ -104,9 +104,10 @@ def test_sigterm_from_outside_checkpoints_and_the_job_resumes_from_it(srv):
         assert ckpt and ckpt.rsplit("step-", 1)[1].lstrip("0"), second
         saved_at = int(Path(ckpt).name.removeprefix("step-"))
         assert saved_at >= 4, (saved_at, first)
-        assert f"preempted: SIGTERM not sent by its agent" in first["reason"], first
+        assert "preempted: SIGTERM not sent by its agent" in first["reason"], first
         text = log_lines(c, jid)
-        assert f"agent: checkpoint at step {saved_at} on a SIGTERM from outside (preemption): saved" in text, text[-3000:]
+        said = f"agent: checkpoint at step {saved_at} on a SIGTERM from outside (preemption): saved"
+        assert said in text, text[-3000:]
     assert stored_losses(srv, jid) == list(range(1, 15))  # every step once: no gap, no step twice
     print(f"\nMEASURED | SIGTERM from outside -> checkpoint saved: {first['checkpoint_s']:.2f} s "
           f"(step {saved_at}, steps of ~0.25 s)")
@@ -261,8 +262,8 @@ def test_a_data_error_naming_its_row_is_not_retried(srv):
 
 def test_attempts_table_shows_class_change_and_decision(srv):
     """The job page's Attempts table, in headless Chromium, on the out-of-memory job above."""
-    from test_ui import console_errors, login, make_driver, shot, until
     from selenium.webdriver.common.by import By
+    from test_ui import console_errors, login, make_driver, shot, until
     if "oom" not in DONE:
         pytest.skip("needs the out-of-memory job of this module")
     jid = DONE["oom"]
