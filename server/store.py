@@ -50,7 +50,7 @@ RETRYABLE = {Failure.OOM, Failure.CRASH, Failure.LOST, Failure.SIGNAL, Failure.H
 # clone the job or resume from there.
 FINAL_FAILURES = {Failure.SPEC, Failure.NAN, Failure.DISK_FULL, Failure.DATA}
 # Why a failure of each final class is not retried (the attempt's `decision`).
-NOT_RETRIED = {
+NOT_RETRIED: dict[str, str] = {
     Failure.SPEC: "the spec cannot run as it is: fix the named field and clone the job",
     Failure.NAN: "a non-finite loss comes back at the same step with the same data and settings",
     Failure.DISK_FULL: "the same disk would fill again: free space, then resume or clone",
@@ -289,13 +289,13 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
         if failure == Failure.PREEMPTED:
             if job.requested_action == "pause":  # a person asked for a pause meanwhile: it pauses there
                 return _final(s, job, JobState.paused, reason, attempt, now, f"paused as asked; {where} on resume")
-            decision = (f"requeued: preempted (a SIGTERM not sent by its agent); {where}; a preemption is not "
+            requeued = (f"requeued: preempted (a SIGTERM not sent by its agent); {where}; a preemption is not "
                         "the job's fault: no retry spent")
         else:
-            decision = f"requeued: its agent stopped; {where}; no retry spent"
+            requeued = f"requeued: its agent stopped; {where}; no retry spent"
         transition(s, job, JobState.queued, reason=reason)
         if attempt is not None:
-            attempt.ended_at, attempt.reason, attempt.decision = now, reason, decision
+            attempt.ended_at, attempt.reason, attempt.decision = now, reason, requeued
             attempt.outcome = "preempted" if failure == Failure.PREEMPTED else "queued"
         return JobState.queued
     if state == JobState.failed and failure not in FINAL_FAILURES and (retry or failure in RETRYABLE):
@@ -347,7 +347,7 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
 
 
 # What each retried class's retry is meant to cure (the attempt's `decision`).
-CURES = {
+CURES: dict[str, str] = {
     Failure.OOM: "out of memory, half the micro-batch and twice the accumulation",
     Failure.CRASH: "a crash, again from the newest checkpoint",
     Failure.SIGNAL: "killed by a signal, again from the newest checkpoint",

@@ -263,7 +263,7 @@ class JobRunner:
     def checkpoint_words(rj: RunningJob, data: dict, now: float) -> str:
         """A checkpoint that was asked for, and how long it took: the process measures from its signal,
         the agent from when it asked (a SIGTERM from outside: the agent did not ask)."""
-        sig = data.get("requested")
+        sig = str(data.get("requested"))
         why = {"SIGUSR2": "asked for (pause or stop)", "SIGTERM": "on a SIGTERM from outside (preemption)"}.get(
             sig, f"asked for ({sig})")
         words = (f"agent: checkpoint at step {data.get('step')} {why}: saved {data.get('request_s', 0):.1f} s "
