@@ -387,10 +387,11 @@ def test_secret_env_values_never_reach_the_server(server_factory, tmp_path):
         assert line.startswith("plain visible unnamed key None tokenpulse vars "), line
         seen = set(ast.literal_eval(line.split("tokenpulse vars ", 1)[1]))
         # the job's id and event pipe (the instrumentation adds the pipe's identity), its tree's tag and
-        # its agent's pid (worker/agent/keeper.py); never a token
+        # its agent's pid (worker/agent/keeper.py), the file its agent announces a cancel in
+        # (tokenpulse/control.py); never a token
         assert {"TOKENPULSE_EVENT_FD", "TOKENPULSE_JOB_ID", "TOKENPULSE_JOB_TREE"} <= seen <= {
             "TOKENPULSE_EVENT_FD", "TOKENPULSE_JOB_ID", "TOKENPULSE_EVENT_PIPE_ID", "TOKENPULSE_EVENT_PIPE_PATH",
-            "TOKENPULSE_JOB_TREE", "TOKENPULSE_AGENT_PID"}, seen
+            "TOKENPULSE_JOB_TREE", "TOKENPULSE_AGENT_PID", "TOKENPULSE_CONTROL_FILE"}, seen
         for path in (f"/api/jobs/{job['id']}", "/api/jobs", f"/api/jobs/{job['id']}/events?limit=100000",
                      "/api/alerts", "/api/agents", "/api/tokens"):
             r = c.get(path)
