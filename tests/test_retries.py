@@ -113,6 +113,31 @@ def test_sigterm_from_outside_checkpoints_and_the_job_resumes_from_it(srv):
           f"(step {saved_at}, steps of ~0.25 s)")
 
 
+def test_sigterm_to_torchrun_from_outside_checkpoints_every_rank_and_resumes(srv):
+    """torchrun forwards the SIGTERM to its ranks; each reads the control file (no "cancel" there),
+    the ranks agree on the stop at one step, rank 0 saves, the job comes back from that checkpoint."""
+    spec = {**SPEC, "max_steps": 16, "max_retries": 0, "nproc_per_node": 2,
+            "name": srv.plan_fault("preempted gang", step_sleep_s=0.2)}
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json=spec).json()["id"]
+        wait_for(lambda: (job(c, jid)["step"] or 0) >= 3, 180, "3 steps")
+
+        def launcher():
+            for p in psutil.Process(srv.agents[0].pid).children(recursive=True):
+                line = " ".join(p.cmdline())
+                if "torch.distributed.run" in line and "keeper" not in line:
+                    return p.pid
+            return None
+        os.kill(wait_for(launcher, 30, "torchrun"), signal.SIGTERM)
+        j = srv.wait_job(jid, states=("completed", "failed", "cancelled"), timeout=240)
+        assert j["state"] == "completed", why(j)
+        first, second = j["attempts"]
+        assert first["outcome"] == "preempted" and first["checkpoint_s"] is not None, why(j)
+        assert second["resumed_from"] and "step-" in second["resumed_from"], second
+    assert stored_losses(srv, jid) == list(range(1, 17))
+    print(f"\nMEASURED | torchrun, 2 ranks: SIGTERM from outside -> checkpoint saved: {first['checkpoint_s']:.2f} s")
+
+
 def test_sigterm_from_outside_checkpoints_an_instrumented_trainer_script_and_it_resumes(srv, tiny_model, tmp_path):  # noqa: F811
     """The same for an unchanged Hugging Face Trainer script run as a command job: the startup hook's
     callback saves at the next step end, the job is requeued and the script resumes from that

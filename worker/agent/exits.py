@@ -53,7 +53,7 @@ def final_verdict(rj: RunningJob, returncode: int, agent_name: str) -> ExitVerdi
     timeout, an out of memory with the peak memory the attempt reached."""
     verdict = judge_exit(rj, returncode, agent_name)
     verdict = classify(rj, verdict)
-    if rj.gang is not None and rj.requested is None:
+    if rj.gang is not None and rj.requested is None and verdict.state != "queued":  # not a preemption
         verdict = gangwatch.judge(rj.gang, verdict, list(rj.process.tail))
     if rj.gang is not None:
         verdict.ranks = gangwatch.exits(rj.gang, list(rj.process.tail))

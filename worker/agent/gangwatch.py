@@ -19,7 +19,7 @@ from tokenpulse.protocol import ExitVerdict
 from worker.agent.ranks import RankBoard, diagnose, torchrun_failures
 
 DEATH_GRACE_S = 2.0
-DONE_STATES = ("completed", "paused", "cancelled")
+DONE_STATES = ("completed", "paused", "cancelled", "queued")  # queued: checkpointed on a preemption
 
 
 @dataclass
