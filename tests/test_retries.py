@@ -271,6 +271,7 @@ def test_a_hang_at_the_same_step_and_frame_is_not_retried_twice(srv):
         assert second["outcome"] == "failed" and "deterministic hang" in second["decision"], second
         assert "attempt 1 hung at the same step 3" in j["reason"], j["reason"]
         assert "stall.kill_after_s" in log_lines(c, jid)
+        DONE["hang"] = jid
 
 
 def test_a_data_error_naming_its_row_is_not_retried(srv):
@@ -306,5 +307,16 @@ def test_attempts_table_shows_class_change_and_decision(srv):
         d.execute_script("document.getElementById('attempts').scrollIntoView()")
         shot(d, "attempts_classes")
         assert not console_errors(d)
+        if "hang" in DONE:  # the deterministic hang: its step and frame, and why no third attempt
+            d.get(f"{srv.url}/jobs/{DONE['hang']}")
+            def two_rows(d):
+                rows = d.find_elements(By.CSS_SELECTOR, "#attempts tr")
+                return len(rows) >= 2 and "deterministic" in rows[-1].text
+            until(d, 30, two_rows, "the hang's attempts")
+            rows = d.find_elements(By.CSS_SELECTOR, "#attempts tr")
+            cls = rows[0].find_element(By.CSS_SELECTOR, ".attempt-class").text
+            assert "hang (step 3, _fault_hang (faults.py:" in cls, cls
+            d.execute_script("document.getElementById('attempts').scrollIntoView()")
+            shot(d, "attempts_hang")
     finally:
         d.quit()
