@@ -38,8 +38,8 @@ def srv(tmp_path_factory):
     address-space cap (700 MiB over what they have mapped when they set up their batches): a
     micro-batch of 8 rows of 1,024 tokens fails in the CPU allocator, the small jobs here fit."""
     s = make_server(tmp_path_factory.mktemp("retries")).start()
-    # a requested checkpoint not reached within 8 s falls back to the newest saved one (controls.py)
-    agent = s.start_agent("a1", "--allow-commands", env={HEADROOM_ENV: "700", BOUND_ENV: "8"})
+    # a requested checkpoint not reached within 5 s falls back to the newest saved one (controls.py)
+    agent = s.start_agent("a1", "--allow-commands", env={HEADROOM_ENV: "700", BOUND_ENV: "5"})
     yield s
     agent.send_signal(signal.SIGTERM)
     try:
@@ -70,6 +70,15 @@ def training_pid(agent_pid: int) -> int:
         pids = [p.pid for p in kids if is_training(p.cmdline())]
         return pids[0] if len(pids) == 1 else None
     return wait_for(find, 60, "the training process")
+
+
+def script_pid(srv):
+    """The Trainer script's process (not its keeper)."""
+    for p in psutil.Process(srv.agents[0].pid).children(recursive=True):
+        line = " ".join(p.cmdline())
+        if "hf_trainer.py" in line and "keeper" not in line:
+            return p.pid
+    return None
 
 
 def stored_losses(srv, jid: int) -> list[int]:
@@ -153,14 +162,7 @@ def test_sigterm_from_outside_checkpoints_an_instrumented_trainer_script_and_it_
         jid = r.json()["id"]
         wait_for(lambda: (lambda j: j["info"].get("pausable") and (j["step"] or 0) >= 3)(job(c, jid)), 240,
                  "3 Trainer steps", show=lambda: job(c, jid))
-
-        def script():
-            for p in psutil.Process(srv.agents[0].pid).children(recursive=True):
-                line = " ".join(p.cmdline())
-                if "hf_trainer.py" in line and "keeper" not in line:
-                    return p.pid
-            return None
-        os.kill(wait_for(script, 30, "the script's process"), signal.SIGTERM)
+        os.kill(wait_for(lambda: script_pid(srv), 30, "the script's process"), signal.SIGTERM)
         j = srv.wait_job(jid, states=("completed", "failed", "cancelled"), timeout=300)
         assert j["state"] == "completed", why(j)
         first, second = j["attempts"]
@@ -174,7 +176,7 @@ def test_sigterm_from_outside_checkpoints_an_instrumented_trainer_script_and_it_
 
 
 def test_a_process_stuck_past_the_bound_says_so_and_falls_back_to_the_newest_checkpoint(srv):
-    """SIGTERM from outside while the step never ends: no step boundary within the bound (8 s here),
+    """SIGTERM from outside while the step never ends: no step boundary within the bound (5 s here),
     so the process says so and goes back to the queue; the next attempt resumes from the newest
     checkpoint saved before."""
     spec = {**SPEC, "max_steps": 10, "checkpoint_every": 2, "stall": {"kill_after_s": 0},
@@ -188,12 +190,36 @@ def test_a_process_stuck_past_the_bound_says_so_and_falls_back_to_the_newest_che
         j = wait_for(lambda: (lambda x: x if len(x["attempts"]) >= 2 else None)(job(c, jid)), 90, "a second attempt")
         first, second = j["attempts"][:2]
         assert first["outcome"] == "preempted", why(j)
-        assert "no step boundary was reached within 8 s (stuck at step 4)" in first["reason"], first["reason"]
+        assert "no step boundary was reached within 5 s (stuck at step 4)" in first["reason"], first["reason"]
         assert f"resumes from the newest saved checkpoint {newest}" in first["reason"], first["reason"]
         assert first["checkpoint_s"] is None, first  # nothing was saved on request
         assert second["resumed_from"] == newest, second
         assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
         assert srv.wait_job(jid, states=("completed", "failed", "cancelled"), timeout=60)["state"] == "cancelled"
+
+
+def test_a_trainer_step_that_never_ends_says_so_past_the_bound(srv, tiny_model, tmp_path):  # noqa: F811
+    """A Trainer script blocked inside a step gets a SIGTERM from outside: no step end within the bound
+    (the job's TOKENPULSE_CHECKPOINT_BOUND_S), so its hook says so and ends it; the job is requeued."""
+    command = [sys.executable, str(SCRIPTS / "hf_trainer.py"), "--model", str(tiny_model), "--data",
+               str(ROOT / "tokenpulse" / "demo" / "demo.jsonl"), "--out", str(tmp_path / "out"),
+               "--max-steps", "14", "--block-at-step", "3"]
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-datasets"), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT), BOUND_ENV: "4"}
+    with srv.client() as c:
+        r = c.post("/api/jobs/command", json={"command": command, "cwd": str(tmp_path), "env": env, "max_retries": 0})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        # the script's own callback blocks at the end of step 3, before tokenpulse's callback sees it
+        wait_for(lambda: (job(c, jid)["step"] or 0) >= 2, 240, "2 Trainer steps", show=lambda: job(c, jid))
+        os.kill(wait_for(lambda: script_pid(srv), 30, "the script's process"), signal.SIGTERM)
+        j = wait_for(lambda: (lambda x: x if x["attempts"] and x["attempts"][0]["ended_at"] else None)(job(c, jid)),
+                     90, "the first attempt's end")
+        first = j["attempts"][0]
+        assert first["outcome"] == "preempted", why(j)
+        assert "no step end was reached within 4 s (stuck after step" in first["reason"], first["reason"]
+        c.post(f"/api/jobs/{jid}/cancel")
+        assert srv.wait_job(jid, states=("completed", "failed", "cancelled"), timeout=90)["state"] == "cancelled"
 
 
 def test_the_agents_own_sigterm_is_a_cancel(srv):
@@ -255,7 +281,7 @@ def test_out_of_memory_gives_up_naming_the_peak_memory(srv):
 def test_a_hang_at_the_same_step_and_frame_is_not_retried_twice(srv):
     """Killed after stall.kill_after_s, retried once from the checkpoint before it, and named
     deterministic when the retry hangs at the same step in the same frame."""
-    stall = {"floor_s": 2, "first_step_s": 8, "kill_after_s": 1}
+    stall = {"floor_s": 2, "first_step_s": 6, "kill_after_s": 1}
     spec = {**SPEC, "max_steps": 8, "checkpoint_every": 2, "max_retries": 3, "stall": stall,
             "name": srv.plan_fault("hangs", hang_at_step=3)}
     with srv.client() as c:

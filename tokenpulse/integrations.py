@@ -178,6 +178,7 @@ class TokenPulseCallback(TrainerCallback):
         self._step_speed(step)
         if run.pause_requested.is_set() and not self.paused:
             self.paused = True
+            run.checkpoint_reached.set()  # at a step end: the save follows, the bound is met
             control.should_save = True
             control.should_training_stop = True
             em.phase("saving", detail=f"checkpoint at step {step} "

@@ -24,6 +24,46 @@ pause_requested = threading.Event()  # SIGUSR2 from the agent: a Trainer callbac
 # as for a pause, and the job goes back to the queue instead of pausing. pause_requested is set too.
 preempt_requested = threading.Event()
 requested: dict = {}  # {"signal": "SIGUSR2" | "SIGTERM", "at": time.time()} of the first checkpoint request
+checkpoint_reached = threading.Event()  # the callback reached the step end that saves it (or training ended)
+BOUND_ENV = "TOKENPULSE_CHECKPOINT_BOUND_S"  # the requested checkpoint's bound, as for the native process
+
+
+def _asked(sig: str) -> None:
+    """The first checkpoint request: noted, and bounded while a Trainer trains here (a step that never
+    ends cannot save: past the bound the process says so and ends; the job falls back to its newest
+    recorded checkpoint)."""
+    if "at" in requested:
+        return
+    requested["signal"], requested["at"] = sig, time.time()
+    if trainer_training:
+        threading.Thread(target=_watch_bound, daemon=True, name="tokenpulse-checkpoint-bound").start()
+
+
+def _watch_bound() -> None:
+    try:
+        bound = float(os.environ.get(BOUND_ENV) or 60.0)
+    except ValueError:
+        bound = 60.0
+    if checkpoint_reached.wait(bound) or not trainer_training:
+        return
+    em = reporter(create=False)
+    if em is None:
+        return
+    sig = requested.get("signal", "")
+    step = getattr(em, "step_done", None)
+    what = "preempted (SIGTERM not sent by its agent)" if sig == "SIGTERM" else f"checkpoint asked for ({sig})"
+    reason = (f"{what}, but no step end was reached within {bound:.0f} s"
+              + (f" (stuck after step {step})" if step is not None else "")
+              + ": no new checkpoint; resumes from the newest checkpoint the job recorded")
+    try:
+        em.emit("log", line=reason)
+        if sig == "SIGTERM":
+            em.emit("state", state="queued", failure="preempted", reason=reason)
+        else:
+            em.emit("state", state="paused", reason=reason)
+    finally:
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def reporter(create: bool = True):
@@ -51,8 +91,7 @@ trainer_training = False  # set by TokenPulseCallback while a Trainer trains in 
 
 
 def _on_pause(signum, frame) -> None:
-    requested.setdefault("signal", "SIGUSR2")
-    requested.setdefault("at", time.time())
+    _asked("SIGUSR2")
     pause_requested.set()
     if not trainer_training:
         # A launcher (trl sft, accelerate launch) trains in a child: pass the request down.
@@ -96,8 +135,7 @@ def _on_term(signum, frame) -> None:
         else:
             os.kill(os.getpid(), signal.SIGTERM)  # the default action, as if ours had never been there
         return
-    requested.setdefault("signal", "SIGTERM")
-    requested.setdefault("at", time.time())
+    _asked("SIGTERM")
     preempt_requested.set()
     pause_requested.set()
 
