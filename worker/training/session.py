@@ -376,7 +376,8 @@ class Session:
         def save(st: LoopState, requested: bool = False) -> Optional[Path]:
             if not self.ranks.main:
                 return None  # only rank 0 saves: the ranks' weights and optimizer states are equal
-            em.phase(Phase.SAVING, detail=f"checkpoint at step {st.step}")
+            asked_by = {"SIGTERM": "preempted", "SIGUSR2": "asked for"}.get(self.controls.requested or "", "asked for")
+            em.phase(Phase.SAVING, detail=f"checkpoint at step {st.step}" + (f" ({asked_by})" if requested else ""))
             try:
                 p = ckpt.save(self.out, st.step, model, self.tokenizer, opt, sched,
                               {"data_pos": st.data_pos, "epoch": st.epoch, "layout": lay.to_dict(),
