@@ -292,7 +292,7 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
             requeued = (f"requeued: preempted (a SIGTERM not sent by its agent); {where}; a preemption is not "
                         "the job's fault: no retry spent")
         else:
-            requeued = f"requeued: its agent stopped; {where}; no retry spent"
+            requeued = f"requeued (its agent stopped or could not run it here); {where}; no retry spent"
         transition(s, job, JobState.queued, reason=reason)
         if attempt is not None:
             attempt.ended_at, attempt.reason, attempt.decision = now, reason, requeued

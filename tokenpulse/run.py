@@ -41,9 +41,9 @@ def _asked(sig: str) -> None:
 
 def _watch_bound() -> None:
     try:
-        bound = float(os.environ.get(BOUND_ENV) or 60.0)
+        bound = float(os.environ.get(BOUND_ENV) or 45.0)
     except ValueError:
-        bound = 60.0
+        bound = 45.0
     if checkpoint_reached.wait(bound) or not trainer_training:
         return
     em = reporter(create=False)

@@ -9,7 +9,8 @@ cancel; any other is a preemption: checkpoint at the next step boundary, exit `q
 stays a cancel.
 
 A requested checkpoint (pause or an agent's stop: SIGUSR2; a preemption: SIGTERM) is bounded: if the
-loop has not reached a step boundary within TOKENPULSE_CHECKPOINT_BOUND_S (default 60) of the signal,
+loop has not reached a step boundary within TOKENPULSE_CHECKPOINT_BOUND_S (default 45 s: within the
+agent's 60 s grace for its stop, so the word arrives before a SIGKILL) of the signal,
 a watchdog thread says so and ends the process (`on_overdue`): the job falls back to the newest saved
 checkpoint."""
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Callable, Optional
 from tokenpulse.control import CONTROL_ENV, announced_cancel
 
 BOUND_ENV = "TOKENPULSE_CHECKPOINT_BOUND_S"
+DEFAULT_BOUND_S = 45.0
 
 
 class Controls:
@@ -37,7 +39,7 @@ class Controls:
         self.pause = False
         self.preempt = False
         self.control_file = environ.get(CONTROL_ENV) or None
-        self.bound_s = float(environ.get(BOUND_ENV) or 60.0)
+        self.bound_s = float(environ.get(BOUND_ENV) or DEFAULT_BOUND_S)
         self.requested: Optional[str] = None  # the signal that asked for a checkpoint: SIGUSR2 | SIGTERM
         self.requested_at: Optional[float] = None  # when it arrived (wall clock)
         self.boundary = threading.Event()  # the loop reached its step boundary (or ended): no overdue
