@@ -346,3 +346,31 @@ def test_attempts_table_shows_class_change_and_decision(srv):
             shot(d, "attempts_hang")
     finally:
         d.quit()
+
+
+# ---- the pure parts ---------------------------------------------------------------------------------
+
+def test_a_data_error_is_told_by_the_exceptions_own_words():
+    from worker.agent.exits import data_error, exception_line
+    assert data_error("ValueError: cannot collate row 1002 of the dataset: column 'text' holds None") == "row 1002"
+    assert data_error("pyarrow.lib.ArrowInvalid: JSON parse error: Missing a name for object member. in row 1200")
+    assert data_error("KeyError: 'labels' missing in example #17 of the collated batch") == "example #17"
+    assert data_error("json.decoder.JSONDecodeError: Expecting value: line 88 column 1 (char 4410)") == "line 88"
+    # a code bug that happens to carry an index is not a data error; nor is a step number
+    assert data_error("IndexError: index 5 is out of bounds for dimension 0 with size 3") is None
+    assert data_error("RuntimeError: NCCL timeout at step 12") is None
+    assert data_error(None) is None
+    tail = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    collate(b)",
+            "ValueError: bad row 17 in data/train.jsonl", "some later output"]
+    assert exception_line(tail) == "ValueError: bad row 17 in data/train.jsonl"
+
+
+def test_only_the_agents_announced_sigterm_is_a_cancel(tmp_path):
+    from tokenpulse.control import announced_cancel
+    f = tmp_path / "control"
+    assert announced_cancel(None)  # run alone: SIGTERM is a cancel, as ever
+    f.write_text("")
+    assert not announced_cancel(str(f))  # the agent said nothing: from outside, a preemption
+    f.write_text("cancel")
+    assert announced_cancel(str(f))
+    assert not announced_cancel(str(tmp_path / "missing"))
