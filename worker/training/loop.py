@@ -143,11 +143,12 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         t_iter = time.perf_counter()
         faults.at("step", step)
         t_wait = time.perf_counter()
-        # a preemption (an unannounced SIGTERM) stops as a pause does: checkpoint, then exit
-        cancel, pause = agree(ranks, controls.cancel, controls.pause or controls.preempt)
+        # a preemption (an unannounced SIGTERM) stops as a pause does: checkpoint, then exit queued;
+        # agreed on as its own flag, so rank 0 (which reports) knows when only another rank was signalled
+        cancel, pause, preempt = agree(ranks, controls.cancel, controls.pause, controls.preempt)
         waited = time.perf_counter() - t_wait  # waiting for the other ranks is not this rank's work
-        if cancel or pause:
-            controls.cancel, controls.pause = cancel, pause
+        if cancel or pause or preempt:
+            controls.cancel, controls.pause, controls.preempt = cancel, pause or preempt, preempt and not pause
             controls.boundary.set()  # at a step boundary: the requested checkpoint's bound is met
             r = flush(state.step)
             if r:
