@@ -63,7 +63,7 @@ def logs(c, jid: int) -> str:
 
 
 def alerts(c, jid: int, kind: str) -> list[dict]:
-    return [a for a in c.get("/api/alerts", params={"job_id": jid}).json() if a["kind"] == kind and a["state"] == "open"]
+    return c.get("/api/alerts", params={"job_id": jid, "kind": kind}).json()
 
 
 def slurm_info(c, jid: int) -> dict:
@@ -94,6 +94,123 @@ def test_two_ranks_run_under_srun_and_report_per_rank_telemetry(srv, cluster):
         info = slurm_info(c, jid)
         assert info.get("job_id") and info.get("nodes") == slurm.NODE, info
         text = logs(c, jid)
-        assert f"submitted as Slurm job {info['job_id']}" in text and "--cpus-per-task=2" in text, text[-2000:]
         assert f"Slurm job {info['job_id']} running on {slurm.NODE}" in text, text[-2000:]
+        assert "--cpus-per-task=2" in text and "--nodes=1" in text, text[-2000:]
         assert steps(c, jid) == list(range(1, 21)) or steps(c, jid)[-1] == 20
+
+
+def test_a_command_job_runs_and_its_output_streams(srv, cluster):
+    script = "import time\nfor i in range(40):\n    print(f'line {i}', flush=True)\n    time.sleep(0.25)\n"
+    with srv.client() as c:
+        r = c.post("/api/jobs/command", json={"command": [sys.executable, "-c", script], "name": "cmd"})
+        assert r.status_code in (200, 201), r.text
+        jid = r.json()["id"]
+        # streamed while it runs, not at the end
+        wait_for(lambda: "line 3" in logs(c, jid) and job(c, jid)["state"] == "running", 120,
+                 "the command's output while it runs", show=show(srv, c, jid))
+        done = srv.wait_job(jid, timeout=120)
+        assert done["state"] == "completed", show(srv, c, jid)()
+        assert "line 39" in logs(c, jid)
+
+
+def test_a_job_pending_on_resources_says_so_and_a_cancel_scancels_it(srv, cluster):
+    blocker = cluster.run("sbatch", "--parsable", f"--cpus-per-task={slurm.CPUS}", "--wrap", "sleep 600",
+                          "-o", "/dev/null").strip()
+    try:
+        wait_for(lambda: "RUNNING" in cluster.run("squeue", "-h", "-j", blocker, "-o", "%T"), 60, "the blocker running")
+        with srv.client() as c:
+            jid = c.post("/api/jobs", json={**FAST, "name": "waits", "max_steps": 5}).json()["id"]
+
+            def pending():
+                j = job(c, jid)
+                phase = j.get("phase") or {}
+                # Slurm's reason once its scheduler looked at the job (None before)
+                return j if phase.get("name") == "pending in Slurm" and phase["detail"].endswith(
+                    ("Resources", "Priority")) else None
+            j = wait_for(pending, 90, "the pending phase with Slurm's reason", show=show(srv, c, jid))
+            assert j["state"] == "starting", j  # Slurm holds it: not running
+            info = slurm_info(c, jid)
+            assert info["state"] == "PENDING" and info["reason"] in ("Resources", "Priority"), info
+            assert f"Slurm job {info['job_id']} pending: {info['reason']}" == j["phase"]["detail"], j["phase"]
+            assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+            done = srv.wait_job(jid, timeout=60)
+            assert done["state"] == "cancelled" and info["job_id"] in done["reason"], done
+            wait_for(lambda: "CANCELLED" in cluster.run("squeue", "-h", "--states=all", "-j", info["job_id"],
+                                                        "-o", "%T"), 30, "the Slurm job cancelled")
+    finally:
+        cluster.run("scancel", blocker, check=False)
+
+
+def test_scancel_from_outside_is_named_with_slurms_record(srv, cluster):
+    script = "import time\nwhile True:\n    print('working', flush=True)\n    time.sleep(0.5)\n"
+    with srv.client() as c:
+        jid = c.post("/api/jobs/command", json={"command": [sys.executable, "-c", script], "name": "outside",
+                                                "max_retries": 2}).json()["id"]
+        wait_for(lambda: "working" in logs(c, jid), 120, "the command running", show=show(srv, c, jid))
+        sid = slurm_info(c, jid)["job_id"]
+        cluster.run("scancel", sid)
+        done = srv.wait_job(jid, timeout=90)
+        assert done["state"] == "failed" and done["failure"] == "cancelled_outside", done
+        assert f"Slurm job {sid} was cancelled outside tokenpulse" in done["reason"], done["reason"]
+        assert "State=CANCELLED" in done["reason"], done["reason"]  # Slurm's record, kept
+        record = slurm_info(c, jid).get("record") or {}
+        assert record.get("State", "").startswith("CANCELLED"), record
+
+
+def test_slurms_warning_checkpoints_and_the_job_resumes_with_every_step_once(srv, cluster):
+    name = srv.plan_fault("warned", step_sleep_s=0.3)
+    spec = {**FAST, "name": name, "max_steps": 60, "checkpoint_every": 1000,
+            "slurm": {"time_limit_min": 30, "signal_before_s": 60}}
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json=spec).json()["id"]
+        assert c.get(f"/api/jobs/{jid}").json()["spec"]["slurm"]["time_limit_min"] == 30
+        wait_for(lambda: (job(c, jid).get("step") or 0) >= 5, 120, "the job at step 5", show=show(srv, c, jid))
+        sid = slurm_info(c, jid)["job_id"]
+        text = logs(c, jid)
+        assert "--time=30" in text and "--signal=B:USR2@60" in text, text[-2000:]
+        srv.plan_fault(name)  # the next attempt runs at full speed
+        # what Slurm does at the warning time (--signal=B:USR2@60): USR2 to the batch shell
+        cluster.run("scancel", "--batch", "--signal=USR2", sid)
+
+        def requeued():
+            return [a for a in job(c, jid)["attempts"] if a["outcome"] == "queued"]
+        wait_for(requeued, 120, "the attempt checkpointed and requeued", show=show(srv, c, jid))
+        done = srv.wait_job(jid, ("completed", "failed", "cancelled"), timeout=180)
+        assert done["state"] == "completed", show(srv, c, jid)()
+        attempts = job(c, jid)["attempts"]
+        assert len(attempts) == 2 and attempts[1]["resumed_from"], attempts
+        assert "Slurm's warning" in attempts[0]["reason"], attempts[0]
+        assert steps(c, jid) == list(range(1, 61))  # no step lost, none twice
+        assert slurm_info(c, jid)["job_id"] != sid  # a new Slurm job for the new attempt
+
+
+def test_a_stuck_rank_is_named_with_its_line(srv, cluster):
+    name = srv.plan_fault("stuck", hang_at_step=8, rank=1)
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**FAST, "name": name, "max_steps": 400, "nproc_per_node": 2,
+                                        "stall": {"floor_s": 3, "first_step_s": 60}}).json()["id"]
+        a = wait_for(lambda: alerts(c, jid, "stalled"), 180, "a stalled alert", show=show(srv, c, jid))[0]
+        msg = a["message"]
+        rank1 = next(r for r in ranks_of(c, jid) if r["rank"] == 1)
+        assert f"rank 1 ({rank1['host']}, pid {rank1['pid']}) at _fault_hang (" in msg and "faults.py:" in msg, msg
+        assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+        done = srv.wait_job(jid, ("cancelled", "failed"), timeout=90)
+        assert done["state"] == "cancelled", done
+
+
+def test_killing_the_executor_mid_run_loses_nothing(srv, cluster):
+    name = srv.plan_fault("survives", step_sleep_s=0.2)
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**FAST, "name": name, "max_steps": 50}).json()["id"]
+        wait_for(lambda: (job(c, jid).get("step") or 0) >= 3, 120, "the job at step 3", show=show(srv, c, jid))
+        srv.executor.kill()  # SIGKILL: no goodbye
+        srv.executor.wait()
+        at = job(c, jid)["step"]
+        wait_for(lambda: job(c, jid)["step"] > at + 5, 60, "the job going on without its executor")
+        srv.executor = start_executor(srv)
+        done = srv.wait_job(jid, ("completed", "failed", "cancelled"), timeout=180)
+        assert done["state"] == "completed", show(srv, c, jid)()
+        assert len(job(c, jid)["attempts"]) == 1
+        assert steps(c, jid) == list(range(1, 51))
+        log = (srv.data_dir.parent / "agent-slurm.log").read_text()
+        assert f"tokenpulse job {jid}" in log and "adopted Slurm job" in log, log[-2000:]

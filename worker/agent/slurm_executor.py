@@ -244,9 +244,10 @@ done
             return
         t = Tracked(claim.job_id, claim.attempt, slurm_id)
         self.tracked[claim.job_id] = self.pending[claim.job_id] = t
-        self.emit(claim.job_id, "log", {"line": f"{self.name}: attempt {claim.attempt} submitted as Slurm job "
-                                                f"{slurm_id} (sbatch {shlex.join(opts)})", "stream": "agent"})
-        self.emit(claim.job_id, "info", {"slurm": {"job_id": slurm_id, "state": "PENDING"}})
+        (attempt_dir / "sbatch").write_text(f"sbatch {shlex.join(opts)} {script}")  # the node process logs it
+        # info alone: the job stays `starting` while Slurm holds it (a log line would make it running)
+        self.emit(claim.job_id, "info", {"slurm": {"job_id": slurm_id, "state": "PENDING",
+                                                   "submitted_by": self.name}})
 
     # ---- watching -----------------------------------------------------------------------------
 
@@ -289,11 +290,14 @@ done
             await asyncio.sleep(self.poll_s)
 
     async def watch(self) -> None:
-        if not self.tracked:
+        watched = list(self.tracked.values())  # not one submitted while squeue answers: it is not in its answer
+        if not watched:
             return
         queue = {q.slurm_id: q for q in await slurm_cli.queue()}
         now = time.time()
-        for t in list(self.tracked.values()):
+        for t in watched:
+            if self.tracked.get(t.job_id) is not t:
+                continue  # settled meanwhile (a command)
             q = queue.get(t.slurm_id)
             if q is None or q.finished:
                 await self.settle(t, q)

@@ -76,6 +76,7 @@ class SlurmEmitter(Emitter):
 class SlurmNode:
     def __init__(self, attempt_dir: Path, heartbeat_s: float = 2.0, flush_s: float = 0.25, grace_s: float = 10.0):
         cfg = json.loads((attempt_dir / "claim.json").read_text())
+        self.attempt_dir = attempt_dir
         self.warn_file = attempt_dir / "warned"
         self.cfg = cfg
         token = (attempt_dir / "token").read_text().strip()
@@ -179,8 +180,11 @@ class SlurmNode:
                 self.outbox.open_job(claim.job_id, claim.seq_start)
                 nodes = os.environ.get("SLURM_JOB_NODELIST", "")
                 # after the start: an info event alone would keep a starting job from running
-                self.outbox.add(claim.job_id, "log", {"line": f"Slurm job {self.slurm_id} running on {nodes}: "
-                                                      f"node process {self.name}", "stream": "agent"})
+                sbatch = self.attempt_dir / "sbatch"
+                how = sbatch.read_text().strip() if sbatch.exists() else "sbatch"
+                self.outbox.add(claim.job_id, "log", {"line": f"attempt {claim.attempt}: Slurm job {self.slurm_id} "
+                                                      f"running on {nodes}: node process {self.name}; submitted "
+                                                      f"with: {how}", "stream": "agent"})
                 self.outbox.add(claim.job_id, "info", {"slurm": {"job_id": self.slurm_id, "state": "RUNNING",
                                                                  "nodes": nodes}})
             await self.runs.start_job(claim)
