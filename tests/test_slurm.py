@@ -3,11 +3,9 @@ temporary directory), a real server and the real executor (`tokenpulse agent --s
 Slurm batch jobs, one node process per node under srun, reporting with the job's own credential."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import slurm
