@@ -82,7 +82,7 @@ def apply_messages(s, tp, messages: list[Incoming]) -> Applied:
     total.frames += frames
     for m in messages:
         if m.heartbeat is not None and m.heartbeat.ranks:
-            commands[m.agent_id] += _rank_commands(s, m.agent_id, m.heartbeat)
+            commands[m.agent_id] += _rank_commands(s, m.agent_id, m.heartbeat, m.job_only is not None)
     if beats:
         origin = lease_origin(tp.db, tp.started_at)
         held: dict[int, list[Job]] = {}
@@ -141,11 +141,14 @@ def _load_jobs(s, messages: list[Incoming]) -> list[Job]:
     return jobs
 
 
-def _rank_commands(s, agent_id: int, hb: Heartbeat) -> list[Command]:
+def _rank_commands(s, agent_id: int, hb: Heartbeat, job_credential: bool = False) -> list[Command]:
     """A distributed job's rank table stored; and for a share on node rank > 0 (a job it runs whose
     node rank 0 is another agent's): stop its ranks if the gang is over (node rank 0's agent lost),
-    read their stacks if node rank 0's agent asked (a stall)."""
+    read their stacks if node rank 0's agent asked (a stall). A Slurm node process (a job's own
+    credential, valid only while its attempt is) is no gang member: its rank rows are all there is."""
     ranks.store(s, agent_id, hb.ranks)
+    if job_credential:
+        return []
     shares = [j for j in hb.ranks if j not in hb.jobs]
     return ([Command(job_id=j, action=Action.CANCEL) for j in gang.stale_shares(s, agent_id, shares)]
             + [Command(job_id=j, action=Action.STACK) for j in gang.stack_requests(s, agent_id, shares)])

@@ -7,8 +7,8 @@ No accounting database (slurmdbd): sacct cannot answer, so a finished job's reco
 `scontrol show job` (MinJobAge keeps it in slurmctld for an hour); worker/agent/slurm_cli.py tries
 sacct first and falls back the same way on a real cluster without accounting.
 
-One slurmd only: Debian builds Slurm without --enable-multiple-slurmd, so a second slurmd on the
-same host (NodeName with its own Port, `slurmd -N`) is refused; the two-node path is not tested here.
+Two nodes on one host: two slurmd (`slurmd -N <name>`, each NodeName with its own Port, spool, log
+and pid file), so a job of two nodes runs one node process on each, both on 127.0.0.1.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-NODE = "tpnode1"
-CPUS = 4  # declared (config_overrides): two ranks' jobs and a blocker fit on a 2-core machine
+NODES = ["tpnode1", "tpnode2"]
+CPUS = 2  # per node, declared (config_overrides): a two-rank job fits one node on a 2-core machine
 
 
 def installed() -> Optional[str]:
@@ -57,24 +57,25 @@ class SlurmCluster:
 
     def _write_conf(self) -> None:
         d = self.dir
+        nodes = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={CPUS} "
+                          "RealMemory=4000 State=UNKNOWN" for n in NODES)
         (d / "state").mkdir()
         (d / "spool").mkdir()
         self.conf.write_text(f"""\
 ClusterName=tptest
 SlurmctldHost={self.host}(127.0.0.1)
 SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={d}/munge/munge.socket
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
+SlurmdLogFile={d}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 SlurmdParameters=config_overrides
@@ -95,9 +96,11 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 PlugStackConfig={d}/plugstack.conf
-NodeName={NODE} NodeHostname={self.host} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=8000 State=UNKNOWN
-PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """)
+        for n in NODES:
+            (d / "spool" / n).mkdir()
         (d / "plugstack.conf").write_text("")
 
     def _start_munge(self) -> None:
@@ -148,14 +151,15 @@ PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         self._spawn([_bin("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld")
         self._wait(lambda: subprocess.run(["scontrol", "ping"], capture_output=True, text=True,
                                           env=self.env).stdout.count("UP") > 0, "slurmctld", 60)
-        self._spawn([_bin("slurmd"), "-D", "-N", NODE, "-f", str(self.conf)], "slurmd")
-        self._wait(self.node_idle, "slurmd", 90)
+        for n in NODES:
+            self._spawn([_bin("slurmd"), "-D", "-N", n, "-f", str(self.conf)], f"slurmd-{n}")
+        self._wait(self.nodes_idle, "slurmd", 90)
         return self
 
-    def node_idle(self) -> bool:
+    def nodes_idle(self) -> bool:
         r = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, env=self.env)
-        return r.returncode == 0 and any(s.strip().startswith(("idle", "mixed", "allocated"))
-                                         for s in r.stdout.splitlines())
+        return r.returncode == 0 and sum(s.strip().startswith(("idle", "mixed", "allocated"))
+                                         for s in r.stdout.splitlines()) == len(NODES)
 
     def stop(self) -> None:
         for p in reversed(self.procs):

@@ -90,11 +90,24 @@ def test_two_ranks_run_under_srun_and_report_per_rank_telemetry(srv, cluster):
         assert [r["rank"] for r in rows] == [0, 1], rows
         assert all(r["pid"] and r["host"] for r in rows), rows
         info = slurm_info(c, jid)
-        assert info.get("job_id") and info.get("nodes") == slurm.NODE, info
+        assert info.get("job_id") and info.get("nodes") in slurm.NODES, info
         text = logs(c, jid)
-        assert f"Slurm job {info['job_id']} running on {slurm.NODE}" in text, text[-2000:]
+        assert f"Slurm job {info['job_id']} running on {info['nodes']}" in text, text[-2000:]
         assert "--cpus-per-task=2" in text and "--nodes=1" in text, text[-2000:]
         assert steps(c, jid) == list(range(1, 21)) or steps(c, jid)[-1] == 20
+
+
+def test_a_two_node_job_runs_one_node_process_per_node(srv, cluster):
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**FAST, "name": "two-nodes", "max_steps": 12, "nnodes": 2}).json()["id"]
+        done = srv.wait_job(jid, timeout=240)
+        assert done["state"] == "completed", show(srv, c, jid)()
+        rows = ranks_of(c, jid)
+        assert [r["rank"] for r in rows] == [0, 1], rows
+        info = slurm_info(c, jid)
+        assert info["nodes"] == "tpnode[1-2]", info
+        assert "--nodes=2" in logs(c, jid)
+        assert steps(c, jid)[-1] == 12
 
 
 def test_a_command_job_runs_and_its_output_streams(srv, cluster):
@@ -112,8 +125,8 @@ def test_a_command_job_runs_and_its_output_streams(srv, cluster):
 
 
 def test_a_job_pending_on_resources_says_so_and_a_cancel_scancels_it(srv, cluster):
-    blocker = cluster.run("sbatch", "--parsable", f"--cpus-per-task={slurm.CPUS}", "--wrap", "sleep 600",
-                          "-o", "/dev/null").strip()
+    blocker = cluster.run("sbatch", "--parsable", f"--nodes={len(slurm.NODES)}", "--ntasks-per-node=1",
+                          f"--cpus-per-task={slurm.CPUS}", "--wrap", "sleep 600", "-o", "/dev/null").strip()
     try:
         wait_for(lambda: "RUNNING" in cluster.run("squeue", "-h", "-j", blocker, "-o", "%T"), 60, "the blocker running")
         with srv.client() as c:

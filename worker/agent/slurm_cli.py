@@ -125,3 +125,16 @@ async def partition_has_gpus(partition: Optional[str]) -> bool:
 async def hostnames(nodelist: str) -> list[str]:
     out = await run("scontrol", "show", "hostnames", nodelist, timeout=30)
     return [h for h in out.split() if h]
+
+
+async def node_address(node: str) -> str:
+    """Where the other nodes reach a node (its NodeAddr; the name itself where Slurm has none)."""
+    try:
+        out = await run("scontrol", "show", "node", "-o", node, timeout=30)
+    except SlurmError:
+        return node
+    for token in out.split():
+        k, _, v = token.partition("=")
+        if k == "NodeAddr" and v:
+            return v
+    return node

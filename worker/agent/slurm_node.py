@@ -122,7 +122,7 @@ class SlurmNode:
         claim = Claim.model_validate(got["claim"])
         nnodes = int(os.environ.get("SLURM_NNODES", "1"))
         if nnodes > 1:
-            first = (await slurm_cli.hostnames(os.environ["SLURM_JOB_NODELIST"]))[0]
+            first = await slurm_cli.node_address((await slurm_cli.hostnames(os.environ["SLURM_JOB_NODELIST"]))[0])
             port = RDZV_PORT_BASE + int(self.slurm_id) % 1000 if self.slurm_id.isdigit() else RDZV_PORT_BASE
             claim = claim.model_copy(update={"node_rank": self.node_rank, "rdzv_endpoint": f"{first}:{port}"})
         return claim
