@@ -101,10 +101,10 @@ def apply_messages(s, tp, messages: list[Incoming]) -> Applied:
         reply.commands += [c for c in commands[m.agent_id] if (c.job_id, c.action) not in have]
         if m.job_only is not None or (m.heartbeat is not None and m.heartbeat.held):
             rearm += _not_for(m, reply)
+        reply.work = work and m.heartbeat is not None and m.job_only is None
     if rearm:  # a stack request is one-shot: one the message's sender cannot take waits for its taker
         raw_cursor(s).executemany("UPDATE jobs SET stack_requested_at = ? WHERE id = ?",
                                   [(time.time(), jid) for jid in rearm])
-        reply.work = work and m.heartbeat is not None
     s.info.pop("locked", None)
     return Applied(replies, total)
 
