@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import slurm
@@ -225,3 +226,39 @@ def test_killing_the_executor_mid_run_loses_nothing(srv, cluster):
         assert steps(c, jid) == list(range(1, 51))
         log = (srv.data_dir.parent / "agent-slurm.log").read_text()
         assert f"tokenpulse job {jid}" in log and "adopted Slurm job" in log, log[-2000:]
+
+
+def test_the_job_credential_acts_for_its_job_alone_and_dies_with_its_attempt(srv, cluster):
+    script = "import time\nwhile True:\n    print('working', flush=True)\n    time.sleep(0.5)\n"
+    with srv.client() as c:
+        jid = c.post("/api/jobs/command", json={"command": [sys.executable, "-c", script], "name": "cred"}).json()["id"]
+        wait_for(lambda: "working" in logs(c, jid), 120, "the command running", show=show(srv, c, jid))
+        work = srv.data_dir.parent / "work-slurm" / "slurm" / f"job-{jid}" / "attempt-1"
+        token = (work / "token").read_text().strip()
+        assert oct((work / "token").stat().st_mode & 0o777) == "0o600"
+        assert token not in (work / "batch.sh").read_text() and srv.agent_token not in (work / "claim.json").read_text()
+        aid = job(c, jid)["agent_id"]
+        with srv.client(token) as node:
+            assert node.get(f"/api/agents/{aid}/jobs/{jid}").json()["held"] is True
+            other = node.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {str(jid + 1000): time.time()}})
+            assert other.status_code == 403 and f"job {jid}'s own" in other.text, other.text
+            assert node.post(f"/api/agents/{aid}/claim", json={}).status_code == 403
+            assert node.post("/api/agents", json={"name": "x", "host": "h"}).status_code == 403
+            assert node.get("/api/jobs").status_code == 403  # no person's rights either
+        # a cancel from tokenpulse: the node process stops the command, the allocation ends
+        assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+        assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
+        with srv.client(token) as node:
+            wait_for(lambda: node.get(f"/api/agents/{aid}/jobs/{jid}").status_code == 401, 15,
+                     "the credential refused once its attempt ended")
+
+
+def test_slurms_endings_in_tokenpulses_words():
+    from worker.agent.slurm_executor import ending
+    for state, failure, retry in (("TIMEOUT", "timeout", True), ("PREEMPTED", "preempted", True),
+                                  ("NODE_FAIL", "node_fail", True), ("OUT_OF_MEMORY", "oom", True),
+                                  ("CANCELLED by 1000", "cancelled_outside", False), ("FAILED", "lost", True)):
+        v = ending({"State": state, "ExitCode": "0:15", "source": "sacct"}, "77", ours=False, cancel_asked=False)
+        assert (v.state, v.failure, bool(v.retry)) == ("failed", failure, retry), (state, v)
+        assert "Slurm job 77" in v.reason and f"State={state}" in v.reason, v.reason
+    assert ending({"State": "CANCELLED"}, "77", ours=True, cancel_asked=False).state == "cancelled"

@@ -179,7 +179,7 @@ def cmd_agent(args) -> int:
         raise SystemExit("an agent needs --token, --token-file or TOKENPULSE_AGENT_TOKEN (an agent token)")
     if args.slurm:
         return slurm_executor(args, token)
-    agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity,
+    agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity or 1,
                   heartbeat_s=args.heartbeat, grace_s=args.grace,
                   resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None,
                   allow_commands=args.allow_commands, address=args.address)
@@ -199,7 +199,7 @@ def slurm_executor(args, token: str) -> int:
     if shutil.which("sbatch") is None:
         raise SystemExit("--slurm needs Slurm's sbatch on the PATH (run the executor on a login node)")
     executor = SlurmExecutor(args.server, token, Path(args.work_dir), name=args.name,
-                             capacity=args.capacity if args.capacity != 1 else 8, partition=args.partition,
+                             capacity=args.capacity or 8, partition=args.partition,
                              account=args.account, sbatch_args=args.sbatch_arg or [],
                              allow_commands=args.allow_commands, heartbeat_s=args.heartbeat)
 
@@ -679,7 +679,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--token-file")
     p.add_argument("--work-dir", default="tokenpulse-agent")
     p.add_argument("--name")
-    p.add_argument("--capacity", type=int, default=1, help="jobs at once")
+    p.add_argument("--capacity", type=int, help="jobs at once (default 1; with --slurm 8 Slurm jobs)")
     p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--max-jobs", type=int)

@@ -40,6 +40,13 @@ class QueuedJob:
         return self.state in PENDING
 
 
+def unreachable(error: str) -> bool:
+    """sbatch's words for a controller it could not reach (not the job's fault)."""
+    e = error.lower()
+    return any(w in e for w in ("unable to contact slurm controller", "socket timed out", "connection refused",
+                                "slurm_persist_conn", "not responding", "temporarily unavailable"))
+
+
 async def run(*argv: str, timeout: float = 60, check: bool = True) -> str:
     proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE, env=os.environ.copy())

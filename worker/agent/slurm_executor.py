@@ -122,6 +122,7 @@ class SlurmExecutor:
                                before_flush=lambda: None, held=lambda: [t.job_id for t in self.tracked.values()
                                                                         if t.running])
         self.gpus: dict[Optional[str], bool] = {}
+        self.claim_after = 0.0  # monotonic: no claims before (Slurm's controller unreachable)
 
     def hello(self) -> AgentHello:
         return AgentHello(name=self.name, host=socket.gethostname(), device="slurm", capacity=self.capacity,
@@ -143,7 +144,8 @@ class SlurmExecutor:
         try:
             await self.adopt()
             while not self.stopping:
-                if len(self.tracked) < self.capacity and await self.claim_one():
+                if len(self.tracked) < self.capacity and time.monotonic() >= self.claim_after \
+                        and await self.claim_one():
                     continue
                 try:
                     await asyncio.wait_for(self.stopped.wait(), self.poll_s)
@@ -238,8 +240,13 @@ done
             opts = await self.options(claim, attempt_dir)
             slurm_id = await slurm_cli.submit(opts, str(script))
         except slurm_cli.SlurmError as e:
-            refused = ExitVerdict(state="failed", failure=Failure.SPEC, reason=f"sbatch refused the job: {e}")
-            self.emit(claim.job_id, "state", refused.model_dump(exclude_none=True))
+            if slurm_cli.unreachable(str(e)):  # Slurm's controller, not the job: back to the queue, no retry spent
+                verdict = ExitVerdict(state="queued",
+                                      reason=f"{self.name}: sbatch could not reach Slurm ({e}); requeued")
+                self.claim_after = time.monotonic() + 30
+            else:
+                verdict = ExitVerdict(state="failed", failure=Failure.SPEC, reason=f"sbatch refused the job: {e}")
+            self.emit(claim.job_id, "state", verdict.model_dump(exclude_none=True))
             self.delivering[claim.job_id] = time.time()
             return
         t = Tracked(claim.job_id, claim.attempt, slurm_id)
