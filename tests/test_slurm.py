@@ -262,3 +262,21 @@ def test_slurms_endings_in_tokenpulses_words():
         assert (v.state, v.failure, bool(v.retry)) == ("failed", failure, retry), (state, v)
         assert "Slurm job 77" in v.reason and f"State={state}" in v.reason, v.reason
     assert ending({"State": "CANCELLED"}, "77", ours=True, cancel_asked=False).state == "cancelled"
+
+
+def test_pause_releases_the_allocation_and_resume_submits_again_from_the_checkpoint(srv, cluster):
+    name = srv.plan_fault("paused", step_sleep_s=0.3)
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**FAST, "name": name, "max_steps": 30}).json()["id"]
+        wait_for(lambda: (job(c, jid).get("step") or 0) >= 4, 120, "the job at step 4", show=show(srv, c, jid))
+        sid = slurm_info(c, jid)["job_id"]
+        assert c.post(f"/api/jobs/{jid}/pause").status_code == 200
+        assert srv.wait_job(jid, timeout=90)["state"] == "paused"
+        wait_for(lambda: cluster.run("squeue", "-h", "--states=all", "-j", sid, "-o", "%T").strip() == "COMPLETED",
+                 60, "the allocation released")
+        srv.plan_fault(name)
+        assert c.post(f"/api/jobs/{jid}/resume").status_code == 200
+        done = srv.wait_job(jid, ("completed", "failed", "cancelled"), timeout=180)
+        assert done["state"] == "completed", show(srv, c, jid)()
+        assert slurm_info(c, jid)["job_id"] != sid and job(c, jid)["attempts"][-1]["resumed_from"]
+        assert steps(c, jid) == list(range(1, 31))
