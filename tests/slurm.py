@@ -161,7 +161,24 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         return r.returncode == 0 and sum(s.strip().startswith(("idle", "mixed", "allocated"))
                                          for s in r.stdout.splitlines()) == len(NODES)
 
+    def cancel_all(self, timeout: float = 30) -> None:
+        """Every job of the cluster cancelled and gone from its nodes: stopping slurmd with steps still
+        running would leave their slurmstepd and processes behind."""
+        if not self.procs or any(p.poll() is not None for p in self.procs):
+            return
+        subprocess.run(["scancel", "--user", str(os.getuid())], capture_output=True, env=self.env, timeout=30)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            r = subprocess.run(["squeue", "-h", "-o", "%T"], capture_output=True, text=True, env=self.env, timeout=30)
+            if r.returncode != 0 or not r.stdout.strip():
+                return
+            time.sleep(0.3)
+
     def stop(self) -> None:
+        try:
+            self.cancel_all()
+        except (OSError, subprocess.SubprocessError):
+            pass
         for p in reversed(self.procs):
             if p.poll() is None:
                 try:

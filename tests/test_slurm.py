@@ -40,9 +40,8 @@ def srv(cluster, tmp_path_factory):
             a.wait(20)
         except subprocess.TimeoutExpired:
             a.kill()
+    cluster.cancel_all()
     s.kill()
-    for q in cluster.run("squeue", "-h", "-o", "%i", check=False).split():
-        cluster.run("scancel", q, check=False)
 
 
 def start_executor(s) -> subprocess.Popen:

@@ -355,6 +355,11 @@ done
             if t is None:
                 continue
             if c.action in (Action.CANCEL, Action.PAUSE) and not t.running and not t.cancelled_by_us:
+                now = {q.slurm_id: q for q in await slurm_cli.queue()}.get(t.slurm_id)
+                if now is not None and not now.pending and not now.finished:  # started since the last look
+                    t.running = True
+                    self.pending.pop(t.job_id, None)
+            if c.action in (Action.CANCEL, Action.PAUSE) and not t.running and not t.cancelled_by_us:
                 # nothing runs yet: Slurm lets it go, and the job says so itself
                 t.cancelled_by_us = True
                 await slurm_cli.cancel(t.slurm_id)

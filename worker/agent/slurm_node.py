@@ -44,6 +44,7 @@ from worker.agent.sysloop import SystemReporter
 from worker.agent.sysmetrics import gpu_info
 
 log = logging.getLogger("tokenpulse.slurm")
+SEQ_MARGIN = 32
 RDZV_PORT_BASE = 29400  # node rank 0's rendezvous port: base + Slurm job id % 1000
 
 
@@ -120,6 +121,9 @@ class SlurmNode:
             log.info("job %s: attempt %s is over (%s)", self.cfg["job_id"], self.cfg["attempt"], got["state"])
             return None
         claim = Claim.model_validate(got["claim"])
+        # past any pending-phase note of the executor's still in flight as Slurm started the job: those
+        # arrive stale and are dropped, and none of ours is taken for a replay (seq may skip)
+        claim = claim.model_copy(update={"seq_start": claim.seq_start + SEQ_MARGIN})
         nnodes = int(os.environ.get("SLURM_NNODES", "1"))
         if nnodes > 1:
             first = await slurm_cli.node_address((await slurm_cli.hostnames(os.environ["SLURM_JOB_NODELIST"]))[0])
