@@ -124,7 +124,7 @@ def test_a_command_job_runs_and_its_output_streams(srv, cluster):
         assert "line 15" in logs(c, jid)
 
 
-def test_a_job_pending_on_resources_says_so_and_a_cancel_scancels_it(srv, cluster):
+def test_a_job_pending_on_resources_says_so_and_pause_resume_cancel_go_through_slurm(srv, cluster):
     blocker = cluster.run("sbatch", "--parsable", f"--nodes={len(slurm.NODES)}", "--ntasks-per-node=1",
                           f"--cpus-per-task={slurm.CPUS}", "--wrap", "sleep 600", "-o", "/dev/null").strip()
     try:
@@ -143,10 +143,18 @@ def test_a_job_pending_on_resources_says_so_and_a_cancel_scancels_it(srv, cluste
             info = slurm_info(c, jid)
             assert info["state"] == "PENDING" and info["reason"] in ("Resources", "Priority"), info
             assert f"Slurm job {info['job_id']} pending: {info['reason']}" == j["phase"]["detail"], j["phase"]
-            assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
-            done = srv.wait_job(jid, timeout=60)
-            assert done["state"] == "cancelled" and info["job_id"] in done["reason"], done
+            # pause while pending: nothing to checkpoint, Slurm lets it go; resume submits it again
+            assert c.post(f"/api/jobs/{jid}/pause").status_code == 200
+            assert srv.wait_job(jid, timeout=60)["state"] == "paused"
             wait_for(lambda: "CANCELLED" in cluster.run("squeue", "-h", "--states=all", "-j", info["job_id"],
+                                                        "-o", "%T"), 30, "the Slurm job cancelled")
+            assert c.post(f"/api/jobs/{jid}/resume").status_code == 200
+            again = wait_for(lambda: slurm_info(c, jid).get("job_id") not in (None, info["job_id"]) and
+                             slurm_info(c, jid), 60, "a new Slurm job", show=show(srv, c, jid))
+            assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+            done = srv.wait_job(jid, ("cancelled", "failed", "completed"), timeout=60)
+            assert done["state"] == "cancelled" and again["job_id"] in done["reason"], done
+            wait_for(lambda: "CANCELLED" in cluster.run("squeue", "-h", "--states=all", "-j", again["job_id"],
                                                         "-o", "%T"), 30, "the Slurm job cancelled")
     finally:
         cluster.run("scancel", blocker, check=False)
