@@ -47,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the tokenpulse checkout the node p
 
 
 @dataclass
-class _NoRanks:
+class _LeadShare:
+    """What link.py's heartbeat reads of a job's claim: this executor reports for node rank 0."""
     node_rank: int = 0
 
 
@@ -58,7 +59,7 @@ class Tracked:
     job_id: int
     attempt: int
     slurm_id: str
-    claim: _NoRanks = field(default_factory=_NoRanks)
+    claim: _LeadShare = field(default_factory=_LeadShare)
     alive_at: float = field(default_factory=time.time)
     gang: None = None
     state: str = "PENDING"
@@ -339,6 +340,9 @@ done
         if not rec and q is not None:
             rec = {"State": q.state, "Reason": q.reason, "source": "squeue"}
         verdict = ending(rec, t.slurm_id, t.cancelled_by_us, t.cancel_asked_at is not None)
+        tail = self.batch_output(t)
+        if tail and verdict.state == "failed":  # what the batch script said (a node process that never started)
+            verdict.reason = f"{verdict.reason}\nbatch output (last lines):\n{tail}"[:8000]
         self.outbox.open_job(t.job_id, got["next_seq"])  # past what the node process reported
         self.emit(t.job_id, "info", {"slurm": {"job_id": t.slurm_id, "state": (rec.get("State") or "").split(" ")[0],
                                                "record": rec}})
@@ -346,6 +350,16 @@ done
                                     "stream": "agent"})
         self.emit(t.job_id, "state", verdict.model_dump(exclude_none=True))
         self.delivering[t.job_id] = time.time()
+
+    def batch_output(self, t: Tracked, lines: int = 15) -> str:
+        path = self.job_dir(t.job_id) / f"attempt-{t.attempt}" / f"slurm-{t.slurm_id}.out"
+        try:
+            with path.open("rb") as f:
+                f.seek(max(0, path.stat().st_size - 16384))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
 
     # ---- a person's requests --------------------------------------------------------------------
 
