@@ -147,8 +147,9 @@ def _rank_commands(s, agent_id: int, hb: Heartbeat, job_credential: bool = False
     read their stacks if node rank 0's agent asked (a stall). A Slurm node process (a job's own
     credential, valid only while its attempt is) is no gang member: its rank rows are all there is."""
     ranks.store(s, agent_id, hb.ranks)
-    if job_credential:
-        return []
+    if job_credential:  # a Slurm node process: asked through its rank rows (ranks.ask_other_nodes)
+        return [Command(job_id=j, action=Action.STACK) for j, rows in hb.ranks.items()
+                if j not in hb.jobs and ranks.asked(s, j, [r.rank for r in rows])]
     shares = [j for j in hb.ranks if j not in hb.jobs]
     return ([Command(job_id=j, action=Action.CANCEL) for j in gang.stale_shares(s, agent_id, shares)]
             + [Command(job_id=j, action=Action.STACK) for j in gang.stack_requests(s, agent_id, shares)])

@@ -284,3 +284,19 @@ def test_slurms_own_time_limit_warning_checkpoints_and_requeues(srv, cluster):
         assert "--time=1" in text and "--signal=B:USR2@55" in text, text[-2000:]
         ids = {e["data"]["slurm"]["job_id"] for e in events(c, jid, "info") if "slurm" in e["data"]}
         assert len(ids) == len(done["attempts"]), ids  # a Slurm job per attempt
+
+
+def test_a_rank_stuck_on_the_other_node_is_named_with_its_line(srv, cluster):
+    """Two nodes: node rank 0's process asks the other node's for its ranks' stacks (through their
+    rank rows on the server) and names the stuck rank across the allocation."""
+    name = srv.plan_fault("stuck-far", hang_at_step=8, rank=1)
+    with srv.client() as c:
+        jid = c.post("/api/jobs", json={**FAST, "name": name, "max_steps": 400, "nnodes": 2,
+                                        "stall": {"floor_s": 3, "first_step_s": 60}}).json()["id"]
+        a = wait_for(lambda: alerts(c, jid, "stalled"), 180, "a stalled alert", show=show(srv, c, jid))[0]
+        msg = a["message"]
+        rank1 = next(r for r in ranks_of(c, jid) if r["rank"] == 1)
+        assert f"rank 1 ({rank1['host']}, pid {rank1['pid']}) at _fault_hang (" in msg and "faults.py:" in msg, msg
+        assert "==== rank 1 (" in a["stack"], a["stack"][:2000]
+        assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
+        assert srv.wait_job(jid, ("cancelled", "failed"), timeout=90)["state"] == "cancelled"
