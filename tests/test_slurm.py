@@ -176,20 +176,6 @@ def test_scancel_from_outside_is_named_with_slurms_record(srv, cluster):
         assert record.get("State", "").startswith("CANCELLED"), record
 
 
-def test_a_stuck_rank_is_named_with_its_line(srv, cluster):
-    name = srv.plan_fault("stuck", hang_at_step=8, rank=1)
-    with srv.client() as c:
-        jid = c.post("/api/jobs", json={**FAST, "name": name, "max_steps": 400, "nproc_per_node": 2,
-                                        "stall": {"floor_s": 3, "first_step_s": 60}}).json()["id"]
-        a = wait_for(lambda: alerts(c, jid, "stalled"), 180, "a stalled alert", show=show(srv, c, jid))[0]
-        msg = a["message"]
-        rank1 = next(r for r in ranks_of(c, jid) if r["rank"] == 1)
-        assert f"rank 1 ({rank1['host']}, pid {rank1['pid']}) at _fault_hang (" in msg and "faults.py:" in msg, msg
-        assert c.post(f"/api/jobs/{jid}/cancel").status_code == 200
-        done = srv.wait_job(jid, ("cancelled", "failed"), timeout=90)
-        assert done["state"] == "cancelled", done
-
-
 def test_killing_the_executor_mid_run_loses_nothing(srv, cluster):
     name = srv.plan_fault("survives", step_sleep_s=0.2)
     with srv.client() as c:
@@ -288,7 +274,8 @@ def test_slurms_own_time_limit_warning_checkpoints_and_requeues(srv, cluster):
 
 def test_a_rank_stuck_on_the_other_node_is_named_with_its_line(srv, cluster):
     """Two nodes: node rank 0's process asks the other node's for its ranks' stacks (through their
-    rank rows on the server) and names the stuck rank across the allocation."""
+    rank rows on the server) and names the stuck rank across the allocation. (One node's ranks are
+    grouped by the same agent code as under an agent: tests/test_distributed.py.)"""
     name = srv.plan_fault("stuck-far", hang_at_step=8, rank=1)
     with srv.client() as c:
         jid = c.post("/api/jobs", json={**FAST, "name": name, "max_steps": 400, "nnodes": 2,
