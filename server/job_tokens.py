@@ -2,7 +2,8 @@
 (worker/agent/slurm_node.py): minted at the executor's claim (`ClaimRequest.slurm`), shown once in
 the Claim, stored hashed in jobs.report_hash. It acts as the agent that holds the job, for that job
 alone (security.confine on every agent route), and only while that attempt is active: a new claim
-replaces it, the attempt's end makes it worthless (within the 5 s of the token cache). The
+replaces it, the attempt's end or the executor token's revocation makes it worthless (within the 5 s
+of the token cache). The
 executor's own token never leaves the executor's machine."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import secrets
 from typing import Optional
 
 from server import auth
-from server.models import Agent, Job
+from server.models import Agent, Job, Token
 from server.security import Caller
 from tokenpulse.protocol import ACTIVE_STATES, JobState
 
@@ -36,5 +37,8 @@ def caller(db, token: str) -> Optional[Caller]:
             return None
         agent = s.get(Agent, job.agent_id)
         if agent is None or agent.token_id is None:
+            return None
+        executor = s.get(Token, agent.token_id)
+        if executor is None or executor.revoked_at is not None:  # dies with the executor's token too
             return None
         return Caller(auth.AGENT, agent.token_id, frozenset(), job_id=job_id)

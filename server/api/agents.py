@@ -189,6 +189,7 @@ async def ask_gang_stacks(agent_id: int, job_id: int, tp: AppDep, caller: AgentD
     """Node rank 0's agent on a multi-node stall: the other nodes' agents are asked (their next
     heartbeat reply) for their ranks' stacks."""
     confine(caller, [job_id])
+
     def ask(s):
         job = lead_job(s, agent_id, job_id, caller)
         if caller.job_id is not None:  # a Slurm job's node rank 0: its other nodes are no gang members
