@@ -3,8 +3,7 @@
 the Claim, stored hashed in jobs.report_hash. It acts as the agent that holds the job, for that job
 alone (security.confine on every agent route), and only while that attempt is active: a new claim
 replaces it, the attempt's end or the executor token's revocation makes it worthless (within the 5 s
-of the token cache). The
-executor's own token never leaves the executor's machine."""
+of the token cache). The executor's own token never leaves the executor's machine."""
 from __future__ import annotations
 
 import secrets
