@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up demo setup test browser postgres bench clean
+.PHONY: up demo setup test browser postgres slurm bench clean
 
 up: setup ## set up (first time) and start the server with an embedded worker
 	$(BIN)/tokenpulse up
@@ -30,6 +30,10 @@ postgres: ## Debian's PostgreSQL server binaries for the tests on PostgreSQL (ea
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; fi
 
+slurm: ## Debian's Slurm and munge for tests/test_slurm.py (each run starts its own munged, slurmctld and slurmd)
+	@if ! command -v slurmctld >/dev/null 2>&1 && ! test -x /usr/sbin/slurmctld; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge; fi
+
 # The files that talk to the store run again on PostgreSQL (tests/pg.py starts a throwaway cluster):
 # the server, ingest, storage, reaper, multi-process and agent-socket tests. The training, UI and CLI
 # files exercise the same server paths through the same routes, so they run on SQLite only (time).
@@ -45,7 +49,7 @@ PG_TESTS := tests/test_api.py tests/test_ingest.py tests/test_security.py tests/
 # (5 workers, or the PostgreSQL pass beside the SQLite one, was slower on 2 cores and flaky: measured.)
 XDIST := -n 4 --dist loadfile
 
-test: setup browser postgres ## the whole suite on SQLite, then the store-facing files on PostgreSQL
+test: setup browser postgres slurm ## the whole suite on SQLite, then the store-facing files on PostgreSQL
 	$(BIN)/python -m pytest -q $(XDIST) --durations=15
 	TOKENPULSE_TEST_DB=postgresql $(BIN)/python -m pytest -q $(XDIST) --durations=15 $(PG_TESTS)
 

@@ -11,12 +11,14 @@ applied and answered the same whichever way they came.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from sqlalchemy import or_, select
 
 from server import gang, ranks, store
+from server.dialect import raw_cursor
 from server.hub import job_frames
 from server.ingest import apply, heartbeats
 from server.models import Job
@@ -30,6 +32,9 @@ class Incoming:
     agent_id: int
     heartbeat: Optional[Heartbeat] = None
     events: Optional[list] = None
+    # sent with a job's own credential (a Slurm node process): its heartbeat names only that job,
+    # so it settles nothing else of the agent's (reconcile), and it is answered for that job alone
+    job_only: Optional[int] = None
 
 
 @dataclass
@@ -65,16 +70,19 @@ def apply_messages(s, tp, messages: list[Incoming]) -> Applied:
     # then every heartbeat at once (a few statements, not a few per agent), against the jobs as the
     # batches above left them
     beats: dict[int, dict[int, float]] = {}
+    reported: dict[int, set[int]] = {}  # per agent: what its own heartbeats say it runs or holds
     for m in messages:
         if m.heartbeat is not None:
             beats.setdefault(m.agent_id, {}).update(m.heartbeat.jobs)
+            if m.job_only is None:
+                reported.setdefault(m.agent_id, set()).update(m.heartbeat.jobs, m.heartbeat.held)
     asking = [m.agent_id for m in messages if m.heartbeat is None]
     s.flush()  # the raw statements below must see what the batches changed
     commands, frames = heartbeats.heartbeat_many(s, beats, {job.id: job.agent_id for job in jobs}, asking)
     total.frames += frames
     for m in messages:
         if m.heartbeat is not None and m.heartbeat.ranks:
-            commands[m.agent_id] += _rank_commands(s, m.agent_id, m.heartbeat)
+            commands[m.agent_id] += _rank_commands(s, m.agent_id, m.heartbeat, m.job_only is not None)
     if beats:
         origin = lease_origin(tp.db, tp.started_at)
         held: dict[int, list[Job]] = {}
@@ -82,17 +90,36 @@ def apply_messages(s, tp, messages: list[Incoming]) -> Applied:
         for job in jobs:
             if job.agent_id in beats and job.state in active:
                 held.setdefault(job.agent_id, []).append(job)
-        for agent_id, hb in beats.items():
-            for job in store.reconcile(s, agent_id, set(hb), tp.settings.agent_lost_after_s, origin,
+        for agent_id, said in reported.items():
+            for job in store.reconcile(s, agent_id, said, tp.settings.agent_lost_after_s, origin,
                                        held.get(agent_id, []), tp.deliveries):
                 total.frames += job_frames(store.job_summary(job))
     work = bool(beats) and heartbeats.queued_work(s)
+    rearm: list[int] = []
     for m, reply in zip(messages, replies):
         have = {(c.job_id, c.action) for c in reply.commands}
         reply.commands += [c for c in commands[m.agent_id] if (c.job_id, c.action) not in have]
-        reply.work = work and m.heartbeat is not None
+        if m.job_only is not None or (m.heartbeat is not None and m.heartbeat.held):
+            rearm += _not_for(m, reply)
+        reply.work = work and m.heartbeat is not None and m.job_only is None
+    if rearm:  # a stack request is one-shot: one the message's sender cannot take waits for its taker
+        raw_cursor(s).executemany("UPDATE jobs SET stack_requested_at = ? WHERE id = ?",
+                                  [(time.time(), jid) for jid in rearm])
     s.info.pop("locked", None)
     return Applied(replies, total)
+
+
+def _not_for(m: Incoming, reply: AgentReply) -> list[int]:
+    """Commands not for this message's sender dropped from its reply: a job credential's are its
+    job's alone; a stack request for a job whose node process reports for it (`held`) is that
+    process's to take. Returns the jobs whose stack request must wait for its taker."""
+    def mine(c: Command) -> bool:
+        if m.job_only is not None:
+            return c.job_id == m.job_only
+        return not (c.action == Action.STACK and m.heartbeat is not None and c.job_id in m.heartbeat.held)
+    dropped = [c for c in reply.commands if not mine(c)]
+    reply.commands = [c for c in reply.commands if mine(c)]
+    return [c.job_id for c in dropped if c.action == Action.STACK]
 
 
 def _load_jobs(s, messages: list[Incoming]) -> list[Job]:
@@ -114,11 +141,15 @@ def _load_jobs(s, messages: list[Incoming]) -> list[Job]:
     return jobs
 
 
-def _rank_commands(s, agent_id: int, hb: Heartbeat) -> list[Command]:
+def _rank_commands(s, agent_id: int, hb: Heartbeat, job_credential: bool = False) -> list[Command]:
     """A distributed job's rank table stored; and for a share on node rank > 0 (a job it runs whose
     node rank 0 is another agent's): stop its ranks if the gang is over (node rank 0's agent lost),
-    read their stacks if node rank 0's agent asked (a stall)."""
+    read their stacks if node rank 0's agent asked (a stall). A Slurm node process (a job's own
+    credential, valid only while its attempt is) is no gang member: its rank rows are all there is."""
     ranks.store(s, agent_id, hb.ranks)
+    if job_credential:  # a Slurm node process: asked through its rank rows (ranks.ask_other_nodes)
+        return [Command(job_id=j, action=Action.STACK) for j, rows in hb.ranks.items()
+                if j not in hb.jobs and ranks.asked(s, j, [r.rank for r in rows])]
     shares = [j for j in hb.ranks if j not in hb.jobs]
     return ([Command(job_id=j, action=Action.CANCEL) for j in gang.stale_shares(s, agent_id, shares)]
             + [Command(job_id=j, action=Action.STACK) for j in gang.stack_requests(s, agent_id, shares)])

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 from fastapi import Depends, Request
 
-from server import auth
+from server import auth, job_tokens
 from server.db import Database
 from server.hub import Hub
 from server.ingest.heartbeats import Deliveries
@@ -37,6 +37,10 @@ class App:
         now = time.monotonic()
         if hit is not None and hit[1] > now:
             return hit[0]
+        if token.startswith(job_tokens.PREFIX):
+            caller = job_tokens.caller(self.db, token)
+            self.token_cache[h] = (caller, now + 5.0)  # dies within 5 s of its attempt's end
+            return caller
         with self.db.read() as s:
             row = auth.lookup_any(s, token)
             owner = auth.principal(s, row) if row is not None else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from server.models import Job, JobRank
@@ -88,3 +88,20 @@ def stacks(s: Session, job_id: int) -> list[dict]:
     return [{"rank": row.rank, "host": row.host, "pid": row.pid, "agent_id": row.agent_id, "stack": row.stack}
             for row in s.scalars(select(JobRank).where(JobRank.job_id == job_id, JobRank.attempt == job.attempt,
                                                        JobRank.stack.is_not(None)).order_by(JobRank.rank))]
+
+
+ASKED = ""  # a Slurm job's other nodes asked for their ranks' stacks: the row's stack until they arrive
+
+
+def ask_other_nodes(s: Session, job: Job, ranks_per_node: int) -> int:
+    """A Slurm job's node rank 0 on a stall (no gang members: the executor's agent holds every
+    node's rows): the ranks past its own are marked asked; their node process's next heartbeat
+    reply says `stack`. Returns how many ranks were asked."""
+    return s.execute(update(JobRank).where(JobRank.job_id == job.id, JobRank.attempt == job.attempt,
+                                           JobRank.rank >= ranks_per_node).values(stack=ASKED)).rowcount
+
+
+def asked(s: Session, job_id: int, ranks: list[int]) -> bool:
+    """Whether any of these ranks (one node's) is asked for its stack and has not sent it yet."""
+    return s.scalar(select(func.count()).select_from(JobRank).where(
+        JobRank.job_id == job_id, JobRank.rank.in_(ranks), JobRank.stack == ASKED)) > 0

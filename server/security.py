@@ -24,6 +24,9 @@ class Caller:
     # Whose jobs and tokens these are: the token itself, or for a token a user minted, that user's
     # token (the same person's CLI token and browser login share their jobs).
     principal_id: int = 0
+    # A job's own credential (a Slurm executor's node processes, server/job_tokens.py): it acts as
+    # the agent holding that job, for that job alone
+    job_id: Optional[int] = None
 
     def __post_init__(self):
         self.principal_id = self.principal_id or self.token_id
@@ -146,6 +149,20 @@ async def require_agent(request: Request) -> Caller:  # async: no threadpool hop
     if caller.role != auth.AGENT:
         raise HTTPException(403, "this endpoint is for agents; use an agent token")
     return caller
+
+
+def confine(caller: Caller, job_ids) -> None:
+    """A job's own credential speaks for its job only: anything naming another is refused."""
+    if caller.job_id is None:
+        return
+    others = sorted({int(j) for j in job_ids} - {caller.job_id})
+    if others:
+        raise HTTPException(403, f"this credential is job {caller.job_id}'s own: it may not act on job {others[0]}")
+
+
+def no_job_credential(caller: Caller, what: str) -> None:
+    if caller.job_id is not None:
+        raise HTTPException(403, f"a job's own credential may not {what}; use the agent's token")
 
 
 def websocket_caller(ws: WebSocket) -> Optional[Caller]:

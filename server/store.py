@@ -166,12 +166,13 @@ def request_stack(s: Session, job: Job) -> None:
 REQUESTS = {"cancel": request_cancel, "pause": request_pause, "resume": request_resume, "stack": request_stack}
 
 
-def claim(s: Session, agent_id: int) -> Optional[Job]:
+def claim(s: Session, agent_id: int, whole_gangs: bool = False) -> Optional[Job]:
     """Give the agent the best queued job, atomically: the UPDATE only matches a row still queued,
     so two agents can never both win it (one server's writer thread serializes its claims besides;
     several server processes on PostgreSQL skip each other's locked rows). A job whose
     stored spec no longer validates (written by an older version, say) fails with the reason and
-    the next one is handed out: one bad row must never stall the queue."""
+    the next one is handed out: one bad row must never stall the queue.
+    whole_gangs: a Slurm executor, which runs a multi-node job's nodes itself, takes those too."""
     agent = s.get(Agent, agent_id)
     if agent is None:
         return None
@@ -185,7 +186,8 @@ def claim(s: Session, agent_id: int) -> Optional[Job]:
         # (multi-node jobs are claimed by a gang of agents together: server/gang.py)
         # FOR UPDATE SKIP LOCKED (PostgreSQL; SQLite has no row locks and ignores it): another server
         # process claiming at this moment takes the next job instead of waiting for this one.
-        candidate = (select(Job.id).where(Job.state == JobState.queued.value, Job.kind.in_(kinds), Job.nnodes == 1)
+        candidate = (select(Job.id).where(Job.state == JobState.queued.value, Job.kind.in_(kinds),
+                                  Job.nnodes >= 1 if whole_gangs else Job.nnodes == 1)
                      .order_by(Job.priority.desc(), Job.id).limit(1)
                      .with_for_update(skip_locked=True).scalar_subquery())
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
@@ -289,8 +291,8 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
         if failure == Failure.PREEMPTED:
             if job.requested_action == "pause":  # a person asked for a pause meanwhile: it pauses there
                 return _final(s, job, JobState.paused, reason, attempt, now, f"paused as asked; {where} on resume")
-            requeued = (f"requeued: preempted (a SIGTERM not sent by its agent); {where}; a preemption is not "
-                        "the job's fault: no retry spent")
+            requeued = (f"requeued: preempted (a SIGTERM not sent by its agent, or the scheduler's preemption); "
+                        f"{where}; a preemption is not the job's fault: no retry spent")
         else:
             requeued = f"requeued (its agent stopped or could not run it here); {where}; no retry spent"
         transition(s, job, JobState.queued, reason=reason)

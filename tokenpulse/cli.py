@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,7 +177,9 @@ def cmd_agent(args) -> int:
         Path(args.token_file).read_text().strip() if args.token_file else None)
     if not token:
         raise SystemExit("an agent needs --token, --token-file or TOKENPULSE_AGENT_TOKEN (an agent token)")
-    agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity,
+    if args.slurm:
+        return slurm_executor(args, token)
+    agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity or 1,
                   heartbeat_s=args.heartbeat, grace_s=args.grace,
                   resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None,
                   allow_commands=args.allow_commands, address=args.address)
@@ -186,6 +189,25 @@ def cmd_agent(args) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.stop()))
         await agent.run(max_jobs=args.max_jobs, until_idle=args.burst)
+    asyncio.run(main())
+    return 0
+
+
+def slurm_executor(args, token: str) -> int:
+    """`tokenpulse agent --slurm`: jobs claimed here run as Slurm batch jobs (worker/agent/slurm_executor.py)."""
+    from worker.agent.slurm_executor import SlurmExecutor
+    if shutil.which("sbatch") is None:
+        raise SystemExit("--slurm needs Slurm's sbatch on the PATH (run the executor on a login node)")
+    executor = SlurmExecutor(args.server, token, Path(args.work_dir), name=args.name,
+                             capacity=args.capacity or 8, partition=args.partition,
+                             account=args.account, sbatch_args=args.sbatch_arg or [],
+                             allow_commands=args.allow_commands, heartbeat_s=args.heartbeat)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(executor.stop()))
+        await executor.run()
     asyncio.run(main())
     return 0
 
@@ -657,7 +679,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--token-file")
     p.add_argument("--work-dir", default="tokenpulse-agent")
     p.add_argument("--name")
-    p.add_argument("--capacity", type=int, default=1, help="jobs at once")
+    p.add_argument("--capacity", type=int, help="jobs at once (default 1; with --slurm 8 Slurm jobs)")
     p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--max-jobs", type=int)
@@ -670,6 +692,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--resume-root", action="append", metavar="DIR",
                    help="load checkpoints to resume from only under DIR (repeatable; default: the work "
                         "dir's parent). Put a shared checkpoint filesystem here to resume across machines")
+    p.add_argument("--slurm", action="store_true",
+                   help="run each claimed job as a Slurm batch job (sbatch/srun) instead of here: start it where "
+                        "sbatch works; its work dir must be on storage the compute nodes share")
+    p.add_argument("--partition", help="--slurm: the partition for jobs that name none")
+    p.add_argument("--account", help="--slurm: the account for jobs that name none")
+    p.add_argument("--sbatch-arg", action="append", metavar="ARG",
+                   help="--slurm: an extra sbatch option for every job (repeatable), e.g. --sbatch-arg=--exclusive")
     p.set_defaults(fn=cmd_agent)
 
     p = sub.add_parser("submit", help="submit a job spec (YAML or JSON file, - for stdin)")

@@ -35,7 +35,7 @@ FINAL_STATES = {JobState.completed, JobState.failed, JobState.cancelled}
 # Plain str constants (not enums): they go into SQLite columns, JSON and f-strings unchanged.
 
 FailureKind = Literal["oom", "nan", "crash", "lost", "signal", "hang", "spec", "disk_full", "error", "data",
-                      "preempted", "collective_timeout"]
+                      "preempted", "collective_timeout", "timeout", "node_fail", "cancelled_outside"]
 
 
 class Failure:
@@ -54,6 +54,11 @@ class Failure:
     PREEMPTED: FailureKind = "preempted"
     # a collective (NCCL/gloo) timed out: transient, retried like a crash (a class, refined from a crash)
     COLLECTIVE_TIMEOUT: FailureKind = "collective_timeout"
+    # Slurm's endings (worker/agent/slurm_executor.py), sent with retry=True where a rerun from the
+    # newest checkpoint makes sense (timeout, preempted, node_fail); a cancel from outside is final
+    TIMEOUT: FailureKind = "timeout"  # the allocation's time limit ran out before a checkpoint
+    NODE_FAIL: FailureKind = "node_fail"
+    CANCELLED_OUTSIDE: FailureKind = "cancelled_outside"  # scancel by someone else, not tokenpulse
 
 
 
@@ -92,6 +97,7 @@ class Phase:
     TRAINING = "training"
     EVALUATING = "evaluating"
     SAVING = "saving"
+    SLURM_PENDING = "pending in Slurm"  # the Slurm executor's word while Slurm holds the job (its reason)
 
 
 CommandAction = Literal["cancel", "pause", "stack"]
@@ -174,6 +180,28 @@ _HUB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 _REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 
 
+_SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.,:=-]{0,127}$"
+
+
+class SlurmSpec(BaseModel):
+    """How a job asks Slurm for its allocation when a Slurm executor (`tokenpulse agent --slurm`)
+    claims it; ignored by other agents. Unset fields: the executor's defaults, then Slurm's."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    partition: Optional[str] = Field(None, pattern=_SLURM_NAME, description="Slurm partition (-p)")
+    account: Optional[str] = Field(None, pattern=_SLURM_NAME, description="Slurm account (-A)")
+    qos: Optional[str] = Field(None, pattern=_SLURM_NAME, description="Slurm QOS (--qos)")
+    time_limit_min: Optional[int] = Field(None, ge=1, le=60 * 24 * 365, description="time limit in minutes (-t)")
+    mem_gb: Optional[float] = Field(None, gt=0, le=1 << 20, description="memory per node in GB (--mem)")
+    cpus_per_node: Optional[int] = Field(None, ge=1, le=4096,
+                                         description="CPUs per node (default: nproc_per_node on CPU partitions)")
+    gpus_per_node: Optional[int] = Field(None, ge=0, le=64,
+                                         description="GPUs per node (default: nproc_per_node on GPU partitions, "
+                                                     "else 0)")
+    signal_before_s: int = Field(120, ge=10, le=3600,
+                                 description="seconds before the time limit when Slurm warns the job (SIGUSR2): "
+                                             "it checkpoints at the next step and goes back to the queue")
+
+
 class SpecBase(BaseModel):
     """What every job carries, whichever kind it is (JobSpec, CommandSpec): how the queue orders
     and retries it, how its progress is judged, and how many processes and machines run it."""
@@ -191,6 +219,8 @@ class SpecBase(BaseModel):
                                 "more than 1 runs DistributedDataParallel under torchrun")
     nnodes: int = Field(1, ge=1, le=16, description="machines (agents) that run the job together, "
                         "claimed as one gang")
+    slurm: Optional[SlurmSpec] = Field(None, description="the allocation a Slurm executor asks for "
+                                       "(partition, time limit, memory...)")
 
 
 class JobSpec(SpecBase):
@@ -607,6 +637,9 @@ class Heartbeat(BaseModel):
     jobs: dict[int, float] = Field(default_factory=dict, max_length=1000)
     # job id -> its ranks (distributed jobs only): the rank table
     ranks: dict[int, list[RankReport]] = Field(default_factory=dict, max_length=1000)
+    # jobs the agent holds whose liveness another process reports (a Slurm executor's jobs while
+    # their node process runs): not lost for missing from `jobs`, their alive time left alone
+    held: list[int] = Field(default_factory=list, max_length=1000)
 
 
 def event_batch_body(events: list[dict]) -> dict:
@@ -685,6 +718,8 @@ class ClaimRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     endpoint: Optional[str] = Field(None, max_length=300, pattern=r"^[A-Za-z0-9.:\[\]_-]+:[0-9]{1,5}$",
                                     description="host:port reachable by the other agents of a gang")
+    slurm: bool = Field(False, description="a Slurm executor: takes multi-node jobs whole (its token needs "
+                        "`gang`) and gets a credential for each job's node processes (Claim.job_token)")
 
 
 class Claim(BaseModel):
@@ -702,6 +737,9 @@ class Claim(BaseModel):
     # resolved and checked against them again when the agent starts it (a symlink swapped in after
     # the submit must not take it elsewhere)
     path_roots: list[str] = Field(default_factory=list)
+    # a Slurm executor's claim: the job's own credential for its node processes, valid for this
+    # attempt alone (heartbeats, events, stacks of this job); shown once
+    job_token: Optional[str] = None
 
     @model_validator(mode="before")
     @classmethod

@@ -256,7 +256,7 @@ def form_fields() -> list[dict]:
     for prefix, model in models.items():
         for leaf, f in model.model_fields.items():
             name = f"{prefix}.{leaf}" if prefix else leaf
-            if name in listed or name in ("lora", "stall"):
+            if name in listed or name in ("lora", "stall", "slurm"):
                 continue
             kind = field_kind(f.annotation)
             default = f.get_default(call_default_factory=True) if not f.is_required() else None

@@ -46,7 +46,7 @@ def work_queued(tp) -> None:
 async def agent_socket(ws: WebSocket, agent_id: int):
     tp = ws.app.state.tp
     caller = websocket_caller(ws)
-    if caller is None or caller.role != "agent":
+    if caller is None or caller.role != "agent" or caller.job_id is not None:  # a job's credential: HTTP
         await ws.close(code=4401, reason="missing or invalid agent token")
         return
 

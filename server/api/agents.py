@@ -9,14 +9,14 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
-from server import auth, gang, ranks, store
+from server import auth, gang, job_tokens, ranks, store
 from server.agent_protocol import Incoming, after_ingest, apply_messages
 from server.context import AppDep
 from server.hub import job_frames
 from server.ingest import parse
 from server.models import Agent, Job
 from server.schemas import AgentOut
-from server.security import AgentDep, UserDep
+from server.security import AgentDep, UserDep, confine, no_job_credential
 from tokenpulse.protocol import (
     AGENTS_TOPIC,
     COMMAND,
@@ -43,6 +43,7 @@ def agent_dict(a: Agent, job_ids: list[int], system: Optional[dict] = None) -> d
 async def register(hello: AgentHello, tp: AppDep, caller: AgentDep) -> AgentOut:
     """An agent says who it is. `accepts_commands` (started with --allow-commands) needs a token an
     admin created for commands: a command job hands its argv, env and cwd to the agent that takes it."""
+    no_job_credential(caller, "register an agent")
     if hello.accepts_commands and auth.COMMANDS not in caller.scopes:
         raise HTTPException(403, "accepts_commands refused: this agent token was not created for command jobs. "
                                  "Start the agent without --allow-commands, or have an admin create a token with "
@@ -90,10 +91,13 @@ def known_agent(s, agent_id: int, caller=None) -> Agent:
 @router.post("/{agent_id}/heartbeat")
 async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) -> AgentReply:
     """The agent and the jobs it names are alive (a distributed job's rank rows with them); answered
-    with the commands waiting for it. Applied as a websocket heartbeat is (server/agent_protocol.py)."""
+    with the commands waiting for it. Applied as a websocket heartbeat is (server/agent_protocol.py).
+    A job's own credential (a Slurm node process) beats for its job alone."""
+    confine(caller, [*hb.jobs, *hb.ranks, *hb.held])
+
     def beat(s):
         known_agent(s, agent_id, caller)
-        return apply_messages(s, tp, [Incoming(agent_id, heartbeat=hb)])
+        return apply_messages(s, tp, [Incoming(agent_id, heartbeat=hb, job_only=caller.job_id)])
     applied = await tp.db.write(beat)
     after_ingest(tp, applied.outcome)
     return applied.replies[0]
@@ -103,6 +107,7 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
 async def machine_sample(agent_id: int, sample: MachineSample, tp: AppDep, caller: AgentDep) -> Response:
     """The agent's machine now (CPU, memory, network, GPUs), every few seconds: its latest sample kept on
     the agent's row for the workers page (the jobs' own sys/ series are stored as metrics)."""
+    no_job_credential(caller, "report the machine")
     body = sample.model_dump_json()
 
     def keep(s):
@@ -114,30 +119,61 @@ async def machine_sample(agent_id: int, sample: MachineSample, tp: AppDep, calle
 @router.post("/{agent_id}/claim", responses={204: {"description": "no job for this agent now"},
                                              202: {"description": "gathering a multi-node job's gang: claim again"}})
 async def claim(agent_id: int, tp: AppDep, caller: AgentDep, offer: Optional[ClaimRequest] = None):
+    """The best queued job for this agent. A Slurm executor (offer.slurm) takes a multi-node job
+    whole (Slurm allocates its nodes; its token needs `gang`) and gets the job's own credential for
+    the node processes it starts (Claim.job_token)."""
+    no_job_credential(caller, "claim jobs")
+    slurm = offer is not None and offer.slurm
+
     def take(s):
         agent = known_agent(s, agent_id, caller)
         agent.seen_at, agent.state = time.time(), "online"
-        got = gang.claim(s, agent, offer.endpoint if offer else None, tp.settings.gang_timeout_s,
-                         trusted=auth.GANG in caller.scopes)
-        if isinstance(got, gang.Waiting):
-            return got
-        if got is not None:
-            return got.job, store.job_summary(got.job), got
-        job = store.claim(s, agent_id)
+        token = None
+        if not slurm:
+            got = gang.claim(s, agent, offer.endpoint if offer else None, tp.settings.gang_timeout_s,
+                             trusted=auth.GANG in caller.scopes)
+            if isinstance(got, gang.Waiting):
+                return got
+            if got is not None:
+                return got.job, store.job_summary(got.job), got, None
+        job = store.claim(s, agent_id, whole_gangs=slurm and auth.GANG in caller.scopes)
         if job is None:
             return None
-        return job, store.job_summary(job), None
+        if slurm:
+            token = job_tokens.mint(job)
+        return job, store.job_summary(job), None, token
     got = await tp.db.write(take)
     if got is None:
         return Response(status_code=204)
     if isinstance(got, gang.Waiting):
         return JSONResponse({"gathering": got.job_id, "members": got.members, "nnodes": got.nnodes}, status_code=202)
-    job, summary, share = got
+    job, summary, share, token = got
     tp.hub.publish_all(job_frames(summary))
     return Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
                  spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint,
                  node_rank=share.node_rank if share else 0, rdzv_endpoint=share.endpoint if share else None,
-                 path_roots=[str(r) for r in tp.settings.path_roots] if job.kind == COMMAND else [])
+                 path_roots=[str(r) for r in tp.settings.path_roots] if job.kind == COMMAND else [],
+                 job_token=token)
+
+
+@router.get("/{agent_id}/jobs/{job_id}")
+def held_job(agent_id: int, job_id: int, tp: AppDep, caller: AgentDep) -> dict:
+    """Where a job this agent holds stands now: its attempt, state, the next event seq the server
+    expects and, while active, its claim afresh. A Slurm executor asks after a restart and before it
+    reports for a job its node process reported for; the node process asks at its start."""
+    confine(caller, [job_id])
+    with tp.db.read() as s:
+        known_agent(s, agent_id, caller)
+        job = s.get(Job, job_id)
+        if job is None:
+            raise HTTPException(404, f"job {job_id} does not exist")
+        held = job.agent_id == agent_id and job.state in ("starting", "running")
+        claim = Claim(job_id=job.id, attempt=job.attempt, seq_start=job.next_seq, kind=job.kind,
+                      spec=load_spec(job.kind, job.spec), resume_from=job.checkpoint,
+                      path_roots=[str(r) for r in tp.settings.path_roots] if job.kind == COMMAND else []
+                      ) if held else None
+        return {"job_id": job.id, "attempt": job.attempt, "state": job.state, "held": held,
+                "next_seq": job.next_seq, "claim": claim.model_dump(mode="json") if claim else None}
 
 
 def lead_job(s, agent_id: int, job_id: int, caller) -> Job:
@@ -152,7 +188,14 @@ def lead_job(s, agent_id: int, job_id: int, caller) -> Job:
 async def ask_gang_stacks(agent_id: int, job_id: int, tp: AppDep, caller: AgentDep) -> dict:
     """Node rank 0's agent on a multi-node stall: the other nodes' agents are asked (their next
     heartbeat reply) for their ranks' stacks."""
-    asked = await tp.db.write(lambda s: gang.request_stacks(s, lead_job(s, agent_id, job_id, caller)))
+    confine(caller, [job_id])
+
+    def ask(s):
+        job = lead_job(s, agent_id, job_id, caller)
+        if caller.job_id is not None:  # a Slurm job's node rank 0: its other nodes are no gang members
+            return ranks.ask_other_nodes(s, job, load_spec(job.kind, job.spec).nproc_per_node)
+        return gang.request_stacks(s, job)
+    asked = await tp.db.write(ask)
     return {"asked": asked}
 
 
@@ -160,6 +203,7 @@ async def ask_gang_stacks(agent_id: int, job_id: int, tp: AppDep, caller: AgentD
 def gang_stacks(agent_id: int, job_id: int, tp: AppDep, caller: AgentDep) -> list[dict]:
     """The stacks the other nodes' agents sent for their ranks since the ask (heartbeats), for node
     rank 0's agent to name the stuck rank across the gang in one verdict."""
+    confine(caller, [job_id])
     with tp.db.read() as s:
         lead_job(s, agent_id, job_id, caller)
         return ranks.stacks(s, job_id)
@@ -178,7 +222,9 @@ async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) 
 
     def store_batch(s):
         known_agent(s, agent_id, caller)
-        return apply_messages(s, tp, [Incoming(agent_id, events=parse.parse_batch(body))])
+        events = parse.parse_batch(body)
+        confine(caller, {e.job_id for e in events})
+        return apply_messages(s, tp, [Incoming(agent_id, events=events, job_only=caller.job_id)])
     applied = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
     after_ingest(tp, applied.outcome)
     return applied.replies[0]

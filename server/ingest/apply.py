@@ -150,7 +150,7 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         out.stored_events += len(fresh)
         state_before = job.state
         by_metric, state_rules = RULES.for_job(job) if RULES.rules else (None, None)
-        if job.state == JobState.starting.value:
+        if job.state == JobState.starting.value and not all(slurm_pending(e) for e in fresh):
             store.transition(s, job, JobState.running)
         last: Optional[dict] = None
         rule_events: list[tuple[int, dict]] = []  # (step, values) for the alert rules, judged after the batch
@@ -207,6 +207,12 @@ def _rank_exits(d) -> Optional[dict[int, str]]:
     if not isinstance(d, dict):
         return None
     return {int(k): str(v)[:200] for k, v in d.items() if str(k).isdigit() and int(k) < 1024}
+
+
+def slurm_pending(e) -> bool:
+    """A Slurm executor's word while Slurm holds the job pending: the job is not running yet."""
+    return (e.kind == "phase" and e.data.get("name") == Phase.SLURM_PENDING) or (
+        e.kind == "info" and set(e.data) == {"slurm"})
 
 
 def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:

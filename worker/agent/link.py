@@ -42,12 +42,15 @@ class ServerLink:
     def __init__(self, server: str, token: str, *, hello: Callable[[], AgentHello], outbox: Outbox,
                  jobs: dict[int, RunningJob], delivering: dict[int, float], flush_now: asyncio.Event,
                  stopped: asyncio.Event, heartbeat_s: float, flush_s: float,
-                 on_commands: Callable[[list[Command]], Awaitable[None]], before_flush: Callable[[], None]):
+                 on_commands: Callable[[list[Command]], Awaitable[None]], before_flush: Callable[[], None],
+                 held: Optional[Callable[[], list[int]]] = None):
         self.server = server
         self.http = httpx.AsyncClient(base_url=server, timeout=30, headers={"Authorization": f"Bearer {token}"})
         self.hello, self.outbox, self.jobs, self.delivering = hello, outbox, jobs, delivering
         self.heartbeat_s, self.flush_s = heartbeat_s, flush_s
         self.on_commands, self.before_flush = on_commands, before_flush
+        # jobs held whose liveness another process reports (a Slurm executor's running jobs)
+        self.held = held or (lambda: [])
         self.stopped = stopped  # set when the agent stops: a claim's retries end
         self.agent_id: Optional[int] = None
         self.flush_now = flush_now
@@ -141,7 +144,8 @@ class ServerLink:
                     # only its ranks are reported (a cancel reaches them through rank 0: they agree on it)
                     beat = Heartbeat(jobs=self.alive_jobs(),
                                      ranks={jid: rj.mask.data(rj.gang.board.rows()) for jid, rj in self.jobs.items()
-                                            if rj.gang is not None and rj.gang.board.ranks})  # the rank table
+                                            if rj.gang is not None and rj.gang.board.ranks},  # the rank table
+                                     held=self.held())
                     for rj in self.jobs.values():
                         if rj.gang is not None:
                             gangstacks.sent(rj.gang)  # asked-for stacks go once
