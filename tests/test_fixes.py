@@ -71,8 +71,8 @@ def stored_steps(srv, jid: int, metric: str = "loss") -> list[int]:
     return [r[0] for r in rows]
 
 
-def submit(c, srv, name: str, **spec) -> int:
-    srv.plan_fault(name, step_sleep_s=0.15)
+def submit(c, srv, name: str, sleep_s: float = 0.15, **spec) -> int:
+    srv.plan_fault(name, step_sleep_s=sleep_s)
     r = c.post("/api/jobs", json={**SPEC, "name": name, **spec})
     assert r.status_code == 201, r.text
     return r.json()["id"]
@@ -124,5 +124,52 @@ def test_padding_fix_relaunches_packed_and_is_verified_faster(c, srv):
     steps = stored_steps(srv, jid)
     assert steps == sorted(set(steps))  # every step stored once
     print(f"FIX padding: relaunch to first step {relaunch_s:.1f} s; {cmp['verdict']}")
-    srv.plan_fault("padded", step_sleep_s=0.15)
     c.post(f"/api/jobs/{jid}/cancel")
+
+
+# ---- a crawling step -> a smaller micro-batch, more accumulation: fresh; no better -> revert ------
+
+def test_micro_batch_fix_then_revert(c, srv):
+    # every optimizer step sleeps 0.5 s whatever its micro-batches: the smaller micro-batch's pace is
+    # about the old one, and the comparison says so with its number
+    jid = submit(c, srv, "crawling", sleep_s=0.5, batch_size=4, grad_accum=1, max_seq_length=64, padding="dynamic",
+                 stall={"slow_step_s": 0.1, "alert_open_s": 1, "floor_s": 30, "first_step_s": 60})
+    a = wait_for(lambda: with_fix(c, jid, "micro_batch"), 120, "the slow verdict's micro-batch fix",
+                 show=lambda: alerts(c, jid))
+    fix = next(f for f in a["data"]["fixes"] if f["kind"] == "micro_batch")
+    assert fix["changes"] == {"batch_size": [4, 1], "grad_accum": [1, 4]}, fix
+    assert fix["resume"] == "fresh" and "same effective batch" in fix["effect"]
+    running_at(c, jid, 10)
+    r = c.post(f"/api/jobs/{jid}/fix", json={"kind": "micro_batch"})
+    assert r.status_code == 200, r.text
+    v = verdict(c, jid)
+    j = job(c, jid)
+    assert j["spec"]["batch_size"] == 1 and j["spec"]["grad_accum"] == 4
+    cmp = v["comparison"]
+    # the step is mostly its sleep: the smaller micro-batch's pace is near the old one, whichever side
+    if cmp["speedup"] >= 1.1:
+        assert cmp["verdict"].startswith("verified: "), cmp
+    else:
+        assert cmp["verdict"].startswith("no better: ") and cmp["verdict"].endswith("revert?"), cmp
+    assert 0.6 < cmp["speedup"] < 1.6, cmp
+    # revert: back to 4 x 1, relaunched (fresh: the checkpoint holds the 1 x 4 layout)
+    r = c.post(f"/api/jobs/{jid}/fix", json={"revert": True})
+    assert r.status_code == 200, r.text
+    ch = r.json()["change"]
+    assert ch["kind"] == "revert" and ch["changes"] == {"batch_size": [1, 4], "grad_accum": [4, 1]}
+    wait_for(lambda: (j := job(c, jid))["attempt"] == 3 and j["state"] == "running" and j, 120,
+             "the reverted attempt running", show=lambda: job(c, jid))
+    j = job(c, jid)
+    assert j["spec"]["batch_size"] == 4 and j["spec"]["grad_accum"] == 1
+    hist = changes(c, jid)
+    assert [x["kind"] for x in hist] == ["micro_batch", "revert"] and hist[1]["reverts"] == hist[0]["id"]
+    # kept in the row when the revert was asked (the fresh revert overwrites the steps it measured)
+    assert hist[0]["comparison"]["verdict"].startswith(("verified: ", "no better: "))
+    assert all(x["by"] is not None and x["created_at"] for x in hist)
+    # nothing left to revert
+    assert c.post(f"/api/jobs/{jid}/fix", json={"revert": True}).status_code == 409
+    c.post(f"/api/jobs/{jid}/cancel")
+    srv.wait_job(jid, ("cancelled",))
+    # a finished job takes no fix
+    r = c.post(f"/api/jobs/{jid}/fix", json={"kind": "micro_batch"})
+    assert r.status_code in (409, 422), r.text

@@ -230,6 +230,12 @@ class Session:
     def _precision(self) -> str:
         if self.state_in is not None:
             p = self.state_in["precision"]
+            asked = self.spec.precision
+            if asked in ("bf16", "fp32") and asked != p and p != "fp16":
+                # a fix changed it (server/fixes.py): the weights and optimizer state are fp32 either
+                # way (autocast), so the checkpoint serves; fp16 has a loss scaler's state and stays
+                self.em.info(precision=asked, reason=f"changed from {p} (the run being resumed) as the spec asks")
+                return asked
             self.em.info(precision=p, reason="same as the run being resumed")
             return p
         p, why, meas = pick_precision(self.spec, self.device, getattr(self.cfg, "hidden_size", 256))
