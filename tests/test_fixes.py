@@ -173,3 +173,131 @@ def test_micro_batch_fix_then_revert(c, srv):
     # a finished job takes no fix
     r = c.post(f"/api/jobs/{jid}/fix", json={"kind": "micro_batch"})
     assert r.status_code in (409, 422), r.text
+
+
+# ---- periodic evaluations -> evaluate less often: resumed from the pause's checkpoint ------------
+
+def test_eval_fix_resumes_from_checkpoint_every_step_once(c, srv):
+    jid = submit(c, srv, "evaluating", sleep_s=0.1, max_seq_length=64, padding="dynamic", checkpoint_every=None,
+                 eval_every=4, eval_fraction=0.4, eval_max_examples=100000,
+                 stall={"slow_periodic_frac": 0.1, "alert_open_s": 1, "floor_s": 60, "first_step_s": 60})
+    a = wait_for(lambda: with_fix(c, jid, "eval"), 180, "the periodic-stalls verdict's eval fix",
+                 show=lambda: alerts(c, jid))
+    fix = next(f for f in a["data"]["fixes"] if f["kind"] == "eval")
+    assert fix["changes"] == {"eval_every": [4, 16]} and fix["resume"] == "checkpoint", fix
+    cost = next(x for x in a["data"]["costs"] if x["cause"] == "periodic stalls")
+    assert 0 < cost["frac"] < 1 and "of each step" in cost["text"]
+    assert "periodic stalls cost" in a["message"]
+    r = c.get("/api/costs").json()  # the jobs page's hours being lost, by cause
+    assert any(x["job_id"] == jid and x["cause"] == "periodic stalls" for x in r["jobs"]), r
+    assert r["by_cause"].get("periodic stalls", 0) > 0 and r["total_hours"] > 0
+    r = c.post(f"/api/jobs/{jid}/fix", json={"alert_id": a["id"], "n": 1 + a["data"]["fixes"].index(fix)})
+    assert r.status_code == 200, r.text
+    v = verdict(c, jid)
+    j = job(c, jid)
+    assert j["spec"]["eval_every"] == 16
+    ck = j["attempts"][1]["resumed_from"]
+    assert ck and v["resume"] == "checkpoint" and v["resume_step"] > 0, (v, j["attempts"])
+    steps = stored_steps(srv, jid)
+    assert steps == list(range(1, steps[-1] + 1)), steps  # every step once, the new attempt after the old
+    assert v["comparison"]["after"]["steps"][0] > v["resume_step"]
+    c.post(f"/api/jobs/{jid}/cancel")
+
+
+# ---- REST: the body checked, the refusals named ------------------------------------------------
+
+def test_fix_requests_are_checked(c, srv):
+    jid = submit(c, srv, "checked", padding="max_length", max_seq_length=128)
+    a = wait_for(lambda: with_fix(c, jid, "padding"), 120, "the padding verdict")
+
+    def field(r):
+        assert r.status_code == 422, r.text
+        return r.json()["detail"]["field"]
+    assert field(c.post(f"/api/jobs/{jid}/fix", json={"alert_id": a["id"], "n": 5})) == "n"
+    assert field(c.post(f"/api/jobs/{jid}/fix", json={"alert_id": 999999})) == "alert_id"
+    assert field(c.post(f"/api/jobs/{jid}/fix", json={"kind": "precision"})) == "kind"
+    assert field(c.post(f"/api/jobs/{jid}/fix", json={"n": 0})) == "n"
+    assert field(c.post(f"/api/jobs/{jid}/fix", json={"bogus": 1})) == "bogus"
+    assert c.post("/api/jobs/999999/fix", json={}).status_code == 404
+    # another user's job: 403 naming the owner
+    tok = c.post("/api/tokens", json={"name": "someone", "role": "user"}).json()["token"]
+    with srv.client(tok) as other:
+        r = other.post(f"/api/jobs/{jid}/fix", json={"alert_id": a["id"]})
+        assert r.status_code == 403, r.text
+    c.post(f"/api/jobs/{jid}/cancel")
+    srv.wait_job(jid, ("cancelled",))
+    r = c.post(f"/api/jobs/{jid}/fix", json={"alert_id": a["id"]})
+    assert r.status_code == 409 and "cancelled" in r.json()["detail"], r.text
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+
+def cli(srv, *args: str) -> subprocess.CompletedProcess:
+    env = {**srv.env, "TOKENPULSE_URL": srv.url, "TOKENPULSE_TOKEN": srv.token, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "tokenpulse.cli", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_fix_list_and_revert(c, srv):
+    jid = submit(c, srv, "by-cli", padding="max_length", max_seq_length=128)
+    wait_for(lambda: with_fix(c, jid, "padding"), 120, "the padding verdict")
+    running_at(c, jid, 6)
+    r = cli(srv, "fix", str(jid), "--list")
+    assert r.returncode == 0 and "1. [padding] pack examples" in r.stdout, r.stdout + r.stderr
+    r = cli(srv, "fix", str(jid), "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "pausing at the next step" in r.stdout and "relaunch from step 0" in r.stdout, r.stdout
+    wait_for(lambda: (j := job(c, jid))["attempt"] == 2 and j["state"] == "running" and j, 120, "relaunched")
+    verdict(c, jid)
+    r = cli(srv, "fix", str(jid), "--list")
+    assert "tokens/s" in r.stdout and ("verified: " in r.stdout or "no better: " in r.stdout), r.stdout
+    r = cli(srv, "fix", str(jid), "--revert")
+    assert r.returncode == 0 and "revert" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: job(c, jid)["spec"]["padding"] == "max_length", 120, "reverted spec")
+    r = cli(srv, "fix", "999999")
+    assert r.returncode != 0
+    c.post(f"/api/jobs/{jid}/cancel")
+
+
+# ---- the builders: verdicts whose conditions need a GPU or a Trainer script ---------------------
+
+def test_fix_builders_precision_device_and_command_flags():
+    from tokenpulse.diagnosis.stall import StallConfig
+    from worker.agent import fixes
+    from worker.agent.advice import Advisor
+    from worker.agent.slow import SlowDetector
+
+    det = SlowDetector(StallConfig(slow_min_samples=1), gpu="H100", gpu_bf16=True)
+    det.observe("info", {"device": "cuda:0", "precision": "fp32", "padding": "max_length", "max_seq_length": 1024,
+                         "batch_size": 32, "grad_accum": 1, "recommended_max_seq_length": 96}, 0.0)
+    for i in range(1, 6):
+        det.observe("metrics", {"step": i, "values": {"step_time_s": 1.0, "tokens_per_s": 100.0,
+                                                      "padding_frac": 0.9, "eta_s": 36000.0}}, float(i))
+    reasons = det.reasons()
+    keys = {k for k, _ in reasons}
+    assert {"padding", "precision"} <= keys, reasons
+    data = fixes.for_slow(reasons, det, {"eval_every": None})
+    by = {f["kind"]: f for f in data["fixes"]}
+    assert by["precision"]["changes"] == {"precision": ["fp32", "bf16"]} and by["precision"]["resume"] == "checkpoint"
+    assert by["padding"]["changes"] == {"padding": ["max_length", "auto"], "max_seq_length": [1024, 96]}
+    assert by["padding"]["ratio"] == 10.0 and by["padding"]["resume"] == "fresh"
+    cost = data["costs"][0]
+    assert cost["cause"] == "padding" and "90% of each step = 9.0 h of the remaining ETA" in cost["text"]
+    mb = fixes.micro_batch_fix({"batch_size": 32, "grad_accum": 2}, 200.0)
+    assert mb["changes"] == {"batch_size": [32, 8], "grad_accum": [2, 8]} and mb["resume"] == "fresh"
+    assert fixes.device_fix("H100")["changes"] == {"device": ["cpu", "auto"]}
+    # a command job: only where its command line already passes TrainingArguments as flags
+    adv = Advisor(StallConfig(), gpu="H100", gpu_bf16=True)
+    adv.script = {"args": {"dataloader_num_workers": 0, "cores": 8, "per_device_train_batch_size": 16,
+                           "bf16": False, "device": "cuda:0", "dtype": "float32"}}
+    adv.data_shares = [0.5]
+    argv = ["python", "train.py", "--per_device_train_batch_size", "16", "--bf16=False"]
+    w = fixes.for_advice("dataloader", adv, argv)
+    assert w["argv"][1] == argv + ["--dataloader_num_workers", "4"] and w["resume"] == "checkpoint"
+    assert "50% of each step waits for data" in w["effect"]
+    p = fixes.for_advice("precision", adv, argv)
+    assert p["argv"][1][-1] == "--bf16=True"
+    b = fixes.for_advice("batch", adv, argv)
+    assert b["argv"][1][3] == "4" and b["argv"][1][-2:] == ["--gradient_accumulation_steps", "4"]
+    assert b["resume"] == "fresh"
+    assert fixes.for_advice("dataloader", adv, ["python", "train.py"]) is None  # no saying how it takes it
