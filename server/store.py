@@ -320,6 +320,10 @@ def settle_change(s: Session, job: Job, state: JobState, attempt: Optional[Attem
     where = "from step 0 (" + fix.get("why_fresh", "the checkpoint does not fit the change") + ")" if fresh else \
         f"from checkpoint {job.checkpoint}" if job.checkpoint else "from step 0 (no checkpoint)"
     transition(s, job, JobState.queued, reason=f"fix applied: {fix.get('title') or change.kind}; relaunching {where}")
+    source = s.get(Alert, change.alert_id) if change.alert_id else None
+    if source is not None and source.state != "cleared":  # its verdict was about the old settings
+        source.state, source.cleared_at, source.updated_at = "cleared", now, now
+        source.message = f"{source.message}\nCleared: fix #{change.id} applied; the new attempt is judged afresh"
     if attempt is not None:  # after transition(), which marks it 'queued'
         attempt.ended_at, attempt.outcome = now, "changed"
     return JobState.queued

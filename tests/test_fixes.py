@@ -301,3 +301,41 @@ def test_fix_builders_precision_device_and_command_flags():
     assert b["argv"][1][3] == "4" and b["argv"][1][-2:] == ["--gradient_accumulation_steps", "4"]
     assert b["resume"] == "fresh"
     assert fixes.for_advice("dataloader", adv, ["python", "train.py"]) is None  # no saying how it takes it
+
+
+# ---- the browser: apply from the alert, the before/after panel ------------------------------------
+
+def test_browser_apply_fix_and_before_after_panel(c, srv):
+    from test_ui import CHROMEDRIVER, CHROMIUM, console_errors, login, make_driver, shot, text, until
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.skip("needs Debian's chromium and chromedriver")
+    from selenium.webdriver.common.by import By
+    jid = submit(c, srv, "in-browser", padding="max_length", max_seq_length=256)
+    wait_for(lambda: with_fix(c, jid, "padding"), 120, "the padding verdict")
+    running_at(c, jid, 6)
+    d = make_driver()
+    try:
+        login(d, srv)
+        d.get(f"{srv.url}/jobs/{jid}")
+        until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts .apply-fix:not([hidden])"),
+              "the Apply fix button on the padding alert")
+        assert "pack examples into rows" in text(d, "#alerts") and "restarts from step 0" in text(d, "#alerts")
+        d.set_window_size(1280, 560)
+        shot(d, "fix-alert")  # docs/screenshots/fix-alert.png
+        d.find_element(By.CSS_SELECTOR, "#alerts .apply-fix").click()
+        until(d, 30, lambda d: "#" in text(d, "#changes-list"), "the change listed")
+        until(d, 240, lambda d: "verified: " in text(d, "#changes-list") or "no better: " in text(d, "#changes-list"),
+              "the before/after verdict")
+        panel = text(d, "#changes")
+        for row in ("Real tokens/s", "Step time", "Memory", "Loss at equal steps", "ETA", "Before (attempt 1)",
+                    "After (attempt 2"):
+            assert row in panel, panel
+        assert d.find_elements(By.CSS_SELECTOR, "#changes .revert-fix")
+        d.set_window_size(1280, 600)
+        d.execute_script("document.getElementById('changes').scrollIntoView(); window.scrollBy(0, -110)")
+        shot(d, "fix-before-after")  # docs/screenshots/fix-before-after.png
+        errors = console_errors(d)
+        assert not errors, errors
+    finally:
+        d.quit()
+    c.post(f"/api/jobs/{jid}/cancel")

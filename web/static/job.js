@@ -645,7 +645,7 @@
         title: "Save a checkpoint now, stop, and relaunch this job with the change", onclick: async (e) => {
           e.target.disabled = true; $("action-error").textContent = "";
           try {
-            await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: JSON.stringify({ alert_id: a.id, n: i + 1 }) });
+            await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: { alert_id: a.id, n: i + 1 } });
             e.target.textContent = "Applying…"; refreshChanges();
           } catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
         } });
@@ -688,7 +688,7 @@
       const revert = c === newest && job && FIXABLE.includes(job.state) ? TP.el("button", { type: "button", class: "small ghost revert-fix", text: "Revert",
         title: "Undo this change: checkpoint, stop, relaunch with the settings before it", onclick: async (e) => {
           e.target.disabled = true;
-          try { await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: JSON.stringify({ revert: true }) }); refreshChanges(); }
+          try { await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: { revert: true } }); refreshChanges(); }
           catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
         } }) : "";
       const when = c.resume === "fresh" ? "from step 0" : `from step ${c.resume_step ?? "?"}`;
