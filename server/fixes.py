@@ -85,7 +85,7 @@ def changed_spec(job: Job, fix: dict) -> tuple[str, dict]:
         if not (isinstance(argv, list) and len(argv) == 2 and isinstance(argv[1], list)):
             raise SpecError("argv", "a command job's fix must give its new argv")
         actual = dict(changes)
-        spec["argv"] = argv[1]
+        spec["command"] = argv[1]
     else:
         model = load_spec(job.kind, job.spec)
         for name, pair in changes.items():

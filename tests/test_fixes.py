@@ -5,15 +5,13 @@ compared with the old (GET /api/jobs/{id}/changes); revert; the CLI; the browser
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 
-import httpx
 import pytest
-from conftest import ARTIFACTS, ROOT, make_server, wait_for
+from conftest import ROOT, make_server, wait_for
 
 # steps slowed by a sleep (a fault), so a step's time is the sleep, whatever its tokens: what a fix
 # that puts more real tokens in each step makes faster

@@ -75,8 +75,9 @@ def micro_batch_fix(info: dict, step_s: float) -> Optional[dict]:
               f"from memory pressure")
     ratio = None
     rates = {m.get("rows"): m.get("tokens_per_s") for m in info.get("measured") or [] if isinstance(m, dict)}
-    if rates.get(new) and rates.get(rows):
-        ratio = rates[new] / rates[rows]
+    r_new, r_old = rates.get(new), rates.get(rows)
+    if isinstance(r_new, (int, float)) and isinstance(r_old, (int, float)) and r_old > 0:
+        ratio = r_new / r_old
         effect += f"; autotune measured {ratio:.2f}x the tokens/s at {new} rows"
     return {"kind": FixKind.MICRO_BATCH, "reason": "crawl", "title": f"micro-batch {rows} -> {new}, "
             f"accumulation {ga} -> {new_ga}", "changes": {"batch_size": [rows, new], "grad_accum": [ga, new_ga]},
@@ -112,7 +113,7 @@ def periodic_fix(spec: dict, phases: set, frac: float) -> Optional[dict]:
     return None
 
 
-def for_slow(reasons: list, det, spec: dict) -> dict:
+def for_slow(reasons: list, det, spec: Optional[dict]) -> dict:
     """A slow verdict's data: its fixes (one per reason that has one) and costs. det: the SlowDetector;
     spec: the job's JobSpec as a dict (None for a command job: its fixes come from advice.py)."""
     keys = {k for k, _ in reasons}
@@ -212,11 +213,12 @@ def for_advice(kind: str, adv, argv: list) -> Optional[dict]:
         fixkind, resume = FixKind.MICRO_BATCH, "fresh"
     else:
         return None
-    new_argv = list(argv)
+    new_argv: list = list(argv)
     for name, (_, value) in flags.items():
-        new_argv = set_flag(new_argv, a, name, str(value))
-        if new_argv is None:
+        changed = set_flag(new_argv, a, name, str(value))
+        if changed is None:
             return None
+        new_argv = changed
     title = ", ".join(f"--{k} {v[0]} -> {v[1]}" for k, v in flags.items())
     fix = {"kind": fixkind, "reason": kind, "title": title, "changes": {f"--{k}": v for k, v in flags.items()},
            "argv": [list(argv), new_argv], "effect": effect, "ratio": None, "resume": resume}

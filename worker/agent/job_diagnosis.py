@@ -149,8 +149,8 @@ class JobDiagnosis:
         """A command job's verdicts on its first steps (worker/agent/advice.py; advice: rj.advice), and
         the 'quiet' warning: a finished phase and nothing since, with where the main thread waits."""
         for kind, message in advice.check():
-            alert = {"kind": kind, "severity": "warning", "message": message[:8192]}
-            fix = fixes.for_advice(kind, advice, list(rj.command.argv)) if rj.command is not None else None
+            alert: dict = {"kind": kind, "severity": "warning", "message": message[:8192]}
+            fix = fixes.for_advice(kind, advice, list(rj.command.command)) if rj.command is not None else None
             if fix is not None:  # the Trainer argument as a change of the command line
                 alert["data"] = {"fixes": [fix]}
             self.emit(rj, "alert", alert)
