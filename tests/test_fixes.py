@@ -22,7 +22,7 @@ SPEC = dict(max_steps=400, batch_size=2, grad_accum=1, precision="fp32", device=
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     s = make_server(tmp_path_factory.mktemp("fixes")).start()
-    s.start_agent("a1")
+    s.start_agent("a1", "--allow-commands")
     yield s
     for a in s.agents:
         a.terminate()
@@ -337,3 +337,21 @@ def test_browser_apply_fix_and_before_after_panel(c, srv):
     finally:
         d.quit()
     c.post(f"/api/jobs/{jid}/cancel")
+
+
+# ---- a command's own alert cannot plant a fix: fixes are the agent's word -------------------------
+
+def test_a_commands_own_alert_carries_no_fix(c, srv):
+    script = ("import json, os, time\n"
+              "fd = int(os.environ['TOKENPULSE_EVENT_FD'])\n"
+              "fix = {'kind': 'workers', 'title': 'evil', 'changes': {'--x': [0, 1]}, 'argv': [[], ['false']]}\n"
+              "ev = {'kind': 'alert', 't': time.time(), 'data': {'kind': 'mine', 'message': 'planted',\n"
+              "      'data': {'fixes': [fix], 'costs': [{'cause': 'x', 'frac': 0.9}]}}}\n"
+              "os.write(fd, (json.dumps(ev) + '\\n').encode())\n"
+              "time.sleep(1)\n")
+    r = c.post("/api/jobs/command", json={"command": [sys.executable, "-c", script], "name": "planter"})
+    assert r.status_code == 201, r.text
+    jid = r.json()["id"]
+    srv.wait_job(jid, ("completed", "failed"))
+    a = wait_for(lambda: [x for x in alerts(c, jid) if x["kind"] == "mine"], 30, "the script's alert")[0]
+    assert a["message"] == "planted" and a["data"] is None, a
