@@ -126,6 +126,10 @@ def for_slow(reasons: list, det, spec: Optional[dict]) -> dict:
         costs.append({"cause": "padding", "frac": round(frac, 3), "text": f"padding costs {_hours(frac, eta)}"})
         if spec is not None:
             f = padding_fix(det.info, frac)
+            if f and eta:
+                f["effect"] += (f"; ETA {eta / 3600:.1f} h -> about {eta / f['ratio'] / 3600:.1f} h" if not
+                                spec.get("max_steps") else
+                                "; the ETA stays (max_steps fixes the step count), each step trains on more data")
             fixes += [f] if f else []
     if "input" in keys:
         share = det.anatomy_input_share()
