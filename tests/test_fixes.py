@@ -316,6 +316,11 @@ def test_browser_apply_fix_and_before_after_panel(c, srv):
     d = make_driver()
     try:
         login(d, srv)
+        # the jobs page: what the open verdicts cost now, by cause (the padding share x the job's ETA)
+        until(d, 30, lambda d: "padding" in text(d, "#costs") and "Being lost now" in text(d, "#costs"),
+              "the hours being lost, by cause")
+        d.set_window_size(1280, 400)
+        shot(d, "fix-costs")
         d.get(f"{srv.url}/jobs/{jid}")
         until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "#alerts .apply-fix:not([hidden])"),
               "the Apply fix button on the padding alert")

@@ -185,7 +185,9 @@ class Session:
                     message=f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
                     f"on pad tokens; use padding=auto (packing) or dynamic, or max_seq_length={rec} "
                     f"(covers {spec.length_coverage:g}% of examples)",
-                    data={"fixes": [padding_fix(spec, max_len, mean, rec)]})
+                    data={"fixes": [padding_fix(spec, max_len, mean, rec)],
+                          "costs": [{"cause": "padding", "frac": round(waste, 3),
+                                     "text": f"padding costs {waste:.0%} of each step"}]})
         return lay, step_tokens
 
     def _eval_split(self, data: Optional[Tokenized]) -> Optional[Tokenized]:
