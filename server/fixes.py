@@ -32,6 +32,8 @@ from tokenpulse.protocol import ACTIVE_STATES, COMMAND, FixKind, JobState, load_
 WARMUP_STEPS = 3  # a new attempt's first steps (loading, caches, the allocator) are not its pace
 MIN_STEPS = 4  # measured steps after the warm-up before a verdict
 BEFORE_STEPS = 50  # the window of steps before the change
+AFTER_STEPS = 200  # ... and after it, past the warm-up: the comparison reads these, never a whole run
+LOSS_STEPS = 2000  # losses by step kept from before a change (for the loss at equal steps)
 FASTER = 1.1  # a ratio above this is "faster" (a busy machine's noise is below it); below, "no better"
 LOSS_SAME = 0.05  # losses within 5 % at equal steps are "unchanged"
 METRICS = ("tokens_per_s", "step_time_s", "loss", "eta_s", "rss_mb", "cuda_peak_mb")
@@ -171,12 +173,13 @@ def settle_previous(s: Session, job: Job) -> None:
 
 # ---- measuring -----------------------------------------------------------------------------------
 
-def _series(s: Session, job_id: int, names=METRICS, after_step: Optional[int] = None) -> dict:
-    keys = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(names))).all())
+def _series(s: Session, job_id: int, after_step: Optional[int], before_step: Optional[int]) -> dict:
+    """Every point of METRICS in (after_step, before_step]: a bounded window, never a whole long run."""
+    keys = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(METRICS))).all())
     cur = raw_cursor(s)
     out = {}
     for name, kid in keys.items():
-        ser = read_series(cur, job_id, kid, 1_000_000, "minmax", after_step)
+        ser = read_series(cur, job_id, kid, 1_000_000, "minmax", after_step, before_step)
         if ser is not None:
             out[name] = list(zip(ser["step"], ser["value"], ser["t"]))
     return out
@@ -185,7 +188,7 @@ def _series(s: Session, job_id: int, names=METRICS, after_step: Optional[int] = 
 def snapshot(s: Session, job: Job) -> dict:
     """The job's pace over its last BEFORE_STEPS steps (warm-up left out), and its losses by step (for
     the loss at equal steps after a fresh start)."""
-    ser = _series(s, job.id)
+    ser = _series(s, job.id, max(0, (job.step or 0) - LOSS_STEPS), None)
     return summarize(ser, lambda step, t: step > WARMUP_STEPS, BEFORE_STEPS, keep_loss=True,
                      attempt=job.attempt)
 
@@ -209,7 +212,7 @@ def summarize(ser: dict, keep, last_n: Optional[int], keep_loss: bool = False, a
     losses = [(st, v) for st, v in pts.get("loss", []) if st in window]
     out["loss"] = float(statistics.mean(v for _, v in losses[-10:])) if losses else None
     if keep_loss:
-        out["loss_by_step"] = {str(st): v for st, v in pts.get("loss", [])[-2000:]}
+        out["loss_by_step"] = {str(st): v for st, v in pts.get("loss", [])[-LOSS_STEPS:]}
     return out
 
 
@@ -219,7 +222,7 @@ def compare(s: Session, change: JobChange, next_applied: Optional[float]) -> dic
     before = json.loads(change.before or "{}")
     first = (change.resume_step or 0) + WARMUP_STEPS
     end = next_applied or float("inf")
-    ser = _series(s, change.job_id, after_step=change.resume_step or 0)
+    ser = _series(s, change.job_id, change.resume_step or 0, first + AFTER_STEPS)
     after = summarize(ser, lambda step, t: step > first and change.applied_at <= t < end, None,
                       attempt=change.to_attempt)
     out: dict = {"before": {k: v for k, v in before.items() if k != "loss_by_step"}, "after": after,
