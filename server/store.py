@@ -314,7 +314,7 @@ def settle_change(s: Session, job: Job, state: JobState, attempt: Optional[Attem
     job.spec = fix["spec_after"]
     fresh = change.resume == "fresh"
     if fresh:
-        job.checkpoint = None
+        job.checkpoint, job.step = None, 0  # the new attempt starts again from step 0
     change.state, change.applied_at, change.from_attempt = "applied", now, job.attempt
     change.to_attempt, change.resume_step = job.attempt + 1, 0 if fresh else (job.step or 0)
     where = "from step 0 (" + fix.get("why_fresh", "the checkpoint does not fit the change") + ")" if fresh else \
