@@ -33,6 +33,7 @@ WARMUP_STEPS = 3  # a new attempt's first steps (loading, caches, the allocator)
 MIN_STEPS = 4  # measured steps after the warm-up before a verdict
 BEFORE_STEPS = 50  # the window of steps before the change
 AFTER_STEPS = 200  # ... and after it, past the warm-up: the comparison reads these, never a whole run
+PENDING_S = 600.0  # a fix whose pause has not ended by then may be replaced by another
 LOSS_STEPS = 2000  # losses by step kept from before a change (for the loss at equal steps)
 FASTER = 1.1  # a ratio above this is "faster" (a busy machine's noise is below it); below, "no better"
 LOSS_SAME = 0.05  # losses within 5 % at equal steps are "unchanged"
@@ -122,10 +123,14 @@ def request(s: Session, job: Job, fix: dict, alert_id: Optional[int], by: Option
     if state not in ACTIVE_STATES and state not in (JobState.paused, JobState.queued):
         raise TransitionError(f"job {job.id} is {state.value}; a fix applies to a running, paused or queued job "
                               "(clone this one with the change instead)")
-    if s.scalar(select(JobChange.id).where(JobChange.job_id == job.id, JobChange.state == "pending")):
-        raise TransitionError(f"job {job.id} is already being changed: a fix waits for its checkpoint")
-    spec_after, actual = changed_spec(job, fix)
     now = time.time()
+    waiting = s.scalar(select(JobChange).where(JobChange.job_id == job.id, JobChange.state == "pending"))
+    if waiting is not None and now - waiting.created_at < PENDING_S:
+        raise TransitionError(f"job {job.id} is already being changed: a fix waits for its checkpoint")
+    if waiting is not None:  # its pause never came (a command that could not pause after all): replaced
+        waiting.state = "dropped"
+        waiting.verdict = json.dumps({"verdict": f"not applied: no checkpoint within {PENDING_S / 60:.0f} min"})
+    spec_after, actual = changed_spec(job, fix)
     settle_previous(s, job)
     resume = "fresh" if fix.get("resume") == "fresh" else "checkpoint"
     full = dict(fix, changes=actual, spec_after=spec_after, spec_before=job.spec)
