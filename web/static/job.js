@@ -652,6 +652,7 @@
       btn.hidden = !(job && FIXABLE.includes(job.state));
       return TP.el("div", { class: "fix-row" }, btn, " ",
         TP.el("strong", { text: f.title || f.kind }), TP.el("span", { class: "muted", text: ` · ${diff}` }),
+        f.argv ? TP.el("pre", { class: "fix-argv", text: `- ${f.argv[0].join(" ")}\n+ ${f.argv[1].join(" ")}` }) : "",
         TP.el("div", { class: "fix-effect", text: `${f.effect || ""}${f.effect ? "; " : ""}${where}` }));
     });
   }
