@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import ROOT, make_server, wait_for
+from test_instrument import tiny_model  # noqa: F401  (the module-scoped model fixture)
 
 # steps slowed by a sleep (a fault), so a step's time is the sleep, whatever its tokens: what a fix
 # that puts more real tokens in each step makes faster
@@ -389,3 +390,34 @@ def test_precision_change_resumes_from_a_checkpoint(tmp_path):
     out = train({**base, "precision": "bf16"}, "b", "--resume", str(tmp_path / "a" / "checkpoints" / "step-0000002"))
     assert "chose precision=bf16 (changed from fp32" in out, out[-3000:]
     assert "training from step 2 of 4" in out and "step 3/4" in out
+
+
+# ---- a command job: its Trainer arguments on its command line, changed ---------------------------
+
+def test_command_job_workers_fix_changes_its_command_line(c, srv, tiny_model, tmp_path):  # noqa: F811
+    command = [sys.executable, str(ROOT / "tests" / "scripts" / "hf_args_trainer.py"), "--model", str(tiny_model),
+               "--data", str(ROOT / "tokenpulse" / "demo" / "demo.jsonl"), "--collate_sleep", "0.3",
+               "--output_dir", str(tmp_path / "out"), "--max_steps", "400", "--per_device_train_batch_size", "4",
+               "--logging_steps", "1", "--report_to", "none", "--use_cpu", "True", "--save_strategy", "no",
+               "--dataloader_num_workers", "0"]
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-datasets"), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}
+    r = c.post("/api/jobs/command", json={"command": command, "cwd": str(tmp_path), "env": env, "name": "slow-input"})
+    assert r.status_code == 201, r.text
+    jid = r.json()["id"]
+    a = wait_for(lambda: with_fix(c, jid, "workers"), 240, "the dataloader verdict's fix",
+                 show=lambda: (job(c, jid)["state"], alerts(c, jid)))
+    fix = a["data"]["fixes"][0]
+    old, new = fix["argv"]
+    assert old == command and new[-2:] == ["--dataloader_num_workers", new[-1]] and int(new[-1]) >= 2, fix
+    assert fix["resume"] == "checkpoint" and "waits for data" in fix["effect"]
+    r = c.post(f"/api/jobs/{jid}/fix", json={"kind": "dataloader"})
+    assert r.status_code == 200, r.text
+    v = verdict(c, jid, timeout=240)
+    j = job(c, jid)
+    assert j["spec"]["command"] == new and j["attempts"][1]["resumed_from"], j["attempts"]
+    assert v["resume_step"] > 0 and v["comparison"]["speedup"] > 1.3, v["comparison"]
+    steps = stored_steps(srv, jid)
+    assert steps == sorted(set(steps))
+    print(f"FIX workers: {v['comparison']['verdict']}")
+    c.post(f"/api/jobs/{jid}/cancel")
