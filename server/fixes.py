@@ -27,7 +27,7 @@ from server.models import Alert, Job, JobChange, MetricKey
 from server.series import read_series
 from server.store import TransitionError
 from tokenpulse.errors import SpecError
-from tokenpulse.protocol import ACTIVE_STATES, COMMAND, FixKind, JobState, load_spec
+from tokenpulse.protocol import ACTIVE_STATES, COMMAND, LAYOUT_FIELDS, LAYOUT_FRESH, FixKind, JobState, load_spec
 
 WARMUP_STEPS = 3  # a new attempt's first steps (loading, caches, the allocator) are not its pace
 MIN_STEPS = 4  # measured steps after the warm-up before a verdict
@@ -133,6 +133,9 @@ def request(s: Session, job: Job, fix: dict, alert_id: Optional[int], by: Option
     spec_after, actual = changed_spec(job, fix)
     settle_previous(s, job)
     resume = "fresh" if fix.get("resume") == "fresh" else "checkpoint"
+    if job.kind != COMMAND and any(k in LAYOUT_FIELDS for k in actual):
+        # whatever the fix said: a resumed training process keeps its checkpoint's layout (session.py)
+        resume, fix = "fresh", dict(fix, why_fresh=fix.get("why_fresh") or LAYOUT_FRESH)
     full = dict(fix, changes=actual, spec_after=spec_after, spec_before=job.spec)
     change = JobChange(job_id=job.id, kind=kind or str(fix.get("kind") or "change")[:32], state="pending",
                        alert_id=alert_id, reverts=reverts, changes=json.dumps(actual), fix=json.dumps(full),
