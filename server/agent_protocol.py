@@ -23,7 +23,17 @@ from server.hub import job_frames
 from server.ingest import apply, heartbeats
 from server.models import Job
 from server.reaper import lease_origin
-from tokenpulse.protocol import ACTIVE_STATES, Action, AgentReply, Command, Heartbeat
+from tokenpulse.protocol import (
+    ACTIVE_STATES,
+    JOBS_TOPIC,
+    WORK_TOPIC,
+    Action,
+    AgentReply,
+    Command,
+    Heartbeat,
+    JobState,
+    work_frame,
+)
 
 
 @dataclass
@@ -168,6 +178,16 @@ def after_ingest(tp, out: apply.Outcome) -> None:
     tp.stats.ingested_events += out.stored_events
     tp.stats.ingested_points += out.stored_points
     tp.hub.publish_all(out.frames)
+    if any(_requeued(f) for f in out.frames):
+        tp.hub.publish(WORK_TOPIC, work_frame(), droppable=True)  # requeued (a fix, a retry): claimed now
     if out.alerts and tp.webhooks is not None:
         for alert in out.alerts:
             tp.webhooks.send(alert)
+
+
+def _requeued(frame: tuple) -> bool:
+    """A frame saying a job went back to the queue (an applied fix, a retry, an agent's stop)."""
+    topic, payload = frame[0], frame[1]
+    payload = getattr(payload, "payload", payload)
+    return topic == JOBS_TOPIC and isinstance(payload, dict) and \
+        (payload.get("job") or {}).get("state") == JobState.queued.value

@@ -23,6 +23,7 @@ from server.api import (
     alerts,
     datasets,
     external,
+    fixes as fixes_api,
     jobs,
     logs as logs_api,
     preflight as preflight_api,
@@ -141,8 +142,8 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     # to about a third (710 KB -> 271 KB for 1,500 steps), pages and scripts likewise.
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=5)
 
-    for r in (external.router, logs_api.router, jobs.router, ranks_api.router, preflight_api.router, agents.router,
-              agent_ws.router, alerts.router,
+    for r in (external.router, logs_api.router, jobs.router, fixes_api.router, ranks_api.router, preflight_api.router,
+              agents.router, agent_ws.router, alerts.router,
               rules_api.router,
               datasets.router, tokens.router, ws.router):
         app.include_router(r)

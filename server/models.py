@@ -170,6 +170,7 @@ class Alert(Base):
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     cleared_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    data: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # JSON: a verdict's fixes and costs
 
 
 class AlertRule(Base):
@@ -257,3 +258,27 @@ class GangMember(Base):
     stack_requested_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     joined_at: Mapped[float] = mapped_column(Float)
     handed_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # its claim answer was given
+
+
+class JobChange(Base):
+    """A fix applied to a job (server/fixes.py): the spec change, who asked, the attempts before and
+    after, the measurements before it (kept: a fresh start overwrites the steps it repeats) and the
+    verdict once the new attempt has run long enough to compare."""
+    __tablename__ = "job_changes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))  # padding, micro_batch, precision, eval, workers, revert...
+    state: Mapped[str] = mapped_column(String(16))  # pending (waiting for the checkpoint), applied, refused
+    alert_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    reverts: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)  # the change this one undoes
+    changes: Mapped[str] = mapped_column(Text)  # JSON {field: [old, new]}
+    fix: Mapped[str] = mapped_column(Text)  # JSON: the fix as the verdict gave it (effect, resume, why_fresh)
+    resume: Mapped[str] = mapped_column(String(16))  # checkpoint or fresh
+    by_token_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    applied_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    from_attempt: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    to_attempt: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    resume_step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)  # the new attempt starts after it
+    before: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # JSON: the attempt's measurements
+    verdict: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # JSON: the comparison, once fair

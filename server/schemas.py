@@ -153,6 +153,10 @@ class AlertOut(Answer):
     created_at: float
     updated_at: float
     cleared_at: Optional[float]
+    data: Optional[dict[str, Any]] = Field(None, description="the verdict's structure: `fixes` (each a spec or "
+                                           "command change with its predicted effect, applied by POST "
+                                           "/api/jobs/{id}/fix) and `costs` (each cause's share of the step "
+                                           "time and the hours it costs of the remaining ETA)")
 
 
 class TokenOut(Answer):

@@ -13,7 +13,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from server import ranks
-from server.models import Agent, Alert, Attempt, Job
+from server.models import Agent, Alert, Attempt, Job, JobChange
 from tokenpulse.protocol import (
     ACTIVE_STATES,
     COMMAND,
@@ -286,6 +286,9 @@ def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], fa
     if job.requested_action == "cancel" and state in (JobState.failed, JobState.paused, JobState.queued):
         state, reason = JobState.cancelled, f"cancelled by user ({reason})" if reason else "cancelled by user"
         return _final(s, job, state, reason, attempt, now, "cancelled by user: no further attempt")
+    relaunched = settle_change(s, job, state, attempt, now)  # a fix's pause ends in its relaunch
+    if relaunched is not None:
+        return relaunched
     if state == JobState.queued:  # checkpointed and back to the queue, no retry spent
         where = f"resumes from checkpoint {job.checkpoint}" if job.checkpoint else "starts again from step 0"
         if failure == Failure.PREEMPTED:
@@ -364,6 +367,40 @@ def _sizes(spec: JobSpec, info: dict) -> tuple[int, int]:
     bs = spec.batch_size if isinstance(spec.batch_size, int) else info.get("batch_size", 8)
     ga = spec.grad_accum if isinstance(spec.grad_accum, int) else info.get("grad_accum", 1)
     return int(bs), int(ga)
+
+
+def settle_change(s: Session, job: Job, state: JobState, attempt: Optional[Attempt], now: float
+                  ) -> Optional[JobState]:
+    """A fix asked for (server/fixes.py: a job_changes row 'pending', a pause requested) and the attempt
+    ended: paused (or requeued by its agent's stop) with its checkpoint saved -> the spec changed and the
+    job queued at once, to resume from that checkpoint, or from step 0 where the change makes it
+    unusable (the fix says so). Any other end drops the change. None: no fix was pending."""
+    change = s.scalar(select(JobChange).where(JobChange.job_id == job.id, JobChange.state == "pending"))
+    if change is None:
+        return None
+    if state not in (JobState.paused, JobState.queued):
+        change.state = "dropped"
+        change.verdict = json.dumps({"verdict": f"not applied: the attempt ended {state.value} before its checkpoint"})
+        return None
+    fix = json.loads(change.fix)
+    job.spec = fix["spec_after"]
+    fresh = change.resume == "fresh"
+    if fresh:
+        job.checkpoint, job.step = None, 0  # the new attempt starts again from step 0
+    change.state, change.applied_at, change.from_attempt = "applied", now, job.attempt
+    change.to_attempt, change.resume_step = job.attempt + 1, 0 if fresh else (job.step or 0)
+    where = "from step 0 (" + fix.get("why_fresh", "the checkpoint does not fit the change") + ")" if fresh else \
+        f"from checkpoint {job.checkpoint}" if job.checkpoint else "from step 0 (no checkpoint)"
+    transition(s, job, JobState.queued, reason=f"fix applied: {fix.get('title') or change.kind}; relaunching {where}")
+    source = s.get(Alert, change.alert_id) if change.alert_id else None
+    if source is not None and source.state != "cleared":  # its verdict was about the old settings
+        source.state, source.cleared_at, source.updated_at = "cleared", now, now
+        source.message = f"{source.message}\nCleared: fix #{change.id} applied; the new attempt is judged afresh"
+    if attempt is not None:  # after transition(), which marks it 'queued'
+        attempt.ended_at, attempt.outcome = now, "changed"
+        attempt.change = json.dumps(fix.get("changes") or {}) or None
+        attempt.decision = f"fix #{change.id} applied ({fix.get('title') or change.kind}): relaunched {where}"
+    return JobState.queued
 
 
 def _final(s: Session, job: Job, state: JobState, reason: Optional[str], attempt: Optional[Attempt],

@@ -590,6 +590,63 @@ def cmd_tokens(args) -> int:
     return 0
 
 
+def open_fixes(c: Client, job_id: int) -> list:
+    """The job's open fixes, numbered as the server numbers them (its open alerts, oldest first)."""
+    alerts = sorted((a for a in c.alerts(job_id=job_id) if a["state"] != "cleared" and a.get("data")),
+                    key=lambda a: a["id"])
+    return [(a, f) for a in alerts for f in a["data"].get("fixes") or []]
+
+
+def describe_change(ch: dict) -> str:
+    where = ("from the pause's checkpoint" if ch["resume"] == "checkpoint" else
+             f"from step 0 ({ch.get('why_fresh') or 'the checkpoint does not fit the change'})")
+    lines = [f"#{ch['id']} {ch['kind']}: {ch.get('title') or ''} [{ch['state']}]",
+             "  " + ", ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in ch["changes"].items()),
+             f"  relaunch {where}"]
+    if ch.get("effect"):
+        lines.append(f"  predicted: {ch['effect']}")
+    cmp = ch.get("comparison") or {}
+    if cmp.get("verdict") or cmp.get("waiting"):
+        b, a = cmp.get("before") or {}, cmp.get("after") or {}
+
+        def num(x, fmt="{:,.0f}"):
+            return fmt.format(x) if isinstance(x, (int, float)) else "-"
+        lines.append(f"  tokens/s {num(b.get('tokens_per_s'))} -> {num(a.get('tokens_per_s'))}; step time "
+                     f"{num(b.get('step_time_s'), '{:.3g}')} s -> {num(a.get('step_time_s'), '{:.3g}')} s; ETA "
+                     f"{num(b.get('eta_s'))} s -> {num(a.get('eta_s'))} s")
+        lines.append(f"  {cmp.get('verdict') or cmp.get('waiting')}")
+    return "\n".join(lines)
+
+
+def cmd_fix(args) -> int:
+    """`tokenpulse fix <job> [n]`: apply the n-th fix of the job's open verdicts (listed when several
+    and no n), `--revert` the newest applied one, `--list` the fixes and every change so far."""
+    c = client(args)
+    con = _console()
+    try:
+        if args.list:
+            for i, (a, f) in enumerate(open_fixes(c, args.job), 1):
+                con.print(f"{i}. [{a['kind']}] {f.get('title')}: {f.get('effect') or ''}", markup=False)
+            for ch in c.changes(args.job):
+                con.print(describe_change(ch), markup=False)
+            return 0
+        if not args.revert and args.n is None:
+            fixes = open_fixes(c, args.job)
+            if len(fixes) > 1:
+                con.print(f"job {args.job} has {len(fixes)} fixes; pick one: tokenpulse fix {args.job} <n>")
+                for i, (a, f) in enumerate(fixes, 1):
+                    con.print(f"{i}. [{a['kind']}] {f.get('title')}: {f.get('effect') or ''}", markup=False)
+                return 2
+        out = c.fix(args.job, n=args.n or 1, revert=args.revert)
+    except ApiError as e:
+        return report_error(e)
+    job, ch = out["job"], out["change"]
+    how = "pausing at the next step to apply it" if job.get("requested_action") == "pause" else "applied"
+    con.print(f"job {job['id']}: {how}", markup=False)
+    con.print(describe_change(ch), markup=False)
+    return 0
+
+
 def cmd_clone(args) -> int:
     changes = {}
     import yaml
@@ -770,6 +827,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         p = sub.add_parser(action, help=f"{action} a job")
         p.add_argument("job", type=int)
         p.set_defaults(fn=make_action(action))
+
+    p = sub.add_parser("fix", help="apply a verdict's fix to a running job (checkpoint, relaunch with the change, "
+                                   "compare before/after), or --revert it")
+    p.add_argument("job", type=int)
+    p.add_argument("n", type=int, nargs="?", help="which fix when the job's verdicts carry several (see --list)")
+    p.add_argument("--revert", action="store_true", help="undo the newest applied fix")
+    p.add_argument("--list", action="store_true", help="the open fixes and every change so far, with before/after")
+    p.set_defaults(fn=cmd_fix)
 
     p = sub.add_parser("clone", help="start a job again (retry), optionally with changed settings")
     p.add_argument("job", type=int)

@@ -82,6 +82,20 @@ class Client:
     def action(self, job_id: int, action: str) -> dict:
         return self.request("POST", f"/api/jobs/{job_id}/{action}")
 
+    def fix(self, job_id: int, n: int = 1, alert_id: Optional[int] = None, kind: Optional[str] = None,
+            revert: bool = False) -> dict:
+        """Apply a verdict's fix (the n-th of the job's open fixes, or of one alert / alert kind), or
+        revert the newest applied one: {"job", "change"}."""
+        body: dict = {"revert": True} if revert else {"n": n}
+        if alert_id is not None:
+            body["alert_id"] = alert_id
+        if kind is not None:
+            body["kind"] = kind
+        return self.request("POST", f"/api/jobs/{job_id}/fix", json=body)
+
+    def changes(self, job_id: int) -> list:
+        return self.request("GET", f"/api/jobs/{job_id}/changes")
+
     def clone(self, job_id: int, changes: Optional[dict] = None) -> dict:
         return self.request("POST", f"/api/jobs/{job_id}/clone", json={"changes": changes or {}})
 

@@ -528,12 +528,55 @@ class StateData(BaseModel):
     peak_mb: Optional[float] = Field(None, ge=0)
 
 
+# ---- fixes: a verdict's remedy as a change (server/fixes.py applies it, worker/agent/fixes.py and
+# the training process build it). A fix is a dict in an alert's data["fixes"]:
+#   {"kind": FixKind, "title": str, "changes": {field: [old, new]}, "effect": str, "ratio": float|None,
+#    "resume": "checkpoint"|"fresh", "why_fresh": str|None, "reason": the verdict's reason key}
+# a command job's fix changes its argv: "changes" names the flags, "argv": [old argv, new argv].
+class FixKind:
+    PADDING = "padding"  # packing on / max_seq_length from the data's lengths
+    MICRO_BATCH = "micro_batch"  # a smaller micro-batch, more accumulation: the same effective batch
+    PRECISION = "precision"  # bf16 on a GPU that has it
+    EVAL = "eval"  # evaluate less often
+    WORKERS = "workers"  # a command's DataLoader workers
+    GROUP_BY_LENGTH = "group_by_length"  # a command's Trainer batches similar lengths together
+    REVERT = "revert"  # a person undoing an applied fix
+
+
+# Why a change to the batch layout starts from step 0: the checkpoint's data position is a place in the
+# plan of micro-batches its layout made (store.halve_micro_batch's rule).
+LAYOUT_FRESH = ("a checkpoint's data position is a place in the plan of micro-batches its layout (padding, "
+                "row length, micro-batch) made: with a new layout the run starts again from step 0")
+LAYOUT_FIELDS = ("padding", "max_seq_length", "batch_size", "grad_accum", "tokens_per_batch", "group_by_length")
+
+
+class FixRequest(BaseModel):
+    """POST /api/jobs/{id}/fix: which verdict's fix to apply (server/fixes.py), or revert the newest.
+    Neither alert_id nor kind: the n-th of all the job's open fixes (`tokenpulse fix <job> <n>`)."""
+    model_config = ConfigDict(extra="forbid")
+    alert_id: Optional[int] = Field(None, ge=1, description="the alert whose fix to apply")
+    kind: Optional[str] = Field(None, min_length=1, max_length=64,
+                                description="an alert kind (slow, padding...) or a fix kind (padding, micro_batch, "
+                                            "precision, eval, workers...): the job's open verdict of that kind")
+    n: int = Field(1, ge=1, le=100, description="which fix, counting from 1, when several match")
+    revert: bool = Field(False, description="undo the newest applied fix instead (resumes from the newest checkpoint)")
+
+    @model_validator(mode="after")
+    def _one_way(self):
+        if self.revert and (self.alert_id is not None or self.kind is not None):
+            raise ValueError("revert undoes the newest applied fix: give no alert_id or kind with it")
+        return self
+
+
 class AlertData(BaseModel):
     kind: str = Field(max_length=64)  # ours are AlertKind's names; a user's script may raise its own
     severity: Literal["info", "warning", "critical"] = "warning"
     message: str = Field(max_length=8192)
     stack: Optional[str] = Field(None, max_length=200_000)
     clear: bool = False  # the condition is over (job recovered)
+    # structured: `fixes` (each a spec or command change with its predicted effect, server/fixes.py
+    # applies one), `costs` (each cause's share of the step time, priced against the ETA)
+    data: Optional[dict[str, Any]] = None
 
 
 class CheckpointData(BaseModel):

@@ -5,6 +5,7 @@ and webhooks (server/webhooks.py) hold a clear for as long, so its receivers see
 clear."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Optional
 
@@ -37,9 +38,12 @@ def upsert_alert(s: Session, job_id: Optional[int], agent_id: Optional[int], d: 
         current.message, current.severity, current.updated_at = d["message"], d.get("severity", "warning"), now
         if d.get("stack"):
             current.stack = d["stack"]
+        if d.get("data") is not None:
+            current.data = json.dumps(d["data"])
         return current
     alert = Alert(job_id=job_id, agent_id=agent_id, kind=d["kind"], severity=d.get("severity", "warning"),
-                  state="open", message=d["message"], stack=d.get("stack"), created_at=now, updated_at=now)
+                  state="open", message=d["message"], stack=d.get("stack"), created_at=now, updated_at=now,
+                  data=json.dumps(d["data"]) if d.get("data") is not None else None)
     s.add(alert)
     s.flush()
     return alert
@@ -48,4 +52,5 @@ def upsert_alert(s: Session, job_id: Optional[int], agent_id: Optional[int], d: 
 def alert_dict(a: Alert) -> dict:
     return {"id": a.id, "job_id": a.job_id, "agent_id": a.agent_id, "kind": a.kind, "severity": a.severity,
             "state": a.state, "message": a.message, "stack": a.stack, "created_at": a.created_at,
-            "updated_at": a.updated_at, "cleared_at": a.cleared_at}
+            "updated_at": a.updated_at, "cleared_at": a.cleared_at,
+            "data": json.loads(a.data) if a.data else None}

@@ -27,6 +27,7 @@ from server.rules import NON_FINITE_ALERT, RULES
 from tokenpulse.protocol import (
     ACTIVE_STATES,
     ALERTS_TOPIC,
+    EXTERNAL,
     JOBS_TOPIC,
     Action,
     Command,
@@ -251,6 +252,8 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
             RULES.on_state(s, job, "not stalled" if d.get("clear") else "stalled", out)
         elif RULES.rules and d["kind"].startswith(NON_FINITE_ALERT):
             RULES.on_non_finite_alert(s, job, d["kind"][len(NON_FINITE_ALERT):], bool(d.get("clear")), out)
+        if job.kind == EXTERNAL and "data" in d:  # a script's own word: no fix or cost (an agent's only)
+            d = {k: v for k, v in d.items() if k != "data"}
         alert = upsert_alert(s, job.id, job.agent_id, d)
         if alert is not None:
             payload = alert_dict(alert)

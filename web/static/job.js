@@ -629,9 +629,84 @@
         TP.el("span", { class: "muted", text: ` · ${a.state}` }), " · ", TP.rel(a.updated_at || a.created_at), TP.el("span", { class: "spacer" }), ack),
       TP.el("div", { class: "alert-msg alert-headline", text: headline }),
       ...fixes.map((f) => TP.el("div", { class: "alert-msg alert-fix", text: f })),
+      ...fixRows(a),
       rest ? TP.el("details", { class: "alert-more" }, TP.el("summary", { text: "Details" }), TP.el("div", { class: "alert-msg", text: rest })) : "",
       a.stack ? TP.el("details", {}, TP.el("summary", { text: `Stack dump (${a.stack.split("\n").length} lines; your code marked)` }), stackPre(a.stack)) : "");
   }
+  // ---- fixes: a verdict's change applied (server/fixes.py), and what it did -----------------------
+  const FIXABLE = ["queued", "starting", "running", "paused"];
+  function fixRows(a) {
+    const list = (a.data && a.data.fixes) || [];
+    if (a.state === "cleared" || !list.length) return [];
+    return list.map((f, i) => {
+      const where = f.resume === "fresh" ? `restarts from step 0: ${f.why_fresh || "the checkpoint does not fit the change"}` : "resumes from a checkpoint saved now";
+      const diff = Object.entries(f.changes || {}).map(([k, v]) => `${k} ${JSON.stringify(v[0])} → ${JSON.stringify(v[1])}`).join(", ");
+      const btn = TP.el("button", { type: "button", class: "small apply-fix", text: "Apply fix", "data-fix": f.kind,
+        title: "Save a checkpoint now, stop, and relaunch this job with the change", onclick: async (e) => {
+          e.target.disabled = true; $("action-error").textContent = "";
+          try {
+            await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: { alert_id: a.id, n: i + 1 } });
+            e.target.textContent = "Applying…"; refreshChanges();
+          } catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
+        } });
+      btn.hidden = !(job && FIXABLE.includes(job.state));
+      return TP.el("div", { class: "fix-row" }, btn, " ",
+        TP.el("strong", { text: f.title || f.kind }), TP.el("span", { class: "muted", text: ` · ${diff}` }),
+        f.argv ? TP.el("pre", { class: "fix-argv", text: `- ${f.argv[0].join(" ")}\n+ ${f.argv[1].join(" ")}` }) : "",
+        TP.el("div", { class: "fix-effect", text: `${f.effect || ""}${f.effect ? "; " : ""}${where}` }));
+    });
+  }
+  const FMT = {
+    tokens_per_s: (x) => `${Math.round(x).toLocaleString()}`, step_time_s: (x) => `${x.toPrecision(3)} s`,
+    mem: (x) => `${Math.round(x).toLocaleString()} MiB`, loss: (x) => x.toPrecision(4), eta_s: (x) => TP.dur(x),
+  };
+  function cmpRows(c) {
+    const b = c.before || {}, a = c.after || {};
+    const mem = (x) => x.cuda_peak_mb || x.rss_mb;
+    const eq = c.loss_equal_steps;
+    const rows = [
+      ["Real tokens/s", b.tokens_per_s, a.tokens_per_s, FMT.tokens_per_s],
+      ["Step time", b.step_time_s, a.step_time_s, FMT.step_time_s],
+      ["Memory", mem(b), mem(a), FMT.mem],
+      [eq ? `Loss at equal steps (${eq.steps})` : "Loss (last steps)", eq ? eq.before : b.loss, eq ? eq.after : a.loss, FMT.loss],
+      ["ETA", b.eta_s, a.eta_s, FMT.eta_s],
+    ];
+    return rows.map(([name, x, y, f]) => TP.el("tr", {}, TP.el("th", { text: name }),
+      TP.el("td", { class: "r", text: x == null ? "–" : f(x) }), TP.el("td", { class: "r", text: y == null ? "–" : f(y) })));
+  }
+  let changesTimer = null;
+  async function refreshChanges() {
+    let list;
+    try { list = await TP.api(`/api/jobs/${jobId}/changes`); } catch (e) { return; }
+    $("changes").hidden = !list.length;
+    const undone = new Set(list.map((c) => c.reverts).filter((x) => x));
+    const newest = [...list].reverse().find((c) => c.state === "applied" && c.kind !== "revert" && !undone.has(c.id));
+    $("changes-list").replaceChildren(...[...list].reverse().map((c) => {
+      const cmp = c.comparison || {};
+      const verdict = cmp.verdict || cmp.waiting || (c.state === "pending" ? "waiting for the checkpoint…" : c.state);
+      const cls = cmp.verdict ? (cmp.verdict.startsWith("verified") ? "good" : cmp.verdict.startsWith("no better") ? "bad" : "") : "pending";
+      const diff = Object.entries(c.changes || {}).map(([k, v]) => `${k} ${JSON.stringify(v[0])} → ${JSON.stringify(v[1])}`).join(", ");
+      const revert = c === newest && job && FIXABLE.includes(job.state) ? TP.el("button", { type: "button", class: "small ghost revert-fix", text: "Revert",
+        title: "Undo this change: checkpoint, stop, relaunch with the settings before it", onclick: async (e) => {
+          e.target.disabled = true;
+          try { await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: { revert: true } }); refreshChanges(); }
+          catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
+        } }) : "";
+      const when = c.resume === "fresh" ? "from step 0" : `from step ${c.resume_step ?? "?"}`;
+      return TP.el("div", { class: "change", "data-change": c.id },
+        TP.el("div", { class: "change-head" }, TP.el("strong", { text: `#${c.id} ${c.title || c.kind}` }),
+          TP.el("span", { class: "muted", text: ` · ${diff} · attempt ${c.from_attempt ?? "?"} → ${c.to_attempt ?? "?"} (${when}) · by token ${c.by ?? "?"} · ` }),
+          TP.rel(c.applied_at || c.created_at), TP.el("span", { class: "spacer" }), revert),
+        cmp.before ? TP.el("table", { class: "small before-after" },
+          TP.el("thead", {}, TP.el("tr", {}, TP.el("th", {}), TP.el("th", { class: "r", text: `Before (attempt ${c.from_attempt ?? "?"})` }),
+            TP.el("th", { class: "r", text: `After (attempt ${c.to_attempt ?? "?"}, warm-up excluded)` }))),
+          TP.el("tbody", {}, ...cmpRows(cmp))) : "",
+        TP.el("div", { class: `change-verdict ${cls}`, text: verdict }));
+    }));
+    clearTimeout(changesTimer);
+    if (list.some((c) => c.state === "pending" || (c.state === "applied" && !(c.comparison || {}).verdict))) changesTimer = setTimeout(refreshChanges, 3000);
+  }
+
   // A stack with the user's own frames marked apart from library frames (site-packages, the standard
   // library, torch): the same rule as worker/agent/headline.py.
   const LIBRARY = /site-packages\/|dist-packages\/|\/lib\/python3|\/torch\/|<frozen |\/usr\/lib\/python|tokenpulse\/instrument\//;
@@ -828,6 +903,7 @@
     if (!logs.events.length && first) $("log").textContent = "";
     alerts.slice().reverse().forEach(showAlert);
     if (location.hash === "#alerts" && first && alerts.length) $("alerts").scrollIntoView();
+    refreshChanges();
   }
 
   TP.live([`job:${jobId}`], (f) => {

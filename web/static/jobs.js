@@ -253,6 +253,20 @@
     } else if (f.type === "alert") render();
   }, load);
 
+  // Hours being lost now, by cause: the open slow verdicts' costs x each running job's ETA (GET /api/costs)
+  async function refreshCosts() {
+    const box = document.getElementById("costs");
+    try {
+      const c = await TP.api("/api/costs");
+      const causes = Object.entries(c.by_cause).filter(([, h]) => h > 0).sort((a, b) => b[1] - a[1]);
+      box.hidden = !causes.length;
+      const n = new Set(c.jobs.map((x) => x.job_id)).size;
+      box.textContent = causes.length ? `Being lost now over ${n} running job${n === 1 ? "" : "s"}: ${TP.dur(c.total_hours * 3600)} of their remaining time — ` +
+        causes.map(([k, h]) => `${k} ${TP.dur(h * 3600)}`).join(" · ") + ". Each job's alert has its fix." : "";
+    } catch (e) { /* the next tick tries again */ }
+  }
+  refreshCosts();
+  setInterval(refreshCosts, 10000);
   TP.onAlert(() => { if (loaded) render(); }); // badges follow the open alerts
   setInterval(() => { if (loaded) refreshFacts(); }, 10000); // an agent that comes back says so only by heartbeats
   let debounce = null;

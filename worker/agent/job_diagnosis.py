@@ -20,7 +20,7 @@ from tokenpulse.diagnosis.capture import capture_stack
 from tokenpulse.diagnosis.stacks import can_run_handlers, describe_state, process_state
 from tokenpulse.diagnosis.stall import ALIVE_CLAUSE, stuck_at
 from tokenpulse.protocol import AlertKind
-from worker.agent import gangstacks, gangwatch
+from worker.agent import fixes, gangstacks, gangwatch
 from worker.agent.advice import Advisor
 from worker.agent.headline import folded, gang_headline, hang_frame, stall_headline
 from worker.agent.ranks import diagnose
@@ -140,7 +140,14 @@ class JobDiagnosis:
                 continue
             kind, clear = v.kind.removesuffix("_clear"), v.kind.endswith("_clear")
             severity = "info" if kind == AlertKind.CONTENTION else "warning"
-            self.emit(rj, "alert", {"kind": kind, "severity": severity, "message": v.message, "clear": clear})
+            alert = {"kind": kind, "severity": severity, "message": v.message, "clear": clear}
+            if kind == AlertKind.SLOW and not clear:  # its fixes as changes, its causes priced in time
+                spec = rj.claim.spec.model_dump(mode="json") if rj.command is None else None
+                data = fixes.for_slow(v.reasons, rj.slow, spec)
+                alert["data"] = data
+                if data["costs"]:
+                    alert["message"] = (v.message + "; " + "; ".join(c["text"] for c in data["costs"]))[:8192]
+            self.emit(rj, "alert", alert)
 
     # ---- a stall that lasts: a hang --------------------------------------------------------------
 
@@ -172,7 +179,11 @@ class JobDiagnosis:
         """A command job's verdicts on its first steps (worker/agent/advice.py; advice: rj.advice), and
         the 'quiet' warning: a finished phase and nothing since, with where the main thread waits."""
         for kind, message in advice.check():
-            self.emit(rj, "alert", {"kind": kind, "severity": "warning", "message": message[:8192]})
+            alert: dict = {"kind": kind, "severity": "warning", "message": message[:8192]}
+            fix = fixes.for_advice(kind, advice, list(rj.command.command)) if rj.command is not None else None
+            if fix is not None:  # the Trainer argument as a change of the command line
+                alert["data"] = {"fixes": [fix]}
+            self.emit(rj, "alert", alert)
         head = advice.quiet_due(rj.detector, now)
         if head is not None:
             stack = await self.capture_stack(rj)

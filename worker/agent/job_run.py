@@ -226,7 +226,9 @@ class JobRunner:
                             rj.slow.observe_anatomy(data, now)
                         self.emit(rj, kind, data, t)
                     elif kind == "alert":
-                        self.emit(rj, kind, {**data, "message": f"rank {rank}: {data.get('message', '')}"[:8192]}, t)
+                        extra = {"data": None} if rj.command is not None else {}  # as below: not a command's word
+                        self.emit(rj, kind, {**data, **extra,
+                                             "message": f"rank {rank}: {data.get('message', '')}"[:8192]}, t)
                     elif kind == "info":
                         self.emit(rj, kind, data, t)
                     elif kind == "state" and rj.claim.node_rank and rj.child_state is None:
@@ -247,6 +249,10 @@ class JobRunner:
                     if kind != "phase" and rj.advice.phase:  # the quiet line gives way to the process's own
                         self.emit(rj, "phase", rj.advice.phase)
             if rj.command is not None:
+                if kind == "alert" and "data" in data:
+                    # fixes and costs are the agent's word (worker/agent/fixes.py): a command's own alert
+                    # must not plant a change of its command line behind an "Apply fix" button
+                    data = {k: v for k, v in data.items() if k != "data"}
                 data = self.masked(rj, kind, data)
                 if kind == "info" and data.get("pausable") is not None:
                     # The instrumentation's promise (a Trainer callback) that SIGUSR2 makes the process

@@ -26,7 +26,7 @@ from tokenpulse.diagnosis.stall import StallConfig, Verdict
 from tokenpulse.protocol import AlertKind, Phase
 from worker.agent.anatomy import Anatomy
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
-from worker.agent.slow_reasons import padding_reason, periodic_stalls
+from worker.agent.slow_reasons import padding_reason, periodic_share
 
 # The memory blow-up's hold: two of the agent's 5 s samples (sysmetrics.EVERY_S), not the general
 # alert_open_s, since the machine may run out of memory before a longer hold ends.
@@ -72,6 +72,8 @@ class SlowDetector:
     anatomy: Anatomy = field(default_factory=Anatomy)  # every rank's step anatomy (input-bound, memory creep)
     owned: frozenset = frozenset()  # reasons another judge names with their fix (a command job's advice.py)
     gpu_util: list = field(default_factory=list)  # (t, utilisation %) of the job's GPUs (sysmetrics.py)
+    eta_s: Optional[float] = None  # the job's latest ETA (its metrics): what a cause costs in time
+    periodic: Optional[tuple] = None  # the periodic stalls found: (every n steps, share of the time, phases)
     # CPU starvation among the newest reasons (check() finds it, check_contention() latches it)
     _contention: Optional[str] = field(default=None, init=False)
 
@@ -102,6 +104,8 @@ class SlowDetector:
                 del self.arrivals[:1000]
                 first = self.arrivals[0][1]
                 self.pauses_at = {k: v for k, v in self.pauses_at.items() if k >= first - 2}
+            if isinstance(v.get("eta_s"), (int, float)):
+                self.eta_s = float(v["eta_s"])
             st = v.get("step_time_s")
             if st is None or not st > 0:
                 return  # warm-up steps carry no speed figures
@@ -275,15 +279,22 @@ class SlowDetector:
             out.append(("crawl", f"each optimizer step takes {st:.0f} s{shape}: the batch is so large that "
                                  f"steps crawl; lower tokens_per_batch / batch_size / grad_accum"))
 
-        p = periodic_stalls(self.arrivals, self.pauses_at, self.config.slow_periodic_frac)
+        p = periodic_share(self.arrivals, self.pauses_at, self.config.slow_periodic_frac)
+        self.periodic = p[:3] if p is not None else None
         if p is not None:
-            out.append(("periodic", p))
+            out.append(("periodic", p[3]))
 
         out += self.anatomy.reasons(c.slow_input_frac, was_open)  # input-bound, memory creep
         idle = self._gpu_idle(was_open)
         if idle is not None:
             out.append(("gpu_idle", idle))
         return [r for r in out if r[0] not in self.owned]
+
+    def anatomy_input_share(self) -> Optional[float]:
+        """The share of a step the worst rank waits for data (the input-bound reason's measurement)."""
+        shares = [t["data_s"] / t["step_s"] for r in self.anatomy.recent
+                  if (t := self.anatomy.typical(r)) and t["step_s"] > 0]
+        return max(shares) if shares else None
 
     def _growth(self) -> Optional[str]:
         c = self.config

@@ -36,6 +36,12 @@ def padding_reason(info: dict, frac: float) -> str:
 def periodic_stalls(arrivals: list, pauses_at: dict, min_frac: float) -> Optional[str]:
     """Pauses every N steps (arrival gaps far above the typical one) costing at least min_frac of the
     time; arrivals: (t, step) of each metrics event; pauses_at: step -> phases seen after it."""
+    found = periodic_share(arrivals, pauses_at, min_frac)
+    return found[3] if found else None
+
+
+def periodic_share(arrivals: list, pauses_at: dict, min_frac: float) -> Optional[tuple]:
+    """periodic_stalls' measurements: (every n steps, the share of the time, the phases seen, its text)."""
     a = arrivals[-400:]
     if len(a) < 12:
         return None
@@ -61,5 +67,5 @@ def periodic_stalls(arrivals: list, pauses_at: dict, min_frac: float) -> Optiona
     cause = (f"during '{', '.join(sorted(seen))}'" if seen else
              "no phase reported: re-sorting or reloading data, evaluation, or checkpoints")
     each = statistics.median(dt for _, dt in spikes)
-    return (f"periodic stalls every {n} steps ({each:.1f} s each, {lost / span:.0%} of the time; "
-            f"{cause})")
+    return n, lost / span, seen, (f"periodic stalls every {n} steps ({each:.1f} s each, {lost / span:.0%} of "
+                                  f"the time; {cause})")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from tokenpulse.errors import SpecError
-from tokenpulse.protocol import AlertKind, Failure, JobSpec, Phase
+from tokenpulse.protocol import LAYOUT_FRESH, AlertKind, Failure, FixKind, JobSpec, Phase
 
 from . import checkpoint as ckpt, losshead
 from .analysis import recommend_max_len
@@ -181,9 +181,13 @@ class Session:
         if mode == "max_length":
             waste = 1 - mean / max_len
             rec = recommend_max_len(data.lengths, spec.length_coverage, self._model_max())
-            em.alert(AlertKind.PADDING, f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
-                     f"on pad tokens; use padding=auto (packing) or dynamic, or max_seq_length={rec} "
-                     f"(covers {spec.length_coverage:g}% of examples)", severity="warning")
+            em.emit("alert", kind=AlertKind.PADDING, severity="warning",
+                    message=f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
+                    f"on pad tokens; use padding=auto (packing) or dynamic, or max_seq_length={rec} "
+                    f"(covers {spec.length_coverage:g}% of examples)",
+                    data={"fixes": [padding_fix(spec, max_len, mean, rec)],
+                          "costs": [{"cause": "padding", "frac": round(waste, 3),
+                                     "text": f"padding costs {waste:.0%} of each step"}]})
         return lay, step_tokens
 
     def _eval_split(self, data: Optional[Tokenized]) -> Optional[Tokenized]:
@@ -228,6 +232,12 @@ class Session:
     def _precision(self) -> str:
         if self.state_in is not None:
             p = self.state_in["precision"]
+            asked = self.spec.precision
+            if asked in ("bf16", "fp32") and asked != p and p != "fp16":
+                # a fix changed it (server/fixes.py): the weights and optimizer state are fp32 either
+                # way (autocast), so the checkpoint serves; fp16 has a loss scaler's state and stays
+                self.em.info(precision=asked, reason=f"changed from {p} (the run being resumed) as the spec asks")
+                return asked
             self.em.info(precision=p, reason="same as the run being resumed")
             return p
         p, why, meas = pick_precision(self.spec, self.device, getattr(self.cfg, "hidden_size", 256))
@@ -460,3 +470,18 @@ class Session:
         reason = f"trained {state.step} steps" + (" (data exhausted)" if res.outcome == "exhausted" else "")
         em.emit("state", state="completed", reason=reason)
         return EXIT_OK
+
+
+def padding_fix(spec: JobSpec, max_len: int, mean: float, rec: int) -> dict:
+    """padding=max_length measured: the fix as a spec change (packing, and the length the data needs),
+    its effect the ratio of a row's tokens to its real ones (what packing recovers)."""
+    changes: dict = {"padding": [spec.padding, "auto"]}
+    if rec < max_len:
+        changes["max_seq_length"] = [spec.max_seq_length, rec]
+    ratio = max_len / max(mean, 1.0)
+    return {"kind": FixKind.PADDING, "title": "pack examples into rows" + (
+                f", max_seq_length {max_len} -> {rec}" if rec < max_len else ""),
+            "changes": changes, "ratio": round(ratio, 2),
+            "effect": f"about {ratio:.1f}x real tokens/s: {1 - mean / max_len:.0%} of each row is padding now "
+                      f"(mean example {mean:.0f} of {max_len} tokens), packed rows are nearly all real tokens",
+            "resume": "fresh", "why_fresh": LAYOUT_FRESH, "reason": "padding"}
