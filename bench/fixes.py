@@ -84,7 +84,7 @@ class Bench:
         return self.c.get(f"/api/jobs/{jid}").json()
 
     def submit(self, spec: dict) -> int:
-        r = self.c.post("/api/jobs", json=spec)
+        r = self.c.post("/api/jobs/command" if "command" in spec else "/api/jobs", json=spec)
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
@@ -97,12 +97,14 @@ class Bench:
             return None
         return wait(f"{kind} verdict with its fix on job {jid}", find, timeout)
 
-    def first_step_after(self, jid: int, t0: float) -> float:
-        """Seconds from t0 to the first loss point written after it (the relaunched attempt's first step)."""
-        rows = wait("the relaunched attempt's first step", lambda: self.srv.query(
+    def first_step_after(self, jid: int, t0: float, attempt: int) -> float:
+        """Seconds from t0 to the relaunched attempt's first stored step (its first loss point)."""
+        started = wait("the relaunched attempt", lambda: next(
+            (a["started_at"] for a in self.job(jid)["attempts"] if a["attempt"] == attempt + 1), None), 180, 0.2)
+        first = wait("the relaunched attempt's first step", lambda: self.srv.query(
             "SELECT min(m.t) FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-            "WHERE m.job_id = ? AND k.name = 'loss' AND m.t >= ?", (jid, t0))[0][0], 180, 0.2)
-        return rows - t0
+            "WHERE m.job_id = ? AND k.name = 'loss' AND m.t >= ?", (jid, started))[0][0], 180, 0.2)
+        return first - t0
 
     def stop(self, jid: int) -> None:
         if self.job(jid)["state"] not in FINAL:
@@ -114,10 +116,11 @@ class Bench:
         jid = self.submit(spec)
         alert, fix = self.fix_alert(jid, kind)
         wait(f"job {jid} past step {before_step}", lambda: (self.job(jid).get("step") or 0) >= before_step, 600)
+        attempt = self.job(jid)["attempt"]
         t0 = time.time()
         r = self.c.post(f"/api/jobs/{jid}/fix", json={"alert_id": alert["id"], "kind": kind})
         assert r.status_code == 200, r.text
-        relaunch_s = self.first_step_after(jid, t0)
+        relaunch_s = self.first_step_after(jid, t0, attempt)
 
         def verdict():
             ch = [x for x in self.c.get(f"/api/jobs/{jid}/changes").json() if x["state"] == "applied"]
@@ -129,7 +132,9 @@ class Bench:
         return {"case": case, "job": jid, "fix": fix["title"], "predicted": fix.get("effect") or "",
                 "before": cmp["before"].get("tokens_per_s"), "after": cmp["after"].get("tokens_per_s"),
                 "speedup": cmp.get("speedup"), "relaunch_s": relaunch_s,
-                "loss_before": eq.get("before"), "loss_after": eq.get("after"), "loss_steps": eq.get("steps"),
+                # a resume from the checkpoint repeats no step: then the mean of the last losses before and after
+                "loss_before": eq.get("before", cmp["before"].get("loss")),
+                "loss_after": eq.get("after", cmp["after"].get("loss")), "loss_steps": eq.get("steps"),
                 "verdict": cmp["verdict"], "resume": change["resume"]}
 
     # ---- the five cases ----
@@ -155,7 +160,7 @@ class Bench:
                 "--per_device_train_batch_size", "8", "--dataloader_num_workers", "0", "--logging_steps", "5",
                 "--save_strategy", "steps", "--save_steps", "20", "--save_total_limit", "2", "--report_to", "none",
                 "--use_cpu", "--seed", "1"]
-        spec = {"name": "num_workers 0", "command": argv,
+        spec = {"name": "num_workers 0", "command": argv, "cwd": str(self.tmp),
                 "env": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}}
         return self.apply_and_verify("workers", spec, "workers", 25)
 
@@ -205,8 +210,8 @@ def report(rows: list[dict]) -> str:
                    or abs(r["loss_after"] - r["loss_before"]) <= LOSS_NOISE * abs(r["loss_before"])
                    or r["loss_after"] < r["loss_before"])
         ok = (r["speedup"] or 0) >= GOAL_SPEEDUP and r["relaunch_s"] <= GOAL_RELAUNCH_S and loss_ok
-        loss = (f"{_num(r['loss_before'], '{:.3f}')} / {_num(r['loss_after'], '{:.3f}')}, {r['loss_steps']}"
-                if r["loss_steps"] else "–")
+        loss = (f"{_num(r['loss_before'], '{:.3f}')} / {_num(r['loss_after'], '{:.3f}')}, "
+                + (f"{r['loss_steps']} steps" if r["loss_steps"] else "last steps (resumed: no step repeats)"))
         out.append(f"| {r['case']} | {r['fix']} ({r['resume']}) | {_num(r['before'])} | {_num(r['after'])} | "
                    f"{_num(r['speedup'], '{:.1f}x')} | {r['relaunch_s']:.1f} s | {loss} | {r['verdict']} | "
                    f"{'met' if ok else 'MISSED'} |")
