@@ -279,10 +279,11 @@ def test_submit_form_covers_every_jobspec_field(server):
     input to any field the table lacks, so checking its output alone could never fail."""
     from html.parser import HTMLParser
 
-    from tokenpulse.protocol import JobSpec, LoraSpec, StallSpec
+    from tokenpulse.protocol import JobSpec, LoraSpec, SlurmSpec, StallSpec
     from web.pages import FORM
-    want = {n for n in JobSpec.model_fields if n not in ("lora", "stall")}
+    want = {n for n in JobSpec.model_fields if n not in ("lora", "stall", "slurm")}
     want |= {f"lora.{n}" for n in LoraSpec.model_fields} | {f"stall.{n}" for n in StallSpec.model_fields}
+    want |= {f"slurm.{n}" for n in SlurmSpec.model_fields}
     written = {name: help_text for _, _, fields in FORM for name, _, _, help_text in fields}
     assert want <= set(written), f"JobSpec fields without a hand-written form entry: {want - set(written)}"
     assert all(written.values()), [n for n, h in written.items() if not h]

@@ -230,8 +230,8 @@ FORM: list[tuple[str, str, list[tuple]]] = [
 
 
 def form_fields() -> list[dict]:
-    from tokenpulse.protocol import JobSpec, LoraSpec, StallSpec
-    models = {"": JobSpec, "lora": LoraSpec, "stall": StallSpec}
+    from tokenpulse.protocol import JobSpec, LoraSpec, SlurmSpec, StallSpec
+    models = {"": JobSpec, "lora": LoraSpec, "stall": StallSpec, "slurm": SlurmSpec}
     groups = []
     for gid, title, fields in FORM:
         out = []
@@ -245,6 +245,8 @@ def form_fields() -> list[dict]:
                 default = ", ".join(default)
             if name == "lora.enabled":
                 default = False
+            if prefix == "slurm":  # empty unless set: a job sent from here carries no Slurm block by default
+                default = None
             out.append({"name": name, "label": label, "kind": kind.split(":")[0],
                         "options": kind.split(":")[1].split(",") if ":" in kind else [],
                         "help": help_text, "default": default, "id": "f-" + name.replace(".", "-")})
@@ -308,6 +310,19 @@ def stall_inputs() -> list[tuple]:
 
 
 FORM.append(("stall", "Stall and slow-job detection (empty = server default)", stall_inputs()))
+
+
+def slurm_inputs() -> list[tuple]:
+    """The Slurm allocation's rows of FORM, from SlurmSpec's declaration (its descriptions are the help)."""
+    from tokenpulse.protocol import SlurmSpec
+    labels = {"qos": "QOS", "time_limit_min": "Time limit (min)", "mem_gb": "Memory per node (GB)",
+              "cpus_per_node": "CPUs per node", "gpus_per_node": "GPUs per node",
+              "signal_before_s": "Warning before the limit (s)"}
+    return [(f"slurm.{leaf}", labels.get(leaf) or label_for(leaf), field_kind(f.annotation)[0],
+             sentence(f.description or "")) for leaf, f in SlurmSpec.model_fields.items()]
+
+
+FORM.append(("slurm", "Slurm allocation (only for a Slurm executor; empty = its defaults)", slurm_inputs()))
 
 
 @router.get("/submit", response_class=HTMLResponse)

@@ -245,7 +245,7 @@
     form.elements["lora.enabled"].checked = !!lora;
     const extra = {};
     for (const [k, v] of Object.entries(j.spec)) {
-      if (k === "lora" || k === "stall") {
+      if (k === "lora" || k === "stall" || k === "slurm") {
         for (const [kk, vv] of Object.entries(v || {})) {
           const el = form.elements[`${k}.${kk}`];
           if (el) el.type === "checkbox" ? (el.checked = !!vv) : (el.value = vv === null ? "" : Array.isArray(vv) ? vv.join(", ") : vv);
@@ -266,6 +266,7 @@
     if (lora) $("details-lora").open = true;
     if (Object.keys(extra).length) $("details-extra").open = true;
     if (Object.values(j.spec.stall || {}).some((v) => v !== null)) $("details-stall").open = true;
+    if (j.spec.slurm) $("details-slurm").open = true;
     form.elements.name.value = `${j.name} (clone)`;
     const note = $("clone-note"); note.hidden = false;
     note.replaceChildren("Settings copied from ", TP.el("a", { href: `/jobs/${j.id}`, text: `${j.name} #${j.id}` }), ` (${j.state}). Change what you like and submit.`);
