@@ -121,6 +121,8 @@ class Bench:
         r = self.c.post(f"/api/jobs/{jid}/fix", json={"alert_id": alert["id"], "kind": kind})
         assert r.status_code == 200, r.text
         relaunch_s = self.first_step_after(jid, t0, attempt)
+        att = {a["attempt"]: a for a in self.job(jid)["attempts"]}
+        stopped_s, claimed_s = att[attempt]["ended_at"] - t0, att[attempt + 1]["started_at"] - t0
 
         def verdict():
             ch = [x for x in self.c.get(f"/api/jobs/{jid}/changes").json() if x["state"] == "applied"]
@@ -131,7 +133,8 @@ class Bench:
         eq = cmp.get("loss_equal_steps") or {}
         return {"case": case, "job": jid, "fix": fix["title"], "predicted": fix.get("effect") or "",
                 "before": cmp["before"].get("tokens_per_s"), "after": cmp["after"].get("tokens_per_s"),
-                "speedup": cmp.get("speedup"), "relaunch_s": relaunch_s,
+                "speedup": cmp.get("speedup"), "relaunch_s": relaunch_s, "stopped_s": stopped_s,
+                "claimed_s": claimed_s,
                 # a resume from the checkpoint repeats no step: then the mean of the last losses before and after
                 "loss_before": eq.get("before", cmp["before"].get("loss")),
                 "loss_after": eq.get("after", cmp["after"].get("loss")), "loss_steps": eq.get("steps"),
@@ -201,8 +204,9 @@ def _num(x, fmt="{:,.0f}") -> str:
 
 
 def report(rows: list[dict]) -> str:
-    out = ["| case | fix applied | real tokens/s before | after | speedup | apply -> first step | loss at equal "
-           "steps (before / after, n) | server's verdict | goal |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| case | fix applied | real tokens/s before | after | speedup | apply -> first step (stopped / claimed) "
+           "| loss at equal steps (before / after) | server's verdict | goal |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "speedup" not in r:
             continue
@@ -213,7 +217,9 @@ def report(rows: list[dict]) -> str:
         loss = (f"{_num(r['loss_before'], '{:.3f}')} / {_num(r['loss_after'], '{:.3f}')}, "
                 + (f"{r['loss_steps']} steps" if r["loss_steps"] else "last steps (resumed: no step repeats)"))
         out.append(f"| {r['case']} | {r['fix']} ({r['resume']}) | {_num(r['before'])} | {_num(r['after'])} | "
-                   f"{_num(r['speedup'], '{:.1f}x')} | {r['relaunch_s']:.1f} s | {loss} | {r['verdict']} | "
+                   f"{_num(r['speedup'], '{:.1f}x')} | {r['relaunch_s']:.1f} s "
+                   f"({r['stopped_s']:.1f} / {r['claimed_s']:.1f}) | "
+                   f"{loss} | {r['verdict']} | "
                    f"{'met' if ok else 'MISSED'} |")
     out += ["", "| case | end | attempts | what the retry policy did | goal |", "|---|---|---|---|---|"]
     for r in rows:

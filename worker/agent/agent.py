@@ -39,6 +39,10 @@ from worker.agent.sysmetrics import describe_device, gpu_info
 log = logging.getLogger("tokenpulse.agent")
 
 
+# After an attempt ends, claims are retried this long at a short interval (not left to the idle wait).
+REQUEUE_WATCH_S = 5.0
+
+
 class Agent:
     def __init__(self, server: str, token: str, work_dir: Path, name: Optional[str] = None,
                  capacity: int = 1, heartbeat_s: float = 2.0, flush_s: float = 0.25,
@@ -132,6 +136,11 @@ class Agent:
                         continue
                     if until_idle and not self.jobs:
                         break
+                    if r.status_code == 204 and time.monotonic() - self.runs.finished_at < REQUEUE_WATCH_S:
+                        # an attempt just ended here: its end (a fix's relaunch, a retry, a preemption) may
+                        # requeue it a moment after this claim, its last events still on their way: ask again
+                        await asyncio.sleep(min(self.poll_s, 0.5))
+                        continue
                     if r.status_code == 204:  # nothing for us: on the socket, until the server says a job waits
                         await link.channel.wait_for_work(claimed_at, self.poll_s, self.stopped)
                         continue

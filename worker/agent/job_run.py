@@ -82,6 +82,7 @@ class JobRunner:
         # all acknowledged: they stay in heartbeats (job -> its last alive time) until it has (link.py).
         self.delivering = delivering
         self.done_jobs = 0
+        self.finished_at = 0.0  # monotonic time an attempt last ended here (agent.py: its requeue follows)
 
     async def start_job(self, claim: Claim) -> None:
         job_dir = self.work_dir / "jobs" / str(claim.job_id)
@@ -362,6 +363,7 @@ class JobRunner:
         if rj is not None and not rj.claim.node_rank and self.outbox.pending.get(job_id):
             self.delivering[job_id] = rj.alive_at
         self.done_jobs += 1
+        self.finished_at = time.monotonic()
         self.flush_now.set()
 
     async def handle(self, commands: list[Command]) -> None:
