@@ -23,6 +23,7 @@ config. CPU.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -224,7 +225,8 @@ def report(rows: list[dict]) -> str:
     out += ["", "| case | end | attempts | what the retry policy did | goal |", "|---|---|---|---|---|"]
     for r in rows:
         if "policy" in r:
-            out.append(f"| {r['case']} | {r['state']} | {r['attempts']} | {r['policy'].replace('|', '/')} | "
+            policy = re.sub(r"/\S*/(checkpoints/step-\d+)", r"\1", r["policy"]).replace("|", "/")  # no machine paths
+            out.append(f"| {r['case']} | {r['state']} | {r['attempts']} | {policy} | "
                        f"{'met' if r['right'] else 'MISSED'} |")
     return "\n".join(out)
 
