@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench" / "postmortems"))
 sys.path.insert(0, str(ROOT))
 import materials  # noqa: E402
-from conftest import make_server  # noqa: E402
+from conftest import make_server, wait_for  # noqa: E402
 
 from worker.training.memory import HEADROOM_ENV  # noqa: E402
 
@@ -44,13 +44,7 @@ GOAL_SPEEDUP, GOAL_RELAUNCH_S, LOSS_NOISE = 2.0, 20.0, 0.05
 
 
 def wait(what: str, fn: Callable, timeout: float, every: float = 1.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(every)
-    raise TimeoutError(f"no {what} within {timeout:.0f} s")
+    return wait_for(fn, timeout, what, every)
 
 
 class Bench:

@@ -225,15 +225,21 @@ def server_factory(tmp_path):
         return s.start()
     yield factory
     for s in made:
-        for a in s.agents:
-            if a.poll() is None:
-                a.send_signal(signal.SIGTERM)
-        for a in s.agents:
-            try:
-                a.wait(20)
-            except subprocess.TimeoutExpired:
-                a.kill()
+        stop_agents(s)
         s.kill()
+
+
+def stop_agents(s: Server) -> None:
+    """SIGTERM to every agent of the server still running (each checkpoints and requeues its jobs), then
+    20 s for each to exit before SIGKILL."""
+    for a in s.agents:
+        if a.poll() is None:
+            a.send_signal(signal.SIGTERM)
+    for a in s.agents:
+        try:
+            a.wait(20)
+        except subprocess.TimeoutExpired:
+            a.kill()
 
 
 @pytest.fixture

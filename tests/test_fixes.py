@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, make_server, wait_for
+from conftest import ROOT, make_server, stop_agents, wait_for
 from test_instrument import tiny_model  # noqa: F401  (the module-scoped model fixture)
 
 # steps slowed by a sleep (a fault), so a step's time is the sleep, whatever its tokens: what a fix
@@ -26,13 +26,7 @@ def srv(tmp_path_factory):
     s = make_server(tmp_path_factory.mktemp("fixes")).start()
     s.start_agent("a1", "--allow-commands")
     yield s
-    for a in s.agents:
-        a.terminate()
-    for a in s.agents:
-        try:
-            a.wait(20)
-        except subprocess.TimeoutExpired:
-            a.kill()
+    stop_agents(s)
     s.kill()
 
 

@@ -3,14 +3,13 @@ temporary directory), a real server and the real executor (`tokenpulse agent --s
 Slurm batch jobs, one node process per node under srun, reporting with the job's own credential."""
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 import slurm
-from conftest import make_server, wait_for
+from conftest import make_server, stop_agents, wait_for
 
 pytestmark = pytest.mark.skipif(slurm.installed() is not None, reason=str(slurm.installed()))
 
@@ -32,14 +31,7 @@ def srv(cluster, tmp_path_factory):
     s.start()
     s.executor = start_executor(s)
     yield s
-    for a in s.agents:
-        if a.poll() is None:
-            a.send_signal(signal.SIGTERM)
-    for a in s.agents:
-        try:
-            a.wait(20)
-        except subprocess.TimeoutExpired:
-            a.kill()
+    stop_agents(s)
     cluster.cancel_all()
     s.kill()
 
