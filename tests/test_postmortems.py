@@ -62,7 +62,10 @@ def cores() -> int:
 def test_a_padding_to_max_length_names_the_tokenize_call_and_the_length_that_fits(pm):
     got = run_case(pm, "a", ["--data", str(pm[2]["short"]), "--max-length", "256", "--max-steps", "200"])
     assert got["all_kinds"] and got["cause"] and got["fix"], got
-    assert "a_padding.py:" in got["text"] and got["step"] <= 5, got
+    assert "a_padding.py:" in got["text"], got
+    # the goal: within max(120 s of the job's start, its third optimizer step); "step" is where the job was
+    # when this test saw the whole verdict, a few steps later on a loaded machine
+    assert got["step"] <= 5 or got["seconds"] <= 120, got
 
 
 def test_a_fixed_raises_no_verdict(pm):
