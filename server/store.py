@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from server import ranks
+from server.attempt_outcomes import CURES, Ending, Next, Outcome, choose, sizes
 from server.models import Agent, Alert, Attempt, Job, JobChange
 from tokenpulse.protocol import (
     ACTIVE_STATES,
@@ -40,24 +41,6 @@ TRANSITIONS: dict[JobState, set[JobState]] = {
     JobState.failed: set(),
     JobState.cancelled: set(),
 }
-
-# Failure policy. Worth another attempt (resuming from the newest checkpoint): a crash, a killed
-# process, a lost worker, a stall the agent gave up on; out of memory too, with half the micro-batch.
-RETRYABLE = {Failure.OOM, Failure.CRASH, Failure.LOST, Failure.SIGNAL, Failure.HANG, Failure.COLLECTIVE_TIMEOUT}
-# Never retried, whatever the agent asks: a bad spec or a non-finite loss would only fail again; so
-# would a full disk (disk_full: the same agent, the same output dir), and each retry would first
-# write more onto it. The reason names the disk and the newest checkpoint kept: free space, then
-# clone the job or resume from there.
-FINAL_FAILURES = {Failure.SPEC, Failure.NAN, Failure.DISK_FULL, Failure.DATA}
-# Why a failure of each final class is not retried (the attempt's `decision`).
-NOT_RETRIED: dict[str, str] = {
-    Failure.SPEC: "the spec cannot run as it is: fix the named field and clone the job",
-    Failure.NAN: "a non-finite loss comes back at the same step with the same data and settings",
-    Failure.DISK_FULL: "the same disk would fill again: free space, then resume or clone",
-    Failure.DATA: "a data error naming its row fails on the same row again: fix the data",
-    Failure.ERROR: "the command's own failure (a non-zero exit): it would fail the same way",
-}
-
 
 class TransitionError(Exception):
     """A state change the rules refuse; the API answers 409 with this message (server/errors.py)."""
@@ -248,125 +231,95 @@ def reconcile(s: Session, agent_id: int, reported: set[int], lease_s: float, sin
     return out
 
 
-def retries_used(s: Session, job: Job) -> int:
-    """Attempts of this job that failed and were retried (pauses and resumes do not count)."""
-    return s.scalar(select(func.count()).select_from(Attempt).where(
-        Attempt.job_id == job.id, Attempt.outcome == "retried")) or 0
-
-
 def end_attempt(s: Session, job: Job, state: JobState, reason: Optional[str], failure: Optional[str],
                 exit_code: Optional[int] = None, signal: Optional[str] = None,
                 retry: bool = False, rank_exits: Optional[dict] = None, lost_agent: Optional[int] = None,
                 step: Optional[int] = None, frame: Optional[str] = None, peak_mb: Optional[float] = None) -> JobState:
-    """Apply how an attempt ended, with the failure policy: the failure is classed and the retry
-    chosen to cure it.
-
-    - oom: requeued with half the micro-batch and twice the accumulation (same effective batch),
-      from step 0 (a checkpoint's data position belongs to its micro-batch layout); at micro-batch 1,
-      or with the budget spent, it gives up naming the peak memory the attempt reached;
-    - crash, killed, lost worker, a collective's timeout: requeued, resuming from the newest checkpoint;
-    - hang (a stall the agent killed after stall.kill_after_s): retried from the newest checkpoint; a
-      hang at the same step in the same frame as an earlier attempt's is deterministic: not retried;
-    - preempted (a SIGTERM from outside; the process checkpointed): requeued, no retry spent;
-    - spec, nan, disk_full, data (an error naming its row), a command's own error: final at once;
-    - each job retries at most spec.max_retries times; a cancel asked for wins over any retry.
+    """Apply how an attempt ended, with the failure policy: the ending is classed by the first row of
+    attempt_outcomes.OUTCOMES that matches it (a cancel asked for, a fix's pause, a preemption, an
+    agent's stop, a final class, a deterministic hang, a spent budget, an OOM, a retryable failure...)
+    and that row's `Next` carried out here (`_NEXT`). Each job retries at most spec.max_retries times.
     The attempt row keeps why it ended (outcome, failure and its class, exit code, signal, reason),
     the change made for the next attempt and why the next was (not) made (`decision`)."""
     if JobState(job.state) not in ACTIVE_STATES:
         return JobState(job.state)  # already settled (a late report after a lease expired)
     ranks.settle(s, job, state.value, rank_exits, lost_agent)  # the rank table's exit column
     job.failure, job.exit_code, job.signal = failure, exit_code, signal
-    now = time.time()
     attempt = s.get(Attempt, (job.id, job.attempt))
     if attempt is not None:
         attempt.failure, attempt.exit_code, attempt.signal = failure, exit_code, signal
         attempt.failure_class, attempt.peak_mb = failure, peak_mb
         if failure == Failure.HANG:
             attempt.hang_step, attempt.hang_frame = step, frame
-    if job.requested_action == "cancel" and state in (JobState.failed, JobState.paused, JobState.queued):
-        state, reason = JobState.cancelled, f"cancelled by user ({reason})" if reason else "cancelled by user"
-        return _final(s, job, state, reason, attempt, now, "cancelled by user: no further attempt")
-    relaunched = settle_change(s, job, state, attempt, now)  # a fix's pause ends in its relaunch
-    if relaunched is not None:
-        return relaunched
-    if state == JobState.queued:  # checkpointed and back to the queue, no retry spent
-        where = f"resumes from checkpoint {job.checkpoint}" if job.checkpoint else "starts again from step 0"
-        if failure == Failure.PREEMPTED:
-            if job.requested_action == "pause":  # a person asked for a pause meanwhile: it pauses there
-                return _final(s, job, JobState.paused, reason, attempt, now, f"paused as asked; {where} on resume")
-            requeued = (f"requeued: preempted (a SIGTERM not sent by its agent, or the scheduler's preemption); "
-                        f"{where}; a preemption is not the job's fault: no retry spent")
-        else:
-            requeued = f"requeued (its agent stopped or could not run it here); {where}; no retry spent"
-        transition(s, job, JobState.queued, reason=reason)
-        if attempt is not None:
-            attempt.ended_at, attempt.reason, attempt.decision = now, reason, requeued
-            attempt.outcome = "preempted" if failure == Failure.PREEMPTED else "queued"
-        return JobState.queued
-    if state == JobState.failed and failure not in FINAL_FAILURES and (retry or failure in RETRYABLE):
-        spec = load_spec(job.kind, job.spec)
-        used = retries_used(s, job)
-        memory = f"; peak memory {peak_mb:,.0f} MiB" if peak_mb else ""
-        if failure == Failure.HANG and step is not None and frame:
-            same = s.scalars(select(Attempt).where(
-                Attempt.job_id == job.id, Attempt.attempt < job.attempt, Attempt.failure == Failure.HANG,
-                Attempt.hang_step == step, Attempt.hang_frame == frame).order_by(Attempt.attempt)).first()
-            if same is not None:
-                why = (f"deterministic hang: attempt {same.attempt} hung at the same step {step} in the same "
-                       f"frame {frame}; not retried (it would hang there again)")
-                return _final(s, job, state, f"{reason}; {why}", attempt, now, f"not retried: {why}")
-        if used < spec.max_retries:
-            note, change = "", None
-            if failure == Failure.OOM and isinstance(spec, JobSpec):
-                smaller = halve_micro_batch(spec, json.loads(job.info) if job.info else {})
-                if smaller is None:
-                    why = f"out of memory at micro-batch 1: nothing left to halve{memory}"
-                    return _final(s, job, state, f"{reason}; {why}", attempt, now, f"not retried: {why}")
-                old_bs, old_ga = _sizes(spec, json.loads(job.info) if job.info else {})
-                change = {"batch_size": [old_bs, smaller.batch_size], "grad_accum": [old_ga, smaller.grad_accum]}
-                spec = smaller
-                job.spec = spec.model_dump_json()
-                job.checkpoint = None
-                note = f"; retrying with batch_size={spec.batch_size}, grad_accum={spec.grad_accum} from step 0"
-            elif job.checkpoint:
-                note = f"; retrying from checkpoint {job.checkpoint}"
-            elif isinstance(spec, CommandSpec):
-                note = "; running the command again"
-            else:
-                note = "; retrying from step 0 (no checkpoint yet)"
-            why = f"attempt {job.attempt} failed ({failure or 'error'}): {reason or 'no reason given'}"
-            budget = f"retry {used + 1} of {spec.max_retries}"
-            transition(s, job, JobState.queued, reason=f"{why}{note} ({budget})")
-            if attempt is not None:  # after transition(), which marks it 'queued'
-                attempt.ended_at, attempt.outcome, attempt.reason = now, "retried", why[:8000]
-                attempt.change = json.dumps(change) if change else None
-                attempt.decision = f"{budget}: {CURES.get(str(failure), 'retried')}{note}"
-            return JobState.queued
-        given_up = f"gave up after {used} retr{'y' if used == 1 else 'ies'} (max_retries={spec.max_retries})"
-        reason = f"{reason}; {given_up}{memory}"
-        return _final(s, job, state, reason, attempt, now, f"not retried: {given_up}{memory}")
-    decision = None
-    if state == JobState.failed:
-        decision = f"not retried: {NOT_RETRIED.get(str(failure), 'the agent did not ask for a retry')}"
-    return _final(s, job, state, reason, attempt, now, decision)
+    e = Ending(s, job, state, reason, failure, retry, attempt, time.time(), step, frame, peak_mb)
+    row = choose(e)
+    if row.next not in (Next.CANCEL, Next.RELAUNCH) and e.change is not None:
+        _drop_change(e.change, state)  # the attempt ended before the fix's checkpoint
+    return _NEXT[row.next](e, row)
 
 
-# What each retried class's retry is meant to cure (the attempt's `decision`).
-CURES: dict[str, str] = {
-    Failure.OOM: "out of memory, half the micro-batch and twice the accumulation",
-    Failure.CRASH: "a crash, again from the newest checkpoint",
-    Failure.SIGNAL: "killed by a signal, again from the newest checkpoint",
-    Failure.LOST: "a lost worker, again from the newest checkpoint on any agent",
-    Failure.HANG: "a hang, again from the newest checkpoint (the same hang again is not retried)",
-    Failure.COLLECTIVE_TIMEOUT: "a collective's timeout (transient), again from the newest checkpoint",
+def _drop_change(change: JobChange, state: JobState) -> None:
+    change.state = "dropped"
+    change.verdict = json.dumps({"verdict": f"not applied: the attempt ended {state.value} before its checkpoint"})
+
+
+def _ended(e: Ending, row: Outcome) -> JobState:
+    """The job ends: cancelled, paused or in the state reported."""
+    state = {Next.CANCEL: JobState.cancelled, Next.PAUSE: JobState.paused}.get(row.next, e.state)
+    reason = row.reason(e) if row.reason else e.reason
+    return _final(e.s, e.job, state, reason, e.attempt, e.now, row.decision(e))
+
+
+def _relaunch(e: Ending, row: Outcome) -> JobState:
+    relaunched = settle_change(e.s, e.job, e.state, e.attempt, e.now)
+    assert relaunched is not None  # the row matched a pending change
+    return relaunched
+
+
+def _requeue(e: Ending, row: Outcome) -> JobState:
+    """Checkpointed and back to the queue, no retry spent."""
+    transition(e.s, e.job, JobState.queued, reason=e.reason)
+    if e.attempt is not None:
+        e.attempt.ended_at, e.attempt.reason, e.attempt.decision = e.now, e.reason, row.decision(e)
+        e.attempt.outcome = row.outcome
+    return JobState.queued
+
+
+def _retry(e: Ending, row: Outcome) -> JobState:
+    """Back to the queue with a retry spent: from the newest checkpoint, or (OOM) with half the
+    micro-batch and twice the accumulation from step 0 (a checkpoint's data position belongs to its
+    micro-batch layout)."""
+    job, spec, change = e.job, e.spec, None
+    if row.next == Next.RETRY_SMALLER:
+        smaller = e.smaller
+        assert isinstance(spec, JobSpec) and smaller is not None  # the row before it takes micro-batch 1
+        old_bs, old_ga = sizes(spec, e.info)
+        change = {"batch_size": [old_bs, smaller.batch_size], "grad_accum": [old_ga, smaller.grad_accum]}
+        spec = smaller
+        job.spec = spec.model_dump_json()
+        job.checkpoint = None
+        note = f"; retrying with batch_size={spec.batch_size}, grad_accum={spec.grad_accum} from step 0"
+    elif job.checkpoint:
+        note = f"; retrying from checkpoint {job.checkpoint}"
+    elif isinstance(spec, CommandSpec):
+        note = "; running the command again"
+    else:
+        note = "; retrying from step 0 (no checkpoint yet)"
+    why = f"attempt {job.attempt} failed ({e.failure or 'error'}): {e.reason or 'no reason given'}"
+    budget = f"retry {e.used + 1} of {spec.max_retries}"
+    transition(e.s, job, JobState.queued, reason=f"{why}{note} ({budget})")
+    if e.attempt is not None:  # after transition(), which marks it 'queued'
+        e.attempt.ended_at, e.attempt.outcome, e.attempt.reason = e.now, "retried", why[:8000]
+        e.attempt.change = json.dumps(change) if change else None
+        e.attempt.decision = f"{budget}: {CURES.get(str(e.failure), 'retried')}{note}"
+    return JobState.queued
+
+
+# What the store does for each row's Next.
+_NEXT: dict[Next, Callable[[Ending, Outcome], JobState]] = {
+    Next.CANCEL: _ended, Next.RELAUNCH: _relaunch, Next.PAUSE: _ended, Next.REQUEUE: _requeue,
+    Next.RETRY: _retry, Next.RETRY_SMALLER: _retry, Next.FINAL: _ended,
 }
-
-
-def _sizes(spec: JobSpec, info: dict) -> tuple[int, int]:
-    """The micro-batch and accumulation an attempt ran with ('auto' read from what it chose)."""
-    bs = spec.batch_size if isinstance(spec.batch_size, int) else info.get("batch_size", 8)
-    ga = spec.grad_accum if isinstance(spec.grad_accum, int) else info.get("grad_accum", 1)
-    return int(bs), int(ga)
 
 
 def settle_change(s: Session, job: Job, state: JobState, attempt: Optional[Attempt], now: float
@@ -379,8 +332,7 @@ def settle_change(s: Session, job: Job, state: JobState, attempt: Optional[Attem
     if change is None:
         return None
     if state not in (JobState.paused, JobState.queued):
-        change.state = "dropped"
-        change.verdict = json.dumps({"verdict": f"not applied: the attempt ended {state.value} before its checkpoint"})
+        _drop_change(change, state)
         return None
     fix = json.loads(change.fix)
     job.spec = fix["spec_after"]
@@ -410,15 +362,6 @@ def _final(s: Session, job: Job, state: JobState, reason: Optional[str], attempt
         attempt.ended_at, attempt.outcome, attempt.reason = now, state.value, reason
         attempt.decision = decision
     return state
-
-
-def halve_micro_batch(spec: JobSpec, info: Optional[dict] = None) -> Optional[JobSpec]:
-    """Out of memory: half the micro-batch, double accumulation, same effective batch. 'auto' sizes
-    are read from what the attempt chose (its info events); None when the micro-batch is already 1."""
-    bs, ga = _sizes(spec, info or {})
-    if bs <= 1:
-        return None
-    return spec.model_copy(update={"batch_size": max(1, bs // 2), "grad_accum": min(65536, ga * 2)})
 
 
 def job_summary(job: Job) -> dict:

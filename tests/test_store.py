@@ -7,7 +7,7 @@ import json
 import pytest
 from sqlalchemy import select
 
-from server import store
+from server import attempt_outcomes, store
 from server.models import Alert, Attempt, Job
 from tests.realdb import add_agent, migrated_session
 from tokenpulse.protocol import ACTIVE_STATES, FINAL_STATES, JobSpec, JobState
@@ -163,7 +163,7 @@ def test_a_job_missing_from_heartbeats_for_a_lease_is_lost(s):
 
 # ---- end_attempt: the retry policy ---------------------------------------------------------------
 
-@pytest.mark.parametrize("failure", sorted(store.RETRYABLE - {"oom"}))
+@pytest.mark.parametrize("failure", sorted(attempt_outcomes.RETRYABLE - {"oom"}))
 def test_retryable_failures_requeue_until_max_retries(s, failure):
     job = running_job(s, max_retries=2)
     job.checkpoint = "ckpt/step-5"
@@ -178,7 +178,7 @@ def test_retryable_failures_requeue_until_max_retries(s, failure):
     rows = attempts(s, job)
     assert [a.outcome for a in rows] == ["retried", "retried", "failed"]
     assert rows[0].failure == failure and rows[0].exit_code == 1 and rows[0].ended_at is not None
-    assert store.retries_used(s, job) == 2
+    assert attempt_outcomes.retries_used(s, job) == 2
 
 
 def test_retry_without_a_checkpoint_starts_from_step_zero(s):
@@ -194,7 +194,7 @@ def test_unknown_failure_is_retried_only_when_the_agent_asks(s):
     assert store.end_attempt(s, job, JobState.failed, "odd", "other", retry=True) == JobState.queued
 
 
-@pytest.mark.parametrize("failure", sorted(store.FINAL_FAILURES))
+@pytest.mark.parametrize("failure", sorted(attempt_outcomes.FINAL_FAILURES))
 def test_spec_and_nan_fail_at_once_even_when_retry_is_asked(s, failure):
     job = running_job(s, max_retries=5)
     assert store.end_attempt(s, job, JobState.failed, "bad", failure, retry=True) == JobState.failed
@@ -238,7 +238,7 @@ def test_pause_and_completion_are_recorded_on_the_attempt(s):
     job = running_job(s)
     assert store.end_attempt(s, job, JobState.paused, "paused by user", None) == JobState.paused
     assert [a.outcome for a in attempts(s, job)] == ["paused"]
-    assert store.retries_used(s, job) == 0  # a pause is not a retry
+    assert attempt_outcomes.retries_used(s, job) == 0  # a pause is not a retry
     store.request_resume(s, job)
     store.claim(s, add_agent(s, "again").id)
     assert store.end_attempt(s, job, JobState.completed, "done", None, exit_code=0) == JobState.completed

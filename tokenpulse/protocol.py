@@ -544,7 +544,7 @@ class FixKind:
 
 
 # Why a change to the batch layout starts from step 0: the checkpoint's data position is a place in the
-# plan of micro-batches its layout made (store.halve_micro_batch's rule).
+# plan of micro-batches its layout made (attempt_outcomes.halve_micro_batch's rule).
 LAYOUT_FRESH = ("a checkpoint's data position is a place in the plan of micro-batches its layout (padding, "
                 "row length, micro-batch) made: with a new layout the run starts again from step 0")
 LAYOUT_FIELDS = ("padding", "max_seq_length", "batch_size", "grad_accum", "tokens_per_batch", "group_by_length")
