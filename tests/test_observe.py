@@ -138,10 +138,10 @@ def test_gpu_idle_is_a_slow_reason():
     s.config.alert_open_s = 0
     for i in range(12):
         s.observe("metrics", {"step": i, "values": {"step_time_s": 0.5, "tokens_per_s": 1000.0}}, 100.0 + i)
-        s.observe_gpu(100.0 + i, 3.0)
+        s.machine.observe_gpu(100.0 + i, 3.0)
     assert any(k == "gpu_idle" and "GPU sits idle" in t for k, t in s.reasons()), s.reasons()
     busy = SlowDetector(gpu="NVIDIA H100")
     for i in range(12):
         busy.observe("metrics", {"step": i, "values": {"step_time_s": 0.5, "tokens_per_s": 1000.0}}, 100.0 + i)
-        busy.observe_gpu(100.0 + i, 95.0)
+        busy.machine.observe_gpu(100.0 + i, 95.0)
     assert not any(k == "gpu_idle" for k, _ in busy.reasons())

@@ -314,7 +314,7 @@ def feed_sched(s: SlowDetector, c: Clock, steps: int, st: float, run_share: floa
             c.tick(st / 4)
             acc[0] += run_share * st / 4
             acc[1] += wait_share * st / 4
-            s.observe_sched(c(), acc[0], acc[1])
+            s.machine.observe_sched(c(), acc[0], acc[1])
         step = (s.last_step or 2) + 1
         s.observe("metrics", {"step": step, "values": {"step_time_s": st, "tokens_per_s": 100 / st}}, c())
     return s.check(c()), s.check_contention()
@@ -323,7 +323,7 @@ def feed_sched(s: SlowDetector, c: Clock, steps: int, st: float, run_share: floa
 def test_cpu_starvation_is_contention_not_slow_and_a_sleep_is_slow():
     s, c, acc = SlowDetector(CFG), Clock(), [0.0, 0.0]
     assert feed_sched(s, c, 12, 1.0, 0.95, 0.02, acc) == (None, None)
-    s.observe_load(7.7, 2)
+    s.machine.observe_load(7.7, 2)
     slow, cont = feed_sched(s, c, 5, 5.0, 0.2, 0.8, acc)  # runnable all along, on a CPU 20% of it
     assert slow is None and cont.kind == "contention"
     assert "waited for a CPU 80% of the time" in cont.message and "load 7.7 on 2 cores" in cont.message

@@ -14,21 +14,17 @@ without training anything. One alert per condition, opened once it is judged:
                accumulation;
 - dataloader   more DataLoader workers than cores (they only contend), or steps waiting for data;
 - placement    training on the CPU on a machine with a GPU; precision: fp32 on a GPU with bf16;
-- quiet        a finished phase and nothing since: where the main thread waits (a stack snapshot the
-               agent takes itself), a warning distinct from a stall, suggesting to report progress.
+- quiet        a finished phase and nothing since (quiet.py: the one verdict judged on silence, not on
+               the first steps).
 """
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tokenpulse.diagnosis.stall import StallConfig
-from worker.agent import anatomy
-from worker.agent.headline import waits_in
+from worker.agent.first_steps import FIRST_STEPS, FirstSteps
 
-FIRST_STEPS = 3  # steps judged on; a verdict comes by the third optimizer step at the latest
 OWNED = frozenset({"padding", "crawl"})  # the slow detector's generic reasons these verdicts replace
 
 
@@ -49,111 +45,9 @@ def _dur(s: float) -> str:
 
 
 @dataclass
-class StepSample:
-    step: int
-    step_time: float
-    padding: Optional[float]
-    eta_s: Optional[float]
-
-
-@dataclass
-class Advisor:
-    config: StallConfig = field(default_factory=StallConfig)
-    gpu: Optional[str] = None
-    gpu_bf16: bool = False
-    script: dict = field(default_factory=dict)  # the latest info {"script": ...} from the process
-    info: dict = field(default_factory=dict)  # other info (the Trainer callback's max_steps...)
-    steps: list = field(default_factory=list)  # StepSample of the first steps
-    # the share of a step waiting for data, from the startup hook's step anatomy (every few seconds,
-    # per rank: the DataLoader's __next__ timed, the one data-wait signal), its first windows
-    data_shares: list = field(default_factory=list)
-    model: Optional[str] = None  # what from_pretrained loaded (its 'loading model' phase)
-    last_output: Optional[str] = None
+class Advisor(FirstSteps):
+    """The verdicts, over the facts its FirstSteps gathered (first_steps.py)."""
     open: dict = field(default_factory=dict)  # kind -> message sent
-    quiet_open: bool = False
-    quiet_checked_at: Optional[float] = None  # the last progress time a quiet verdict was judged for
-    quiet_since: Optional[tuple[str, float]] = None  # (what finished or began, when): the quiet phase line's facts
-    quiet_line_at: float = 0.0  # when the quiet phase line was last sent
-    phase: Optional[dict] = None  # the process's latest phase event: the job's line again once it moves
-
-    # ---- feeding -----------------------------------------------------------------------------
-
-    def observe(self, kind: str, data: dict, now: float) -> None:
-        if kind == "info":
-            if isinstance(data.get("script"), dict):
-                self.script = data["script"]
-            self.info.update({k: v for k, v in data.items() if k != "script"})
-        elif kind == "phase":
-            self.phase = data
-            if data.get("name") == "loading model" and data.get("detail"):
-                self.model = str(data["detail"]).split(": ")[0][:500]
-        elif kind == "metrics":
-            v = data.get("values") or {}
-            self._observe_anatomy(v)
-            st = v.get("step_time_s")
-            step = int(data.get("step", 0))
-            if not isinstance(st, (int, float)) or st <= 0 or len(self.steps) >= 50:
-                return
-            if self.steps and step <= self.steps[-1].step:
-                return
-            self.steps.append(StepSample(step, float(st), v.get("padding_frac"), v.get("eta_s")))
-
-    def _observe_anatomy(self, values: dict) -> None:
-        """The worst rank's data-wait share of a step from one anatomy window (anatomy.parse)."""
-        if len(self.data_shares) >= FIRST_STEPS + 2:
-            return
-        shares = [p["data_s"] / p["step_s"] for p in anatomy.parse(values).values()
-                  if p.get("data_s") is not None and p.get("step_s")]
-        if shares:
-            self.data_shares.append(max(shares))
-
-    def output(self, line: str) -> None:
-        if line.strip():
-            self.last_output = line.strip()[:300]
-
-    # ---- the facts ---------------------------------------------------------------------------
-
-    @property
-    def args(self) -> dict:
-        return self.script.get("args") or {}
-
-    def _group_arg(self) -> str:
-        return ('train_sampling_strategy="group_by_length"' if "train_sampling_strategy" in self.args
-                else "group_by_length=True")
-
-    def _lengths(self) -> dict:
-        """Example lengths: the tokenizer's (untruncated) when seen, else the batches' rows."""
-        return self.script.get("lengths") or (self.script.get("batches") or {}).get("rows") or {}
-
-    def _padding(self) -> Optional[float]:
-        pads = [s.padding for s in self.steps[:FIRST_STEPS + 2] if s.padding is not None]
-        if pads:
-            return statistics.median(pads)
-        b = self.script.get("batches") or {}
-        rows, widths = b.get("rows") or {}, b.get("widths") or {}
-        if rows.get("mean") and widths.get("mean"):
-            return max(0.0, 1 - rows["mean"] / widths["mean"])
-        return None
-
-    def _pad_site(self) -> Optional[dict]:
-        sites = [s for s in self.script.get("tokenizer") or [] if s.get("padding") == "max_length"]
-        return max(sites, key=lambda s: s.get("texts", 0)) if sites else None
-
-    def _cut_site(self) -> Optional[dict]:
-        sites = [s for s in self.script.get("tokenizer") or [] if s.get("truncation") and s.get("cut")]
-        return max(sites, key=lambda s: s.get("cut", 0)) if sites else None
-
-    def _data_share(self) -> Optional[float]:
-        return statistics.median(self.data_shares) if self.data_shares else None
-
-    def _step_time(self) -> Optional[float]:
-        xs = [s.step_time for s in self.steps[:FIRST_STEPS]]
-        if len(xs) >= 2 or (xs and xs[0] >= 3 * self._crawl_s()):
-            return statistics.median(xs)
-        return None
-
-    def _crawl_s(self) -> float:
-        return self.config.slow_step_s / 2  # a first step this long: the batch is far too large
 
     # ---- the verdicts ------------------------------------------------------------------------
 
@@ -327,60 +221,6 @@ class Advisor:
                 self.open[kind] = msg
                 out.append((kind, msg))
         return out
-
-    # ---- a finished phase is not a status ----------------------------------------------------
-
-    def quiet_due(self, detector, now: float) -> Optional[str]:
-        """The headline of a 'quiet' warning once nothing was reported for quiet_s after a phase
-        finished (or in a phase without a counter); the agent then looks where the main thread is."""
-        quiet_s = getattr(self.config, "quiet_s", 60.0)
-        if self.quiet_open or detector.last_progress is None or detector.stalled:
-            return None
-        if detector.has_counter and not detector.finished():
-            return None  # a counted phase in flight: the stall detector judges it by its own pace
-        silent = now - detector.last_progress
-        if silent < quiet_s or self.quiet_checked_at == detector.last_progress:
-            return None
-        self.quiet_checked_at = detector.last_progress
-        what = f"'{detector.phase}' finished" if detector.finished() else f"'{detector.phase}' began"
-        self.quiet_since = (what, detector.last_progress)
-        return self._quiet_head(now, self.quiet_since)
-
-    def _quiet_head(self, now: float, quiet_since: tuple[str, float]) -> str:
-        what, since = quiet_since
-        msg = f"no progress reported since {what} {_ago(now - since)} ago"
-        if self.last_output:
-            msg += f"; last output: {self.last_output}"
-        return msg
-
-    def quiet_phase(self, now: float) -> Optional[dict]:
-        """While the quiet warning is open, the job's own phase line (the jobs list, the job page) says
-        so, its age refreshed each minute, instead of the finished phase. `quiet` marks it as the
-        agent's line, not progress."""
-        if not self.quiet_open or self.quiet_since is None or now - self.quiet_line_at < 60:
-            return None
-        self.quiet_line_at = now
-        return {"name": self._quiet_head(now, self.quiet_since)[:500], "quiet": True}
-
-    def quiet_message(self, head: str, stack: Optional[str]) -> str:
-        self.quiet_open = True
-        where = waits_in(stack)
-        msg = head + (f"; {where}" if where else "")
-        return (msg + ". Not a hang alert: the process is alive and the stall detector still watches it\nFix: "
-                "report progress (print every N items, wrap the loop or the stream in tqdm, or "
-                "tokenpulse.log(step, ...)) so the job shows what it does")
-
-    def quiet_over(self) -> bool:
-        """Progress again: the quiet warning clears (True once)."""
-        if self.quiet_open:
-            self.quiet_open, self.quiet_line_at = False, 0.0
-            return True
-        return False
-
-
-def _ago(s: float) -> str:
-    return f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
-
 
 def _moved(old: str, new: str) -> bool:
     """Re-send an open verdict only when its text changed beyond its numbers' noise: the first

@@ -49,6 +49,11 @@ class Anatomy:
             return None
         return {p: statistics.median(w[p] for w in ws) for p in PARTS}
 
+    def input_share(self) -> Optional[float]:
+        """The share of a step the worst rank waits for data (the input-bound reason's measurement)."""
+        shares = [t["data_s"] / t["step_s"] for r in self.recent if (t := self.typical(r)) and t["step_s"] > 0]
+        return max(shares) if shares else None
+
     # ---- reasons ----------------------------------------------------------------------------
 
     def reasons(self, input_frac: float, was_open: frozenset = frozenset()) -> list[tuple[str, str]]:

@@ -147,7 +147,7 @@ def close_alerts(rj: RunningJob, verdict: ExitVerdict, emit, disk_alert_open: bo
     if rj.slow is not None and rj.slow.open_keys:
         emit(rj, "alert", {"kind": AlertKind.SLOW, "message": how, "clear": True})
     if rj.advice is not None:
-        for kind in list(rj.advice.open) + ([AlertKind.QUIET] if rj.advice.quiet_open else []):
+        for kind in list(rj.advice.open) + ([AlertKind.QUIET] if rj.advice.quiet.open else []):
             emit(rj, "alert", {"kind": kind, "message": how, "clear": True})
     if rj.slow is not None and rj.slow.contention_open:
         emit(rj, "alert", {"kind": AlertKind.CONTENTION, "message": how, "clear": True})

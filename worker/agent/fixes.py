@@ -132,7 +132,7 @@ def for_slow(reasons: list, det, spec: Optional[dict]) -> dict:
                                 "; the ETA stays (max_steps fixes the step count), each step trains on more data")
             fixes += [f] if f else []
     if "input" in keys:
-        share = det.anatomy_input_share()
+        share = det.anatomy.input_share()
         if share:
             costs.append({"cause": "input wait", "frac": round(share, 3),
                           "text": f"input wait costs {_hours(share, eta)}"})

@@ -133,8 +133,8 @@ class JobDiagnosis:
             return
         sched = read_schedstat(rj.process.pid)  # CPU time vs waiting for a CPU: tells a busy machine
         if sched is not None:
-            rj.slow.observe_sched(now, *sched)
-        rj.slow.observe_load(os.getloadavg()[0], os.cpu_count())
+            rj.slow.machine.observe_sched(now, *sched)
+        rj.slow.machine.observe_load(os.getloadavg()[0], os.cpu_count())
         for v in (rj.slow.check(now), rj.slow.check_contention(now)):
             if v is None:
                 continue
@@ -184,15 +184,15 @@ class JobDiagnosis:
             if fix is not None:  # the Trainer argument as a change of the command line
                 alert["data"] = {"fixes": [fix]}
             self.emit(rj, "alert", alert)
-        head = advice.quiet_due(rj.detector, now)
+        head = advice.quiet.due(rj.detector, now)
         if head is not None:
             stack = await self.capture_stack(rj)
             if rj.process.started.returncode is None and rj.detector.last_progress is not None \
                     and now - rj.detector.last_progress >= 0 and not rj.detector.stalled:
                 self.emit(rj, "alert", {"kind": AlertKind.QUIET, "severity": "warning",
-                                        "message": advice.quiet_message(head, stack)[:8192],
+                                        "message": advice.quiet.message(head, stack)[:8192],
                                         "stack": stack[-199_000:] if stack else None})
-        line = advice.quiet_phase(now)
+        line = advice.quiet.phase_line(now)
         if line is not None:  # a finished phase is never the job's status: the phase line says it is quiet
             self.emit(rj, "phase", line)
 

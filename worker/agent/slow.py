@@ -17,7 +17,7 @@ when the set of reasons changes, cleared (saying so) when none is open any more.
 """
 from __future__ import annotations
 
-import math
+import functools
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
@@ -26,12 +26,12 @@ from tokenpulse.diagnosis.stall import StallConfig, Verdict
 from tokenpulse.protocol import AlertKind, Phase
 from worker.agent.anatomy import Anatomy
 from worker.agent.hysteresis import CLEAR, OPEN, Latch
-from worker.agent.slow_reasons import padding_reason, periodic_share
+from worker.agent.machine_signals import MachineSignals
+from worker.agent.slow_reasons import padding_reason, periodic_share, steady_growth
 
 # The memory blow-up's hold: two of the agent's 5 s samples (sysmetrics.EVERY_S), not the general
 # alert_open_s, since the machine may run out of memory before a longer hold ends.
 MEMORY_OPEN_S = 5.0
-GPU_IDLE_PCT = 10.0  # a training job's GPUs below this utilisation (median of a minute) are idle
 
 
 @dataclass
@@ -43,7 +43,10 @@ class Sample:
     padding: Optional[float]
 
 
-def _fmt_rate(x: float) -> str:
+def _fmt_rate(x: float, tokens: bool = True) -> str:
+    """A throughput in words: real tokens/s, or optimizer steps/s where the job counts no tokens."""
+    if not tokens:
+        return f"{x:.2f} steps/s"
     return f"{x:,.0f} tokens/s" if x >= 10 else f"{x:.2f} tokens/s"
 
 
@@ -58,8 +61,6 @@ class SlowDetector:
     pauses_at: dict = field(default_factory=dict)  # step -> phase names seen between steps (saving...)
     projected_tps: Optional[float] = None
     baseline: Optional[float] = None  # the earlier pace, frozen while a 'fell' reason is open
-    load: Optional[tuple] = None  # (1-minute load average, cores): observe_load
-    sched: list = field(default_factory=list)  # (t, cpu seconds, cpu-wait seconds) of the process
     contention_open: Optional[str] = None
     open_keys: Optional[frozenset] = None
     open_message: Optional[str] = None
@@ -71,7 +72,7 @@ class SlowDetector:
     last_step: Optional[int] = None
     anatomy: Anatomy = field(default_factory=Anatomy)  # every rank's step anatomy (input-bound, memory creep)
     owned: frozenset = frozenset()  # reasons another judge names with their fix (a command job's advice.py)
-    gpu_util: list = field(default_factory=list)  # (t, utilisation %) of the job's GPUs (sysmetrics.py)
+    machine: MachineSignals = field(default_factory=MachineSignals)  # GPU use, CPU waits (machine_signals.py)
     eta_s: Optional[float] = None  # the job's latest ETA (its metrics): what a cause costs in time
     periodic: Optional[tuple] = None  # the periodic stalls found: (every n steps, share of the time, phases)
     # CPU starvation among the newest reasons (check() finds it, check_contention() latches it)
@@ -124,64 +125,6 @@ class SlowDetector:
         self.anatomy.observe_tree_rss(now, mb, step)
         self.fresh = True
 
-    def observe_gpu(self, now: float, util: float) -> None:
-        """The job's GPUs' utilisation (NVML, sampled by the agent every few seconds)."""
-        self.gpu_util.append((now, util))
-        if len(self.gpu_util) > 200:
-            del self.gpu_util[:100]
-
-    def _gpu_idle(self, was_open: frozenset) -> Optional[str]:
-        """The GPU mostly idle while steps go by: the work is elsewhere (data loading, the CPU, a
-        sync). Judged on the last minute's samples; clears at twice the bar."""
-        if not self.samples:
-            return None
-        recent = [u for t, u in self.gpu_util if t >= self.gpu_util[-1][0] - 60] if self.gpu_util else []
-        if len(recent) < 3:
-            return None
-        u = statistics.median(recent)
-        bar = GPU_IDLE_PCT * (2 if "gpu_idle" in was_open else 1)
-        if u >= bar:
-            return None
-        return (f"the GPU sits idle while the job trains: {u:.0f} % utilisation over the last "
-                f"{len(recent)} samples; the time goes to data loading, the CPU or waiting (see the System charts)")
-
-    def observe_load(self, load_avg: float, cores: Optional[int]) -> None:
-        """The machine's 1-minute load average and its cores, read by the agent before each check."""
-        self.load = (load_avg, cores)
-
-    def observe_sched(self, now: float, run_s: float, wait_s: float) -> None:
-        """The training process's scheduler counters (read_schedstat), sampled by the agent."""
-        if self.sched and now - self.sched[-1][0] < 0.2:
-            return
-        self.sched.append((now, run_s, wait_s))
-        if len(self.sched) > 4000:
-            del self.sched[:2000]
-
-    def _waiting_share(self, t0: float, t1: float) -> Optional[float]:
-        """Of the time the process wanted a CPU between t0 and t1, the share it spent waiting for one."""
-        pts = [x for x in self.sched if t0 <= x[0] <= t1]
-        if len(pts) < 2:
-            return None
-        run, wait = pts[-1][1] - pts[0][1], pts[-1][2] - pts[0][2]
-        return wait / (run + wait) if run + wait > 0 else None
-
-    def _starved(self, window: int, relative: bool = True) -> Optional[str]:
-        """Is the recent slowness explained by CPU starvation (other processes hold the CPUs)? The
-        process was runnable but waiting most of the time, far more than earlier in the job. An
-        injected sleep, I/O or a slower step is not waiting for a CPU: those stay 'slow'."""
-        if len(self.samples) <= window:
-            return None
-        t_start = self.samples[-window - 1].t
-        now_share = self._waiting_share(t_start, self.samples[-1].t)
-        before = self._waiting_share(self.samples[0].t, t_start)
-        if now_share is None or now_share < 0.5 or (relative and before is not None and now_share - before < 0.25):
-            return None
-        load = (f"; load {self.load[0]:.1f} on {self.load[1]} cores" if self.load else "")
-        return (f"the training process waited for a CPU {now_share:.0%} of the time it was runnable "
-                f"(earlier: {before:.0%}){load}: other processes on this machine hold the CPUs"
-                if before is not None else
-                f"the training process waited for a CPU {now_share:.0%} of the time it was runnable{load}")
-
     def _rates(self) -> list[float]:
         """Throughput per sample: real tokens/s when reported, else optimizer steps/s."""
         if all(s.tps for s in self.samples[-20:]):
@@ -205,7 +148,7 @@ class SlowDetector:
         rates = self._rates()
         recent = self.samples[-3:]
         now_rate = statistics.median(rates[-3:])
-        unit = _fmt_rate if self._uses_tokens() else (lambda x: f"{x:.2f} steps/s")
+        unit = functools.partial(_fmt_rate, tokens=self._uses_tokens())
         was_open = self.open_keys or frozenset()
 
         # throughput against the job's own earlier pace: the median of the last 5 samples (3 early
@@ -226,7 +169,7 @@ class SlowDetector:
             if drop >= need:
                 msg = (f"throughput fell {drop:.1f}x: {unit(cur)} now, {unit(self.baseline)} earlier in "
                        f"this job")
-                starved = self._starved(w)
+                starved = self.machine.starved(self.samples, w)
                 if starved:
                     out.append((AlertKind.CONTENTION, f"{msg}, because {starved}"))
                 else:
@@ -238,7 +181,8 @@ class SlowDetector:
             need = c.slow_projection_factor if "projection" not in was_open else c.slow_projection_factor / 2
             if below >= need:
                 msg = f"{unit(now_rate)} is {below:.1f}x below the preflight projection of {unit(self.projected_tps)}"
-                starved = self._starved(3, relative=False)  # the projection was measured on its own
+                # the projection was measured on its own: starvation against it, not against earlier
+                starved = self.machine.starved(self.samples, 3, relative=False)
                 if starved:
                     if not any(k == AlertKind.CONTENTION for k, _ in out):
                         out.append((AlertKind.CONTENTION, f"{msg}, because {starved}"))
@@ -246,7 +190,7 @@ class SlowDetector:
                     out.append(("projection", msg))
 
         # steady growth of the step time (not a single jump: that is 'fell')
-        g = self._growth()
+        g = steady_growth(self.samples, c.slow_growth_factor)
         if g is not None:
             out.append(("growth", g))
 
@@ -285,35 +229,10 @@ class SlowDetector:
             out.append(("periodic", p[3]))
 
         out += self.anatomy.reasons(c.slow_input_frac, was_open)  # input-bound, memory creep
-        idle = self._gpu_idle(was_open)
+        idle = self.machine.gpu_idle(was_open) if self.samples else None
         if idle is not None:
             out.append(("gpu_idle", idle))
         return [r for r in out if r[0] not in self.owned]
-
-    def anatomy_input_share(self) -> Optional[float]:
-        """The share of a step the worst rank waits for data (the input-bound reason's measurement)."""
-        shares = [t["data_s"] / t["step_s"] for r in self.anatomy.recent
-                  if (t := self.anatomy.typical(r)) and t["step_s"] > 0]
-        return max(shares) if shares else None
-
-    def _growth(self) -> Optional[str]:
-        c = self.config
-        xs = [s.step_time for s in self.samples[-12:]]
-        if len(xs) < 9:
-            return None
-        k = len(xs) // 3
-        m1, m2, m3 = statistics.median(xs[:k]), statistics.median(xs[k:2 * k]), statistics.median(xs[-k:])
-        if not (m1 > 0 and m2 >= 1.15 * m1 and m3 >= 1.15 * m2 and m3 >= c.slow_growth_factor * m1):
-            return None
-        jump = max(b / a for a, b in zip(xs, xs[1:]) if a > 0)
-        if math.log(jump) >= 0.5 * math.log(m3 / m1):
-            return None  # one jump, not a steady climb
-        ups = sum(b > a for a, b in zip(xs, xs[1:])) / (len(xs) - 1)
-        if ups < 0.6:
-            return None  # noise that happens to drift, not a climb
-        first, last = self.samples[-len(xs)].step, self.samples[-1].step
-        return (f"step time grows steadily: {m1:.2f} s -> {m3:.2f} s per step between steps {first} and "
-                f"{last} (something accumulates: a leak, growing sequences, or state kept across steps)")
 
     # ---- judging -----------------------------------------------------------------------------
 
@@ -380,6 +299,4 @@ class SlowDetector:
         return None
 
     def _now_rate(self) -> str:
-        rate = self._rates()[-1] if self.samples else 0
-        unit = _fmt_rate if self._uses_tokens() else (lambda x: f"{x:.2f} steps/s")
-        return unit(rate)
+        return _fmt_rate(self._rates()[-1] if self.samples else 0, self._uses_tokens())

@@ -1,5 +1,5 @@
-"""Two of the slow detector's reasons (slow.py) as plain functions of what it observed: padding waste
-named with its fix, and periodic stalls every N steps."""
+"""Three of the slow detector's reasons (slow.py) as plain functions of what it observed: padding waste
+named with its fix, periodic stalls every N steps, and a step time that grows steadily."""
 from __future__ import annotations
 
 import math
@@ -69,3 +69,24 @@ def periodic_share(arrivals: list, pauses_at: dict, min_frac: float) -> Optional
     each = statistics.median(dt for _, dt in spikes)
     return n, lost / span, seen, (f"periodic stalls every {n} steps ({each:.1f} s each, {lost / span:.0%} of "
                                   f"the time; {cause})")
+
+
+def steady_growth(samples: list, factor: float) -> Optional[str]:
+    """A step time that grows steadily over the last 12 samples (slow.Sample), by `factor` x at least:
+    not one jump (that is a fall in throughput) and not noise that happens to drift."""
+    xs = [s.step_time for s in samples[-12:]]
+    if len(xs) < 9:
+        return None
+    k = len(xs) // 3
+    m1, m2, m3 = statistics.median(xs[:k]), statistics.median(xs[k:2 * k]), statistics.median(xs[-k:])
+    if not (m1 > 0 and m2 >= 1.15 * m1 and m3 >= 1.15 * m2 and m3 >= factor * m1):
+        return None
+    jump = max(b / a for a, b in zip(xs, xs[1:]) if a > 0)
+    if math.log(jump) >= 0.5 * math.log(m3 / m1):
+        return None  # one jump, not a steady climb
+    ups = sum(b > a for a, b in zip(xs, xs[1:])) / (len(xs) - 1)
+    if ups < 0.6:
+        return None  # noise that happens to drift, not a climb
+    first, last = samples[-len(xs)].step, samples[-1].step
+    return (f"step time grows steadily: {m1:.2f} s -> {m3:.2f} s per step between steps {first} and "
+            f"{last} (something accumulates: a leak, growing sequences, or state kept across steps)")

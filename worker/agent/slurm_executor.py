@@ -30,7 +30,6 @@ import logging
 import os
 import shlex
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +40,9 @@ from worker.agent import slurm_cli
 from worker.agent.link import ServerLink
 from worker.agent.outbox import Outbox
 from worker.agent.slurm_cli import QueuedJob
+from worker.agent.slurm_sbatch import Sbatch, batch_script
 
 log = logging.getLogger("tokenpulse.slurm")
-ROOT = Path(__file__).resolve().parents[2]  # the tokenpulse checkout the node processes import
 
 
 @dataclass
@@ -108,10 +107,10 @@ class SlurmExecutor:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.name = name or f"slurm-{socket.gethostname()}-{os.getpid()}"
         self.capacity, self.allow_commands, self.poll_s = capacity, allow_commands, poll_s
-        self.partition, self.account, self.sbatch_args = partition, account, list(sbatch_args or [])
         self.cancel_grace_s = cancel_grace_s
         self.instance = hashlib.sha256(f"{socket.gethostname()}:{self.work_dir}".encode()).hexdigest()[:32]
         self.tag = f"tokenpulse:{self.instance[:12]}"
+        self.sbatch = Sbatch(self.tag, partition, account, list(sbatch_args or []))  # each attempt's request
         self.outbox = Outbox(self.work_dir / "journal")
         self.tracked: dict[int, Tracked] = {}
         self.pending: dict[int, Tracked] = {}  # what the heartbeats vouch for: Slurm holds them pending
@@ -124,7 +123,6 @@ class SlurmExecutor:
                                heartbeat_s=heartbeat_s, flush_s=flush_s, on_commands=self.handle,
                                before_flush=lambda: None, held=lambda: [t.job_id for t in self.tracked.values()
                                                                         if t.running])
-        self.gpus: dict[Optional[str], bool] = {}
         self.claim_after = 0.0  # monotonic: no claims before (Slurm's controller unreachable)
 
     def hello(self) -> AgentHello:
@@ -180,52 +178,6 @@ class SlurmExecutor:
     def job_dir(self, job_id: int) -> Path:
         return self.work_dir / "slurm" / f"job-{job_id}"
 
-    async def options(self, claim: Claim, attempt_dir: Path) -> list[str]:
-        spec = claim.spec
-        want = spec.slurm
-        partition = (want.partition if want and want.partition else None) or self.partition
-        account = (want.account if want and want.account else None) or self.account
-        if partition not in self.gpus:
-            self.gpus[partition] = await slurm_cli.partition_has_gpus(partition)
-        gpus = want.gpus_per_node if want and want.gpus_per_node is not None else (
-            spec.nproc_per_node if self.gpus[partition] else 0)
-        cpus = want.cpus_per_node if want and want.cpus_per_node else (spec.nproc_per_node if not gpus else None)
-        opts = [f"--job-name=tp-{claim.job_id}.{claim.attempt}", f"--comment={self.tag}:{claim.job_id}:{claim.attempt}",
-                f"--nodes={spec.nnodes}", "--ntasks-per-node=1", f"--chdir={attempt_dir}",
-                f"--output={attempt_dir}/slurm-%j.out", "--no-requeue", "--export=ALL",
-                f"--signal=B:USR2@{want.signal_before_s if want else 120}"]
-        if cpus:
-            opts.append(f"--cpus-per-task={cpus}")
-        if gpus:
-            opts.append(f"--gpus-per-node={gpus}")
-        if partition:
-            opts.append(f"--partition={partition}")
-        if account:
-            opts.append(f"--account={account}")
-        if want and want.qos:
-            opts.append(f"--qos={want.qos}")
-        if want and want.mem_gb:
-            opts.append(f"--mem={max(1, int(want.mem_gb * 1024))}M")
-        if want and want.time_limit_min:
-            opts.append(f"--time={want.time_limit_min}")
-        return opts + self.sbatch_args
-
-    def batch_script(self, attempt_dir: Path) -> str:
-        node = shlex.join([sys.executable, "-u", "-m", "worker.agent.slurm_node", str(attempt_dir)])
-        return f"""#!/bin/bash
-# tokenpulse: one node process per allocated node (worker/agent/slurm_node.py)
-export PYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}
-# Slurm's warning before the end (--signal=B:USR2) reaches this shell alone: the node processes see it as a file
-trap 'touch {shlex.quote(str(attempt_dir / "warned"))}' USR2
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 {node} &
-pid=$!
-while true; do
-  wait $pid
-  rc=$?
-  kill -0 $pid 2>/dev/null || exit $rc
-done
-"""
-
     async def submit(self, claim: Claim) -> None:
         attempt_dir = self.job_dir(claim.job_id) / f"attempt-{claim.attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
@@ -238,9 +190,9 @@ done
             "server": self.server, "agent_id": self.link.agent_id, "job_id": claim.job_id, "attempt": claim.attempt,
             "job_dir": str(self.job_dir(claim.job_id)), "resume_roots": [str(self.work_dir)]}))
         script = attempt_dir / "batch.sh"
-        script.write_text(self.batch_script(attempt_dir))
+        script.write_text(batch_script(attempt_dir))
         try:
-            opts = await self.options(claim, attempt_dir)
+            opts = await self.sbatch.options(claim, attempt_dir)
             slurm_id = await slurm_cli.submit(opts, str(script))
         except slurm_cli.SlurmError as e:
             if slurm_cli.unreachable(str(e)):  # Slurm's controller, not the job: back to the queue, no retry spent

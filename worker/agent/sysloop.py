@@ -42,7 +42,7 @@ class SystemReporter:
                         if rj.slow is not None and isinstance(values.get("sys/rss_mb"), (int, float)):
                             rj.slow.observe_memory(t, values["sys/rss_mb"], rj.detector.step)  # memory blow-up
                         if gpu_util is not None and rj.slow is not None:
-                            rj.slow.observe_gpu(t, gpu_util)
+                            rj.slow.machine.observe_gpu(t, gpu_util)
                     if machine_due:
                         posted = now
                         await self.post_summary(summary)

@@ -25,8 +25,9 @@ from worker.checkpoint_layout import (
     write_meta,
 )
 from worker.training.diskspace import looks_like_disk_full
+from worker.training.errors import DiskFull
 
-__all__ = ["save", "load_state", "list_checkpoints", "rng_state", "set_rng_state"]
+__all__ = ["save", "save_final", "load_state", "list_checkpoints", "rng_state", "set_rng_state"]
 
 
 def rng_state() -> dict:
@@ -73,6 +74,30 @@ def save(out_dir: Path, step: int, model, tokenizer, optimizer, scheduler, state
     if keep is not None:
         for old in list_checkpoints(out_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def save_final(out_dir: Path, model, tokenizer, merge_lora: bool = True) -> Path:
+    """The trained model in out/final, written beside it first and renamed into place. A LoRA model
+    (merge_lora): final/ is the merged model (loads with from_pretrained alone), the adapter beside it."""
+    final = out_dir / "final"
+    tmp = out_dir / ".tmp-final"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        if hasattr(model, "merge_and_unload") and merge_lora:
+            model.save_pretrained(tmp / "adapter")
+            model.merge_and_unload().save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    except Exception as e:
+        full = looks_like_disk_full(e, out_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFull(out_dir, "saving the final model", e) from e
+        raise
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
     return final
 
 

@@ -22,6 +22,7 @@ from .distributed import Dist, sum_over_ranks
 from .loop import forward_loss, to_device
 from .packing import Layout, collate, epoch_batches
 from .precision import autocast
+from .prepare import load_tokenized
 from .tokenization import Tokenized
 
 SPLIT_SALT = 0xE7A1  # the held-out split's own random stream, independent of the shuffle's
@@ -53,6 +54,35 @@ def cap(data: Tokenized, limit: int, seed: int) -> Tokenized:
         return data
     pick = np.random.default_rng([seed, SPLIT_SALT, 1]).choice(data.n, limit, replace=False)
     return subset(data, np.sort(pick))
+
+def split_eval(spec: JobSpec, data: Optional[Tokenized], tokenizer, em, cache_dir,
+               should_stop: Callable[[], bool]) -> tuple[Optional[Tokenized], Optional[Tokenized]]:
+    """(training examples, eval examples): held out from `data` by seed, or a separate dataset (a local
+    file, or another split of the same one), capped at eval_max_examples; (data, None) without eval."""
+    if spec.eval_fraction is not None and data is not None:
+        data, ev = hold_out(data, spec.eval_fraction, spec.seed)
+        why = f"{spec.eval_fraction:g} of the examples held out (chosen by seed {spec.seed})"
+    elif spec.eval_dataset or spec.eval_split:
+        # a separate local file, or another split of the same dataset
+        change = ({"dataset": spec.eval_dataset, "dataset_config": None, "dataset_split": None,
+                   "dataset_revision": None} if spec.eval_dataset else {"dataset_split": spec.eval_split})
+        field = "eval_dataset" if spec.eval_dataset else "eval_split"
+        try:
+            ev, _ = load_tokenized(spec.model_copy(update=change), tokenizer, em, cache_dir, should_stop=should_stop)
+        except SpecError as e:
+            raise SpecError(field if e.field in ("dataset", "dataset_split") else e.field, e.message) from e
+        if ev.n == 0:
+            raise SpecError(field, "the evaluation data has no examples")
+        why = (f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else
+               f"split {spec.eval_split!r} of the dataset")
+    else:
+        return data, None
+    eval_data = cap(ev, spec.eval_max_examples, spec.seed)
+    em.info(eval_examples=eval_data.n, eval_held_out=ev.n, eval_every=spec.eval_every,
+            eval_every_min=spec.eval_every_min,
+            reason=why + (f"; evaluating on {eval_data.n:,} of them (eval_max_examples)"
+                          if eval_data.n < ev.n else ""))
+    return data, eval_data
 
 
 class Evaluator:

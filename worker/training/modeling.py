@@ -170,3 +170,12 @@ def count_params(model) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return total, trainable
+
+
+def flops_per_token(model, cfg, mean_len: float) -> float:
+    """Training FLOPs per token (MFU's numerator): 6N (2N forward, 4N backward; frozen LoRA weights
+    skip their weight grads: ~4N) plus attention scores over the example's own context."""
+    total_p, trainable = count_params(model)
+    n_layers = getattr(cfg, "num_hidden_layers", 0) or 0
+    hidden = getattr(cfg, "hidden_size", 0) or 0
+    return (6 * total_p if trainable == total_p else 4 * total_p + 2 * trainable) + 6 * n_layers * hidden * mean_len

@@ -4,9 +4,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import shutil
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -14,28 +12,23 @@ import numpy as np
 import torch
 
 from tokenpulse.errors import SpecError
-from tokenpulse.protocol import LAYOUT_FRESH, AlertKind, Failure, FixKind, JobSpec, Phase
+from tokenpulse.protocol import JobSpec, Phase
 
 from . import checkpoint as ckpt, losshead
-from .analysis import recommend_max_len
-from .autotune import autotune
+from .choices import Choices
 from .controls import Controls
-from .diskspace import looks_like_disk_full
 from .distributed import broadcast, env_ranks, rank_info, setup, wrap
-from .errors import EXIT_NAN, EXIT_OK, EXIT_PREEMPTED, DiskFull, is_disk_full
-from .evaluation import Evaluator, cap, hold_out
+from .errors import EXIT_OK, DiskFull, is_disk_full
+from .evaluation import Evaluator, split_eval
 from .faults import Faults
 from .hub import fetch_model
 from .loop import LoopState, Telemetry, linear_schedule, make_optimizer, run
-from .memory import apply_test_headroom
-from .modeling import count_params, load_model, load_tokenizer, supports_packing
-from .packing import Layout, collate, epoch_batches, epoch_steps
-from .precision import measure_peak_flops, pick_device, pick_precision
+from .modeling import count_params, flops_per_token, load_model, load_tokenizer
+from .packing import Layout, collate, epoch_steps
+from .precision import measure_peak_flops, pick_device
 from .prepare import load_tokenized, stream_chunks
+from .stopped import stopped_early
 from .tokenization import Tokenized
-
-DEFAULT_ROWS_PER_STEP = 16  # JobSpec: tokens_per_batch defaults to 16 examples' worth of real tokens
-TRUNCATION_ALERT_FRAC = 0.01  # more examples cut than this is an alert, not just an info line
 
 
 class Session:
@@ -80,144 +73,12 @@ class Session:
         em.info(model=spec.model, params=total, trainable_params=trainable, architecture=cfg.model_type,
                 attn_implementation=getattr(cfg, "_attn_implementation", None))
         em.phase(Phase.LOADING_MODEL, done=1, total=1, detail=f"{total:,} parameters")
-
-    def _model_max(self) -> Optional[int]:
-        for k in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            v = getattr(self.cfg, k, None)
-            if isinstance(v, int) and v > 0:
-                return v
-        return None
-
-    def _choose_max_len(self, lengths: np.ndarray) -> int:
-        spec, em = self.spec, self.em
-        model_max = self._model_max()
-        rec = recommend_max_len(lengths, spec.length_coverage, model_max, pad_all=spec.padding == "max_length")
-        if spec.max_seq_length != "auto":
-            L = min(spec.max_seq_length, model_max) if model_max else spec.max_seq_length
-            tr = int((lengths > L).sum())
-            em.info(max_seq_length=L, reason="asked for" + (f" (clamped to the model's {model_max})"
-                    if L != spec.max_seq_length else ""), truncated=tr, truncated_frac=tr / max(1, len(lengths)),
-                    recommended_max_seq_length=rec)
-        else:
-            L = rec
-            tr = int((lengths > L).sum())
-            pct = float(np.percentile(lengths, spec.length_coverage)) if len(lengths) else 0
-            longest = int(lengths.max()) if len(lengths) else 0
-            cov = f"{spec.length_coverage:g}"
-            if tr == 0 and longest > pct:
-                reason = (f"covers every example: the longest has {longest} tokens and the few beyond "
-                          f"p{cov} = {pct:.0f} cost little; rounded up to a multiple of 8")
-            else:
-                reason = (f"covers {cov}% of examples (p{cov} = {pct:.0f} tokens, rounded up to a multiple "
-                          f"of 8); truncates {tr} of {len(lengths)}")
-            em.info(max_seq_length=L, recommended_max_seq_length=L, truncated=tr,
-                    truncated_frac=tr / max(1, len(lengths)), reason=reason)
-        frac = tr / max(1, len(lengths))
-        if frac > TRUNCATION_ALERT_FRAC:  # cutting many examples silently changes what the model learns
-            fix = (f"max_seq_length={rec} keeps {spec.length_coverage:g}% of all {len(lengths):,} examples whole"
-                   if rec > L else
-                   f"the model takes at most {model_max} tokens: split or shorten the longest examples")
-            em.alert("truncation", f"{tr:,} of {len(lengths):,} examples ({frac:.1%}) are longer than "
-                     f"max_seq_length={L} and are cut; {fix}", severity="warning")
-        return L
-
-    def _choose_mode(self) -> str:
-        spec, em = self.spec, self.em
-        if spec.padding in ("dynamic", "max_length"):
-            em.info(padding=spec.padding, reason="asked for")
-            return spec.padding
-        ok, why = supports_packing(self.model, self.device)
-        if ok:
-            em.info(padding="pack", reason=f"padding-free packing: {why}")
-            return "pack"
-        if spec.padding == "pack":
-            em.alert(AlertKind.PADDING, f"packing was asked for but is unsafe for this model ({why}); "
-                     "using dynamic padding", severity="warning")
-        em.info(padding="dynamic", group_by_length=spec.group_by_length,
-                reason=f"model cannot pack ({why}): dynamic padding (pad to the longest in each batch)")
-        return "dynamic"
-
-    def _layout(self, data: Tokenized, mode: str, max_len: int, precision: str) -> tuple[Layout, int]:
-        """Micro-batch shape and grad_accum; measured when batch_size is auto."""
-        spec, em = self.spec, self.em
-        apply_test_headroom()  # test-only (env): real allocator failures for batches that do not fit
-        lengths = np.minimum(data.lengths, max_len)
-        mean = float(lengths.mean()) if len(lengths) else 1.0
-        step_tokens = spec.tokens_per_batch or int(round(DEFAULT_ROWS_PER_STEP * mean))
-        token_steps = mode == "pack" and spec.grad_accum == "auto"
-        base = Layout(mode=mode, max_len=max_len, row_len=max_len, rows=1, group_by_length=spec.group_by_length,
-                      step_tokens=step_tokens if token_steps else 0,
-                      pad_multiple=8 if self.device.type == "cuda" else 1)
-        why_tokens = ("asked for" if spec.tokens_per_batch else
-                      f"{DEFAULT_ROWS_PER_STEP} examples of mean length {mean:.0f}")
-        if spec.batch_size == "auto":
-            def progress(k, n):
-                em.phase(Phase.TUNING, done=k, total=n, unit="shapes")
-            lay, table = autotune(self.model, data, base, step_tokens, self.tokenizer.pad_token_id,
-                                  precision, self.device, spec.seed, progress)
-            best = max(t["tokens_per_s"] for t in table)
-            reason = (f"fastest of {len(table)} measured shapes ({best:,.0f} real tokens/s forward+backward)")
-            em.info(batch_size=lay.rows, row_len=lay.row_len, reason=reason, measured=table)
-        else:
-            lay = replace(base, rows=spec.batch_size)
-            em.info(batch_size=lay.rows, row_len=lay.row_len, reason="asked for")
-        if token_steps:
-            steps = epoch_steps(data, lay, spec.seed, 0)
-            per_step = sum(len(st) for st in steps) / max(1, len(steps))
-            lay.grad_accum = max(1, int(round(per_step)))
-            em.info(grad_accum=lay.grad_accum, tokens_per_batch=step_tokens,
-                    reason=f"each optimizer step takes the next ~{step_tokens:,} real tokens of examples "
-                           f"({why_tokens}), packed into rows: {per_step:.2f} micro-batches per step on average")
-        elif spec.grad_accum == "auto":
-            mb = epoch_batches(data, lay, spec.seed, 0)
-            fill = sum(int(lengths[i]) for b in mb for row in b for i in row) / max(1, len(mb))
-            lay.grad_accum = max(1, int(round(step_tokens / max(fill, 1.0))))
-            em.info(grad_accum=lay.grad_accum, tokens_per_batch=step_tokens,
-                    reason=f"holds the effective batch at ~{step_tokens:,} real tokens per optimizer step "
-                           f"({why_tokens}); {fill:,.0f} real tokens per micro-batch")
-        else:
-            lay.grad_accum = spec.grad_accum
-            em.info(grad_accum=lay.grad_accum, reason="asked for")
-        if mode == "max_length":
-            waste = 1 - mean / max_len
-            rec = recommend_max_len(data.lengths, spec.length_coverage, self._model_max())
-            em.emit("alert", kind=AlertKind.PADDING, severity="warning",
-                    message=f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
-                    f"on pad tokens; use padding=auto (packing) or dynamic, or max_seq_length={rec} "
-                    f"(covers {spec.length_coverage:g}% of examples)",
-                    data={"fixes": [padding_fix(spec, max_len, mean, rec)],
-                          "costs": [{"cause": "padding", "frac": round(waste, 3),
-                                     "text": f"padding costs {waste:.0%} of each step"}]})
-        return lay, step_tokens
+        self.choices = Choices(spec, em, self.model, self.tokenizer, self.device, cfg, self.state_in)
 
     def _eval_split(self, data: Optional[Tokenized]) -> Optional[Tokenized]:
-        """Set self.eval_data (held out from `data` by seed, or a separate dataset); returns the
-        training examples."""
-        spec, em = self.spec, self.em
-        if spec.eval_fraction is not None and data is not None:
-            data, ev = hold_out(data, spec.eval_fraction, spec.seed)
-            why = f"{spec.eval_fraction:g} of the examples held out (chosen by seed {spec.seed})"
-        elif spec.eval_dataset or spec.eval_split:
-            # a separate local file, or another split of the same dataset
-            change = ({"dataset": spec.eval_dataset, "dataset_config": None, "dataset_split": None,
-                       "dataset_revision": None} if spec.eval_dataset else {"dataset_split": spec.eval_split})
-            field = "eval_dataset" if spec.eval_dataset else "eval_split"
-            try:
-                ev, _ = load_tokenized(spec.model_copy(update=change), self.tokenizer, em, self.cache_dir,
-                                       should_stop=self.controls.should_stop)
-            except SpecError as e:
-                raise SpecError(field if e.field in ("dataset", "dataset_split") else e.field, e.message) from e
-            if ev.n == 0:
-                raise SpecError(field, "the evaluation data has no examples")
-            why = (f"separate dataset {spec.eval_dataset}" if spec.eval_dataset else
-                   f"split {spec.eval_split!r} of the dataset")
-        else:
-            return data
-        self.eval_data = cap(ev, spec.eval_max_examples, spec.seed)
-        em.info(eval_examples=self.eval_data.n, eval_held_out=ev.n, eval_every=spec.eval_every,
-                eval_every_min=spec.eval_every_min,
-                reason=why + (f"; evaluating on {self.eval_data.n:,} of them (eval_max_examples)"
-                              if self.eval_data.n < ev.n else ""))
+        """Set self.eval_data (evaluation.split_eval); returns the training examples."""
+        data, self.eval_data = split_eval(self.spec, data, self.tokenizer, self.em, self.cache_dir,
+                                          self.controls.should_stop)
         return data
 
     def _loss_head(self, precision: str, planned_tokens: int) -> None:
@@ -228,21 +89,6 @@ class Session:
                                                planned_tokens)
             self.em.info(loss_head="compiled" if fused else "eager", reason=why, **meas)
         losshead.use(self.model, broadcast(self.ranks, fused))
-
-    def _precision(self) -> str:
-        if self.state_in is not None:
-            p = self.state_in["precision"]
-            asked = self.spec.precision
-            if asked in ("bf16", "fp32") and asked != p and p != "fp16":
-                # a fix changed it (server/fixes.py): the weights and optimizer state are fp32 either
-                # way (autocast), so the checkpoint serves; fp16 has a loss scaler's state and stays
-                self.em.info(precision=asked, reason=f"changed from {p} (the run being resumed) as the spec asks")
-                return asked
-            self.em.info(precision=p, reason="same as the run being resumed")
-            return p
-        p, why, meas = pick_precision(self.spec, self.device, getattr(self.cfg, "hidden_size", 256))
-        self.em.info(precision=p, reason=why, **meas)
-        return p
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -259,15 +105,15 @@ class Session:
         if data.n == 0:
             raise SpecError("dataset", "dataset has no examples")
         data = self._eval_split(data)
-        precision = broadcast(self.ranks, self._precision() if self.ranks.main else None)
+        precision = broadcast(self.ranks, self.choices.precision() if self.ranks.main else None)
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
             em.info(padding=lay.mode, max_seq_length=lay.max_len, batch_size=lay.rows, row_len=lay.row_len,
                     grad_accum=lay.grad_accum, reason="same as the run being resumed")
         elif self.ranks.main:
-            max_len = self._choose_max_len(data.lengths)
-            mode = self._choose_mode()
-            lay, _ = self._layout(data, mode, max_len, precision)
+            max_len = self.choices.max_len(data.lengths)
+            mode = self.choices.mode()
+            lay, _ = self.choices.layout(data, mode, max_len, precision)
         else:
             lay = None
         # measured choices differ between processes: every rank takes rank 0's, so all build one plan
@@ -294,7 +140,7 @@ class Session:
         if spec.epochs is not None and spec.max_steps is None:
             raise SpecError("max_steps", "streaming needs max_steps (the stream's length is unknown)")
         self._eval_split(None)
-        precision = broadcast(self.ranks, self._precision() if self.ranks.main else None)
+        precision = broadcast(self.ranks, self.choices.precision() if self.ranks.main else None)
         chunk_tokens = 200_000
 
         def chunks():
@@ -317,8 +163,8 @@ class Session:
         if self.state_in is not None:
             lay = Layout(**self.state_in["layout"])
         elif self.ranks.main:
-            max_len = self._choose_max_len(first.lengths)  # from the first chunk: all a stream offers
-            lay, _ = self._layout(first, self._choose_mode(), max_len, precision)
+            max_len = self.choices.max_len(first.lengths)  # from the first chunk: all a stream offers
+            lay, _ = self.choices.layout(first, self.choices.mode(), max_len, precision)
         else:
             lay = None
         lay = broadcast(self.ranks, lay, Layout)
@@ -365,13 +211,7 @@ class Session:
             em.info(resumed_from=str(self.resume), step=state.step)
         else:
             torch.manual_seed(spec.seed)
-        total_p, trainable = count_params(model)
-        mean_len = float(np.minimum(data.lengths, lay.max_len).mean())
-        n_layers = getattr(self.cfg, "num_hidden_layers", 0) or 0
-        hidden = getattr(self.cfg, "hidden_size", 0) or 0
-        # 6N per token (2N forward, 4N backward; frozen LoRA weights skip their weight grads: ~4N)
-        # plus attention scores over the example's own context.
-        fpt = (6 * total_p if trainable == total_p else 4 * total_p + 2 * trainable) + 6 * n_layers * hidden * mean_len
+        fpt = flops_per_token(model, self.cfg, float(np.minimum(data.lengths, lay.max_len).mean()))
         peak = 0.0
         if self.telemetry and self.ranks.main:
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
@@ -422,66 +262,18 @@ class Session:
                   precision, self.device, tel, self.controls, self.faults, on_step=on_step, scaler=scaler,
                   ranks=self.ranks)
         self.result = res
-        if res.outcome == Failure.NAN:
-            em.alert(AlertKind.NAN, f"non-finite loss at step {res.step}: {res.detail}", severity="critical")
-            em.emit("state", state="failed", reason=res.detail, failure=Failure.NAN, exit_code=EXIT_NAN)
-            return EXIT_NAN
-        if res.outcome == "cancelled":
-            em.emit("state", state="cancelled", reason=f"cancelled (SIGTERM) at step {res.step}")
-            return EXIT_OK
-        if res.outcome == "paused":
-            p = save(state, requested=True)
-            took = self.controls.request_s()
-            took_words = f", saved {took:.1f} s after the {self.controls.requested}" if took is not None else ""
-            if self.controls.preempt:  # an unannounced SIGTERM: back to the queue, to resume from p
-                em.emit("state", state="queued", failure=Failure.PREEMPTED, exit_code=EXIT_PREEMPTED,
-                        reason=f"preempted: SIGTERM not sent by its agent (a scheduler's preemption, a node "
-                               f"drain) at step {state.step}; checkpoint {p}{took_words}; requeued to resume from it")
-                return EXIT_PREEMPTED
-            em.emit("state", state="paused", reason=f"paused at step {state.step}; resume from {p}{took_words}")
-            return EXIT_OK
+        stopped = stopped_early(em, self.controls, res, state, save)
+        if stopped is not None:
+            return stopped
         if ev is not None and (ev.last is None or ev.last["step"] != state.step):
             ev.run(model, state.step)  # the data ran out before the last planned step: the final eval
         if not self.ranks.main:  # rank 0 saves the final model
             em.emit("state", state="completed", reason=f"rank {self.ranks.rank}: trained {state.step} steps")
             return EXIT_OK
         em.phase(Phase.SAVING, detail="final model")
-        final = self.out / "final"
-        tmp = self.out / ".tmp-final"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            if hasattr(model, "merge_and_unload") and not (spec.lora and spec.lora.load_in_4bit):
-                # LoRA: final/ is the merged model (loads with from_pretrained alone); the adapter beside it.
-                model.save_pretrained(tmp / "adapter")
-                model.merge_and_unload().save_pretrained(tmp)
-            else:
-                model.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-        except Exception as e:
-            full = looks_like_disk_full(e, self.out)
-            shutil.rmtree(tmp, ignore_errors=True)
-            if full:
-                raise DiskFull(self.out, "saving the final model", e) from e
-            raise
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        final = ckpt.save_final(self.out, model, self.tokenizer, merge_lora=not (spec.lora and spec.lora.load_in_4bit))
         em.phase(Phase.SAVING, done=1, total=1, detail=str(final))
         em.emit("checkpoint", step=state.step, path=str(final), final=True)
         reason = f"trained {state.step} steps" + (" (data exhausted)" if res.outcome == "exhausted" else "")
         em.emit("state", state="completed", reason=reason)
         return EXIT_OK
-
-
-def padding_fix(spec: JobSpec, max_len: int, mean: float, rec: int) -> dict:
-    """padding=max_length measured: the fix as a spec change (packing, and the length the data needs),
-    its effect the ratio of a row's tokens to its real ones (what packing recovers)."""
-    changes: dict = {"padding": [spec.padding, "auto"]}
-    if rec < max_len:
-        changes["max_seq_length"] = [spec.max_seq_length, rec]
-    ratio = max_len / max(mean, 1.0)
-    return {"kind": FixKind.PADDING, "title": "pack examples into rows" + (
-                f", max_seq_length {max_len} -> {rec}" if rec < max_len else ""),
-            "changes": changes, "ratio": round(ratio, 2),
-            "effect": f"about {ratio:.1f}x real tokens/s: {1 - mean / max_len:.0%} of each row is padding now "
-                      f"(mean example {mean:.0f} of {max_len} tokens), packed rows are nearly all real tokens",
-            "resume": "fresh", "why_fresh": LAYOUT_FRESH, "reason": "padding"}
