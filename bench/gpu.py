@@ -197,7 +197,7 @@ def run_plain(case: str, built: dict, s: dict) -> dict:
     if len(batches) < s["steps"]:
         raise RuntimeError(f"{case}: {len(batches)} micro-batches for {s['steps']} steps")
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(built["model"], torch_dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(built["model"], dtype=torch.float32,
                                                  attn_implementation="sdpa").to(device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
