@@ -44,6 +44,7 @@ class Runtime:
     study: optuna.Study
     trial_of_job: dict[int, int] = field(default_factory=dict)  # running trials: job id -> trial number
     seen_step: dict[int, int] = field(default_factory=dict)  # job id -> last step reported
+    stopping: dict[int, str] = field(default_factory=dict)  # pruned trials' jobs until they end -> why
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Plan:
     settle: dict[int, tuple[str, Optional[float], str]] = field(default_factory=dict)  # job -> state, value, reason
     attrs: dict[int, dict] = field(default_factory=dict)  # trial number -> Optuna's system_attrs now
     new: list[tuple[int, dict, dict]] = field(default_factory=list)  # (number, params, system_attrs)
+    stopped: dict[int, str] = field(default_factory=dict)  # pruned trials' jobs that ended -> the reason
     finish: Optional[str] = None  # the sweep is over: why
 
 
@@ -119,6 +121,8 @@ class SweepEngine:
             if t.state == "running":
                 rt.trial_of_job[t.job_id] = t.number
                 rt.seen_step[t.job_id] = max((p[0] for p in series[t.job_id]), default=-1)
+            elif t.state == "pruned" and t.finished_at is not None:
+                rt.stopping[t.job_id] = t.reason or "pruned"
         self.runtimes[sw.id] = rt
         return rt
 
@@ -126,7 +130,10 @@ class SweepEngine:
         plan = Plan()
         with self.tp.db.read() as s:
             rt = self._runtime(s, sw)
-            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(list(rt.trial_of_job))))}
+            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_([*rt.trial_of_job, *rt.stopping])))}
+            for job_id, reason in rt.stopping.items():
+                if job_id not in jobs or JobState(jobs[job_id].state) in FINAL_STATES:
+                    plan.stopped[job_id] = reason
             for job_id, number in list(rt.trial_of_job.items()):
                 job = jobs.get(job_id)
                 if job is None:
@@ -135,12 +142,15 @@ class SweepEngine:
                 if JobState(job.state) in FINAL_STATES and job_id not in plan.prune:
                     self._settle(s, rt, job, number, plan)
             running = len(rt.trial_of_job) - len(plan.prune) - len(plan.settle)
-        self._ask(sw, rt, running, plan)
-        if not (plan.prune or plan.settle or plan.new or plan.finish or plan.attrs):
+        self._ask(sw, rt, running, len(rt.stopping) - len(plan.stopped) + len(plan.prune), plan)
+        if not (plan.prune or plan.settle or plan.new or plan.finish or plan.attrs or plan.stopped):
             return
         frames, nudges = await self.tp.db.write(lambda s: self._write(s, sw.id, rt, plan))
-        for job_id in plan.prune:
+        for job_id, (_, reason) in plan.prune.items():
             rt.trial_of_job.pop(job_id, None)
+            rt.stopping[job_id] = reason
+        for job_id in plan.stopped:
+            rt.stopping.pop(job_id, None)
         for job_id in plan.settle:
             rt.trial_of_job.pop(job_id, None)
         self.tp.hub.publish_all(frames)
@@ -158,18 +168,17 @@ class SweepEngine:
         if not points:
             return
         trial = optuna.trial.Trial(rt.study, frozen(rt, number)._trial_id)
-        for step, value in points:
+        judge = JobState(job.state) not in FINAL_STATES and rt.spec.pruner.kind != "none"
+        for step, value in points:  # as an objective function would: report each step, then ask
             trial.report(value, step)
-        step = points[-1][0]
-        rt.seen_step[job.id] = step
-        if JobState(job.state) in FINAL_STATES or rt.spec.pruner.kind == "none":
-            return
-        if trial.should_prune():
-            rt.study.tell(number, state=TrialState.PRUNED)
-            plan.prune[job.id] = (step, f"pruned at step {step} by the {rt.spec.pruner.kind} pruner: "
-                                        f"{rt.spec.objective.metric} {points[-1][1]:.4g} was "
-                                        f"{'above' if rt.spec.objective.goal == 'min' else 'below'} "
-                                        "what the other trials had at that step")
+            rt.seen_step[job.id] = step
+            if judge and trial.should_prune():
+                tell(rt.study, number, state=TrialState.PRUNED)
+                plan.prune[job.id] = (step, f"pruned at step {step} by the {rt.spec.pruner.kind} pruner: "
+                                            f"{rt.spec.objective.metric} {value:.4g} was "
+                                            f"{'above' if rt.spec.objective.goal == 'min' else 'below'} "
+                                            "what the other trials had at that step")
+                break
         plan.attrs[number] = dict(frozen(rt, number).system_attrs)  # a halving pruner's rungs
 
     def _settle(self, s, rt: Runtime, job: Job, number: int, plan: Plan) -> None:
@@ -178,22 +187,24 @@ class SweepEngine:
         points = objective_points(s, job.id, metric)
         if job.state == JobState.completed.value and points:
             value = points[-1][1]
-            rt.study.tell(number, value)
+            tell(rt.study, number, value)
             plan.settle[job.id] = ("complete", value, f"{metric} {value:.4g} at step {points[-1][0]}")
             return
         if job.state == JobState.completed.value:
             reason = f"completed without reporting {metric}: counted as failed, never as best"
         else:
             reason = f"job {job.state}: {job.reason or job.failure or 'no reason given'}"
-        rt.study.tell(number, state=TrialState.FAIL)
+        tell(rt.study, number, state=TrialState.FAIL)
         plan.settle[job.id] = ("failed", None, reason)
 
-    def _ask(self, sw: Sweep, rt: Runtime, running: int, plan: Plan) -> None:
+    def _ask(self, sw: Sweep, rt: Runtime, running: int, stopping: int, plan: Plan) -> None:
+        """New trials while the budget and the parallel limit allow (a pruned trial's job still
+        stopping holds no place); the sweep is over once its budget is spent and every job ended."""
         spec = rt.spec
         total = len(rt.study.trials)
         out_of_time = spec.budget.hours is not None and time.time() - sw.created_at > spec.budget.hours * 3600
         if total >= studies.trial_budget(spec) or out_of_time:
-            if running == 0:
+            if running == 0 and stopping == 0:
                 plan.finish = "the time budget is spent" if out_of_time else f"all {total} trials ran"
             return
         if sw.state != "running":
@@ -229,6 +240,11 @@ class SweepEngine:
                 if job.agent_id is not None:
                     nudges.add(job.agent_id)
             frames += job_frames(store.job_summary(job))
+        for job_id, reason in plan.stopped.items():  # its own words were the agent's SIGTERM: say why
+            job = s.get(Job, job_id)
+            if job is not None and job.state == JobState.cancelled.value:
+                job.reason = reason
+                frames += job_frames(store.job_summary(job))
         for job_id, (state, value, reason) in plan.settle.items():
             t = trials[job_id]
             t.state, t.value, t.reason, t.finished_at = state, value, reason, now
@@ -243,6 +259,17 @@ class SweepEngine:
         if plan.finish and sw.state in ACTIVE_SWEEP:
             sw.state, sw.reason, sw.finished_at = "completed", plan.finish, now
         return frames + fired.frames, nudges
+
+
+def tell(study: optuna.Study, number: int, value: Optional[float] = None, state: Optional[TrialState] = None) -> None:
+    """study.tell, where the grid sampler's study.stop() on its last point (meant to end
+    study.optimize, which never runs here) is no error: the trial is stored before it raises, and
+    the sweep's own budget ends the grid (study.trial_budget)."""
+    try:
+        study.tell(number, value, state=state)
+    except RuntimeError as e:
+        if "Study.stop" not in str(e):
+            raise
 
 
 def frozen(rt: Runtime, number: int) -> optuna.trial.FrozenTrial:
