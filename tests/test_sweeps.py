@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,7 @@ def test_a_sweep_prunes_a_hopeless_trial_and_survives_a_kill_9(agent_server, tmp
             assert c.get(f"/api/jobs/{t['job_id']}").json()["state"] == "cancelled"
         assert min(t["pruned_step"] for t in pruned) < 16 and done["saved_hours"] > 0  # stopped early
         assert set(c.get(f"/api/sweeps/{sweep_id}/importance").json()["importance"]) <= {"learning_rate"}
+    sweep_page_in_the_browser(srv, sweep_id, done)
 
 
 def test_a_trial_that_never_reports_the_objective_fails_and_the_sweep_goes_on(agent_server):
@@ -108,3 +110,38 @@ def test_a_trial_that_never_reports_the_objective_fails_and_the_sweep_goes_on(ag
     assert [t["state"] for t in done["trials"]] == ["failed", "failed"]
     assert all("without reporting val/acc" in t["reason"] for t in done["trials"])
     assert done["best"] is None
+
+
+def sweep_page_in_the_browser(srv, sweep_id: int, done: dict) -> None:
+    """The finished sweep's page shows what the API says; the jobs list groups trials by project;
+    the new-sweep form answers a bad space with the field."""
+    from test_ui import CHROMEDRIVER, CHROMIUM, console_errors, login, make_driver, shot, text, until
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        return
+    from selenium.webdriver.common.by import By
+    d = make_driver()
+    try:
+        login(d, srv)
+        d.get(f"{srv.url}/sweeps/{sweep_id}")
+        until(d, 30, lambda d: d.execute_script("return document.body.dataset.rendered") == "3", "the sweep page")
+        rows = d.find_elements(By.CSS_SELECTOR, "#trials tr")
+        assert [r.get_attribute("data-trial") for r in rows] == ["0", "1", "2"]
+        assert "trial-best" in rows[0].get_attribute("class") and "pruned" in rows[1].text
+        assert f"#{done['best']['number']}" in text(d, "#best") and text(d, "#sweep-state") == "completed"
+        assert d.find_elements(By.CSS_SELECTOR, "#parallel polyline") and d.find_elements(By.CSS_SELECTOR, "#over-trials circle")
+        assert d.find_element(By.ID, "sweep-pause").get_attribute("hidden") is not None  # over: nothing to pause
+        shot(d, "sweep-page", full=True)
+        d.get(f"{srv.url}/?group=project")
+        until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.group-head"), "the jobs grouped by project")
+        assert any("search · 3" in h.text for h in d.find_elements(By.CSS_SELECTOR, "tr.group-head"))
+        shot(d, "jobs-by-project")
+        d.get(f"{srv.url}/sweeps")
+        until(d, 30, lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-sweep='{sweep_id}']"), "the sweeps list")
+        assert not console_errors(d)
+        space = d.find_element(By.ID, "sweep-space")
+        space.clear()
+        space.send_keys("{}")
+        d.find_element(By.CSS_SELECTOR, "#sweep-form button[type=submit]").click()
+        until(d, 30, lambda d: text(d, "#sweep-error").startswith("parameters"), "the form's refusal naming the field")
+    finally:
+        d.quit()
