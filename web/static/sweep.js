@@ -13,6 +13,8 @@
     $("sweep-state").textContent = s.state; $("sweep-state").className = `badge ${s.state}`;
     $("sweep-what").textContent = `${s.method} · ${s.objective.metric} (${s.objective.goal}) · pruner ${s.pruner} · project ${s.project}`;
     $("sweep-jobs").href = `/?q=&project=${encodeURIComponent(s.project)}&tag=${encodeURIComponent(`sweep:${s.id}`)}`;
+    const ranked = s.trials.filter((t) => t.value !== null).sort((a, b) => (s.objective.goal === "min" ? a.value - b.value : b.value - a.value));
+    $("sweep-compare").href = `/compare?${ranked.slice(0, 5).map((t) => `job=${t.job_id}`).join("&")}`;
     $("sweep-pause").hidden = s.state !== "running"; $("sweep-resume").hidden = s.state !== "paused";
     $("sweep-cancel").hidden = !["running", "paused"].includes(s.state);
     $("best").textContent = s.best ? `${fmt(s.best.value)} · trial #${s.best.number} (${Object.entries(s.best.params).map(([k, v]) => `${k}=${fmt(v)}`).join(", ")})` : "–";
