@@ -128,7 +128,8 @@ def sweep_page_in_the_browser(srv, sweep_id: int, done: dict) -> None:
         assert [r.get_attribute("data-trial") for r in rows] == ["0", "1", "2"]
         assert "trial-best" in rows[0].get_attribute("class") and "pruned" in rows[1].text
         assert f"#{done['best']['number']}" in text(d, "#best") and text(d, "#sweep-state") == "completed"
-        assert d.find_elements(By.CSS_SELECTOR, "#parallel polyline") and d.find_elements(By.CSS_SELECTOR, "#over-trials circle")
+        assert d.find_elements(By.CSS_SELECTOR, "#parallel polyline")
+        assert d.find_elements(By.CSS_SELECTOR, "#over-trials circle")
         assert d.find_element(By.ID, "sweep-pause").get_attribute("hidden") is not None  # over: nothing to pause
         shot(d, "sweep-page", full=True)
         d.get(f"{srv.url}/?group=project")

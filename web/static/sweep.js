@@ -110,6 +110,7 @@
     if (complete !== done) { done = complete; importance().catch(() => {}); }
     return s;
   }
-  refresh().then((s) => { document.body.dataset.rendered = String(s.trials.length); });
+  // for tests and bench/sweep.py: how many trials the first render drew, and when (ms since navigation)
+  refresh().then((s) => { document.body.dataset.renderedMs = String(Math.round(performance.now())); document.body.dataset.rendered = String(s.trials.length); });
   setInterval(() => refresh().catch(() => {}), 3000);
 })();
