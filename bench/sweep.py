@@ -1,7 +1,7 @@
 """Sweeps, measured on a real server with two real agents training the demo model (CPU):
 
   1. the same 12-trial random sweep over learning rate and warmup (same seed: the same 12 settings),
-     once with the median pruner and once without: training steps spent and the best eval loss;
+     once with a pruner (successive halving, as ASHA) and once without: training steps spent and the best eval loss;
      the pruned one's server is killed with SIGKILL mid-sweep and started again: after the restart the
      sweep goes on, no trial is lost and none runs twice;
   2. the sweep page with 100 trials in headless Chromium: ms from navigation to the first full render.
@@ -115,7 +115,8 @@ def main() -> int:
     srv.start_agent("a1")
     srv.start_agent("a2")
     try:
-        pruned = run_sweep(srv, "pruned", {"kind": "median", "startup_trials": 3, "warmup_steps": 10}, kill_after=5)
+        pruned = run_sweep(srv, "pruned", {"kind": "successive_halving", "min_resource": 10, "reduction_factor": 3},
+                           kill_after=5)
         print(f"  pruned: {pruned}", flush=True)
         plain = run_sweep(srv, "unpruned", {"kind": "none"})
         print(f"  unpruned: {plain}", flush=True)

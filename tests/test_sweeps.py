@@ -146,3 +146,32 @@ def sweep_page_in_the_browser(srv, sweep_id: int, done: dict) -> None:
         until(d, 30, lambda d: text(d, "#sweep-error").startswith("parameters"), "the form's refusal naming the field")
     finally:
         d.quit()
+
+
+def test_a_trials_padding_verdict_is_applied_to_the_remaining_trials(agent_server):
+    """Trial 0 pads to max_length: its verdict shows once on the sweep with its cost; applied for the
+    sweep, the next trial starts with the fixed settings (the searched one stays the sweep's)."""
+    srv = agent_server
+    srv.plan_fault("*", step_sleep_s=0.3)  # trial 0 still running when its verdict is offered
+    body = {"base": {**BASE, "max_steps": 40, "padding": "max_length", "max_seq_length": 128},
+            "parameters": {"learning_rate": {"values": [1e-3, 2e-3]}}, "method": "grid",
+            "objective": {"metric": "loss"}, "budget": {"trials": 2, "parallel": 1}, "pruner": {"kind": "none"}}
+    with srv.client() as c:
+        sweep_id = c.post("/api/sweeps", json=body).json()["id"]
+        s = wait_for(lambda: (s := sweep_of(c, sweep_id))["fixes"] and s, 120, "the padding verdict on the sweep",
+                     show=lambda: sweep_of(c, sweep_id))
+        fix = s["fixes"][0]
+        assert fix["kind"] == "padding" and fix["changes"]["padding"] == ["max_length", "auto"], fix
+        assert s["lost_hours"]["padding"] > 0
+        r = c.post(f"/api/sweeps/{sweep_id}/fix", json={"alert_id": fix["alert_id"], "n": fix["n"]})
+        assert r.status_code == 200, r.text
+        assert r.json()["applied"]["padding"] == "auto" and "learning_rate" not in r.json()["applied"]
+        c.post(f"/api/jobs/{s['trials'][0]['job_id']}/cancel")  # the next trial starts now
+        second = wait_for(lambda: len(t := sweep_of(c, sweep_id)["trials"]) == 2 and t[1], 120, "the second trial")
+        spec = c.get(f"/api/jobs/{second['job_id']}").json()["spec"]
+        assert spec["padding"] == "auto" and spec["max_seq_length"] < 128
+        assert spec["learning_rate"] == second["params"]["learning_rate"]
+        assert c.post(f"/api/sweeps/{sweep_id}/cancel").json()["state"] == "cancelled"
+        done = sweep_of(c, sweep_id)
+        assert [t["state"] for t in done["trials"]] == ["failed", "failed"], done["trials"]
+        assert "cancelled" in done["trials"][1]["reason"]

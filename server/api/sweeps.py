@@ -7,6 +7,7 @@ import time
 from typing import Optional
 
 from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from server import store
@@ -76,14 +77,74 @@ def get_sweep(sweep_id: int, tp: AppDep, _: UserDep) -> dict:
         trials = list(s.scalars(select(SweepTrial).where(SweepTrial.sweep_id == sweep_id).order_by(SweepTrial.number)))
         jobs = {j.id: j for j in s.scalars(select(Job).where(Job.sweep_id == sweep_id))}
         alerts: dict[int, list[str]] = {}
-        for job_id, kind in s.execute(select(Alert.job_id, Alert.kind).where(
-                Alert.job_id.in_(list(jobs)), Alert.state != "cleared")):
-            alerts.setdefault(job_id, []).append(kind)
+        verdicts = list(s.scalars(select(Alert).where(Alert.job_id.in_(list(jobs)))))
+        for a in verdicts:
+            if a.state != "cleared":
+                alerts.setdefault(a.job_id, []).append(a.kind)
         rows = [trial_row(t, jobs.get(t.job_id), alerts.get(t.job_id, [])) for t in trials]
         saved_s = sum(r["saved_s"] or 0 for r in rows)
         return {**sweep_row(sw), "spec": json.loads(sw.spec), "trials": rows, "best": best(spec, trials),
                 "budget_trials": studies.trial_budget(spec), "saved_hours": saved_s / 3600,
-                "counts": {st: sum(1 for t in trials if t.state == st) for st in studies.STATES}}
+                "counts": {st: sum(1 for t in trials if t.state == st) for st in studies.STATES},
+                **sweep_problems(verdicts, jobs, {t.job_id for t in trials if t.state == "running"})}
+
+
+def sweep_problems(verdicts: list[Alert], jobs: dict[int, Job], running: set[int]) -> dict:
+    """What the trials' verdicts cost across the sweep: hours lost to each cause (its share of the
+    step time x the trial's training time), and each fix kind once ("apply to the remaining trials"),
+    from an open verdict of a trial still running."""
+    lost: dict[str, float] = {}
+    fixes: dict[str, dict] = {}
+    now = time.time()
+    for a in verdicts:
+        data = json.loads(a.data) if a.data else {}
+        job = jobs.get(a.job_id)
+        if job is not None and job.started_at:
+            hours = ((job.finished_at or now) - job.started_at) / 3600
+            for cost in data.get("costs") or []:
+                lost[cost["cause"]] = lost.get(cost["cause"], 0.0) + cost["frac"] * hours
+        if a.state == "cleared" or a.job_id not in running:
+            continue
+        for n, fix in enumerate(data.get("fixes") or [], 1):
+            if fix.get("changes") and not fix.get("argv") and fix["kind"] not in fixes:
+                fixes[fix["kind"]] = {"kind": fix["kind"], "title": fix.get("title"), "changes": fix["changes"],
+                                      "alert_id": a.id, "n": n, "job_id": a.job_id}
+    return {"lost_hours": lost, "fixes": list(fixes.values())}
+
+
+class SweepFix(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    alert_id: int = Field(description="a trial's verdict (an alert with fixes)")
+    n: int = Field(1, ge=1, description="which of its fixes (1: the first)")
+
+
+@router.post("/{sweep_id}/fix")
+async def apply_to_remaining(sweep_id: int, body: SweepFix, tp: AppDep, caller: UserDep) -> dict:
+    """A trial's verdict, applied once for the whole sweep: its fix's settings go into the base job,
+    so every trial started from now on has them (the searched settings stay the sweep's). The trial
+    itself is fixed on its own page, as any job."""
+    def apply(s):
+        sw = sweep_or_404(s, sweep_id)
+        if not caller.owns(sw.owner_token_id):
+            raise not_yours("change", f"sweep {sweep_id}", sw.owner_token_id)
+        alert = s.get(Alert, body.alert_id)
+        job = s.get(Job, alert.job_id) if alert is not None and alert.job_id else None
+        if job is None or job.sweep_id != sweep_id:
+            raise HTTPException(404, f"alert {body.alert_id} is no verdict on a trial of sweep {sweep_id}")
+        fixes = (json.loads(alert.data) if alert.data else {}).get("fixes") or []
+        if body.n > len(fixes) or not fixes[body.n - 1].get("changes"):
+            raise SpecError("n", f"alert {body.alert_id} has no fix {body.n} that changes settings")
+        spec = SweepSpec.model_validate_json(sw.spec)
+        new = {k: v[1] for k, v in fixes[body.n - 1]["changes"].items() if k not in spec.parameters}
+        if spec.is_command:
+            raise SpecError("alert_id", "a command sweep's fixes change its script: fix a trial on its page")
+        spec.base = {**spec.base, **new}
+        space.check(spec)  # the fixed base must still make valid trials
+        sw.spec = spec.model_dump_json()
+        return {**sweep_row(sw), "applied": new}
+    row = await tp.db.write(apply)
+    tp.sweeps.forget(sweep_id)  # its study is rebuilt with the new base
+    return row
 
 
 @router.get("/{sweep_id}/importance")

@@ -70,6 +70,11 @@ class SweepEngine:
         if not self._wake.is_set() and not self.trial_jobs.isdisjoint(job_ids):
             self._wake.set()
 
+    def forget(self, sweep_id: int) -> None:
+        """The sweep's spec changed (a fix for the remaining trials): its study is rebuilt next pass."""
+        self.runtimes.pop(sweep_id, None)
+        self._wake.set()
+
     def poke(self) -> None:
         """A sweep was submitted, paused, resumed or cancelled: a pass now."""
         self._wake.set()
@@ -211,6 +216,7 @@ class SweepEngine:
             return
         dists = studies.distributions(spec)
         while running < spec.budget.parallel and total < studies.trial_budget(spec):
+            studies.before_ask(rt.study, spec)
             trial = rt.study.ask(dists)
             plan.new.append((trial.number, dict(trial.params), dict(frozen(rt, trial.number).system_attrs)))
             running += 1

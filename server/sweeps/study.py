@@ -51,14 +51,28 @@ def trial_budget(spec: SweepSpec) -> int:
     return min(spec.budget.trials, size) if size is not None else spec.budget.trials
 
 
-def sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
+def sampler(spec: SweepSpec, made: int = 0) -> optuna.samplers.BaseSampler:
+    """made: trials the study holds already (a rebuilt one). A sampler seeded as at the start would
+    draw the settings of the first trials again after a restart: random draws each trial's own
+    (seed, number) stream (the same settings with or without pruning, restarts or not), TPE
+    continues from a seed moved on by the trials made. The grid knows its visited points."""
     if spec.method == "grid":
         return optuna.samplers.GridSampler({n: p.grid() or [] for n, p in spec.parameters.items()}, seed=spec.seed)
     if spec.method == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
+        return optuna.samplers.RandomSampler(seed=trial_seed(spec, made))
     # TPE: a few random trials first; constant_liar keeps parallel trials from all asking the same point
-    return optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=min(5, max(2, spec.budget.trials // 4)),
-                                      constant_liar=True)
+    return optuna.samplers.TPESampler(seed=trial_seed(spec, made),
+                                      n_startup_trials=min(5, max(2, spec.budget.trials // 4)), constant_liar=True)
+
+
+def trial_seed(spec: SweepSpec, number: int) -> int:
+    return (spec.seed * 1_000_003 + number) % 2**32
+
+
+def before_ask(study: optuna.Study, spec: SweepSpec) -> None:
+    """Random search: the next trial's settings from its own seed (see sampler)."""
+    if spec.method == "random":
+        study.sampler = optuna.samplers.RandomSampler(seed=trial_seed(spec, len(study.get_trials(deepcopy=False))))
 
 
 def pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
@@ -73,17 +87,18 @@ def pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def new_study(spec: SweepSpec) -> optuna.Study:
+def new_study(spec: SweepSpec, made: int = 0) -> optuna.Study:
     return optuna.create_study(direction="minimize" if spec.objective.goal == "min" else "maximize",
-                               sampler=sampler(spec), pruner=pruner(spec))
+                               sampler=sampler(spec, made), pruner=pruner(spec))
 
 
 def rebuild(spec: SweepSpec, trials: Iterable[SweepTrial], series: dict[int, list[tuple[int, float]]]) -> optuna.Study:
     """The study as it was: every trial added back in number order (Optuna numbers them as added),
     with its settings, state, value, Optuna's attributes and its objective points so far."""
-    study = new_study(spec)
+    trials = sorted(trials, key=lambda t: t.number)
+    study = new_study(spec, len(trials))
     dists = distributions(spec)
-    for t in sorted(trials, key=lambda t: t.number):
+    for t in trials:
         points = series.get(t.job_id, [])
         if t.state == "pruned" and t.pruned_step is not None:
             points = [p for p in points if p[0] <= t.pruned_step]

@@ -21,6 +21,15 @@
     if (s.best) $("best").replaceChildren(TP.el("a", { href: `/jobs/${s.best.job_id}`, text: $("best").textContent }));
     $("counts").textContent = `${s.trials.length} of ${s.budget_trials} · ` + Object.entries(s.counts).filter(([, n]) => n).map(([k, n]) => `${n} ${k}`).join(", ");
     $("saved").textContent = s.saved_hours ? TP.dur(s.saved_hours * 3600) : "–";
+    const lost = Object.entries(s.lost_hours || {}).filter(([, h]) => h > 0).sort((a, b) => b[1] - a[1]);
+    $("lost").textContent = lost.length ? lost.map(([k, h]) => `${k} ${TP.dur(h * 3600)}`).join(" · ") : "–";
+    $("sweep-fixes").hidden = !(s.fixes || []).length || !["running", "paused"].includes(s.state);
+    $("sweep-fix-list").replaceChildren(...(s.fixes || []).map((f) => TP.el("div", { class: "fix" },
+      TP.el("span", { text: `${f.title || f.kind} (from trial job #${f.job_id}): ${Object.entries(f.changes).map(([k, v]) => `${k} ${v[0]} → ${v[1]}`).join(", ")} ` }),
+      TP.el("button", { type: "button", class: "small", text: "Apply to the remaining trials", onclick: async (e) => {
+        e.target.disabled = true;
+        try { const r = await TP.api(`/api/sweeps/${id}/fix`, { method: "POST", body: { alert_id: f.alert_id, n: f.n } }); e.target.replaceWith(`applied: ${JSON.stringify(r.applied)}`); }
+        catch (err) { $("sweep-error").textContent = err.message; e.target.disabled = false; } } }))));
     $("sweep-reason").hidden = !s.reason; $("sweep-reason").textContent = s.reason || "";
     table(s); overTrials(s); parallel(s);
   }
