@@ -59,12 +59,11 @@ def list_sweeps(tp: AppDep, _: UserDep, project: Optional[str] = Query(None, max
     with tp.db.read() as s:
         where = [Sweep.project == project] if project is not None else []
         sweeps = list(s.scalars(select(Sweep).where(*where).order_by(Sweep.id.desc()).limit(500)))
-        out = []
-        for sw in sweeps:
-            trials = list(s.scalars(select(SweepTrial).where(SweepTrial.sweep_id == sw.id)))
-            spec = SweepSpec.model_validate_json(sw.spec)
-            out.append({**sweep_row(sw), "trials": len(trials), "best": best(spec, trials)})
-        return out
+        trials: dict[int, list[SweepTrial]] = {sw.id: [] for sw in sweeps}
+        for t in s.scalars(select(SweepTrial).where(SweepTrial.sweep_id.in_(list(trials)))):
+            trials[t.sweep_id].append(t)
+        return [{**sweep_row(sw), "trials": len(trials[sw.id]),
+                 "best": best(SweepSpec.model_validate_json(sw.spec), trials[sw.id])} for sw in sweeps]
 
 
 @router.get("/{sweep_id}")
