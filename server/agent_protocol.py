@@ -178,6 +178,8 @@ def after_ingest(tp, out: apply.Outcome) -> None:
     tp.stats.ingested_events += out.stored_events
     tp.stats.ingested_points += out.stored_points
     tp.hub.publish_all(out.frames)
+    if tp.sweeps is not None:  # a sweep's trial: its objective's points feed the pruner, its end the next trial
+        tp.sweeps.wake(out.acked)
     if any(_requeued(f) for f in out.frames):
         tp.hub.publish(WORK_TOPIC, work_frame(), droppable=True)  # requeued (a fix, a retry): claimed now
     if out.alerts and tp.webhooks is not None:

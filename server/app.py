@@ -27,8 +27,10 @@ from server.api import (
     jobs,
     logs as logs_api,
     preflight as preflight_api,
+    projects,
     ranks as ranks_api,
     rules as rules_api,
+    sweeps as sweeps_api,
     tokens,
     ws,
 )
@@ -44,6 +46,7 @@ from server.rules import RULES
 from server.schemas import Health
 from server.security import MetricsDep
 from server.settings import Settings
+from server.sweeps.engine import SweepEngine
 from server.webhooks import Webhooks
 
 log = logging.getLogger("tokenpulse")
@@ -119,10 +122,13 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
             lock = ReaperLock(db.url)
         app.state.reaper_lock = lock
         reaper = asyncio.create_task(reaper_loop(tp, lock))
+        tp.sweeps = SweepEngine(tp)
+        sweep_loop = asyncio.create_task(tp.sweeps.run(lock))  # on PostgreSQL: the reaper's process alone
         try:
             yield
         finally:
             reaper.cancel()
+            sweep_loop.cancel()
             if lock is not None:
                 await lock.close()
             if tp.hub.relay is not None:
@@ -144,7 +150,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     for r in (external.router, logs_api.router, jobs.router, fixes_api.router, ranks_api.router, preflight_api.router,
               agents.router, agent_ws.router, alerts.router,
-              rules_api.router,
+              rules_api.router, projects.router, sweeps_api.router,
               datasets.router, tokens.router, ws.router):
         app.include_router(r)
 

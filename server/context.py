@@ -30,6 +30,7 @@ class App:
     stats: ServerStats = field(default_factory=ServerStats)  # counters /metrics exposes
     agent_writes: object = None  # agent websockets' writes, batched (server/agent_channel.py)
     deliveries: Deliveries = field(default_factory=Deliveries)  # jobs' events arriving (store.reconcile)
+    sweeps: object = None  # the sweep loop (server/sweeps/engine.py): woken when a trial's events arrive
 
     def caller(self, token: str) -> Optional[Caller]:
         h = auth.hash_token(token)

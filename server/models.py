@@ -53,6 +53,12 @@ class Job(Base):
     owner_token_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True, index=True)
     # An external job's own credential (hashed): only it (or an admin) may post the job's events.
     report_hash: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
+    # Many runs (migration 0016): its project, tags (a JSON list) and markdown note, editable after
+    # submit; the sweep it is a trial of.
+    project: Mapped[str] = mapped_column(String(100), default="default", server_default="default", index=True)
+    tags: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    note: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    sweep_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True, index=True)
 
     __table_args__ = (Index("ix_jobs_queue", "state", "priority", "id"),)
 
@@ -282,3 +288,35 @@ class JobChange(Base):
     resume_step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)  # the new attempt starts after it
     before: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # JSON: the attempt's measurements
     verdict: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # JSON: the comparison, once fair
+
+
+class Sweep(Base):
+    """A search over a base spec's settings (server/sweeps/): its trials are ordinary jobs."""
+    __tablename__ = "sweeps"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    project: Mapped[str] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(16))  # running, paused, completed, cancelled
+    spec: Mapped[str] = mapped_column(Text)  # SweepSpec JSON (tokenpulse/sweep_spec.py)
+    owner_token_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)  # why it ended
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+
+
+class SweepTrial(Base):
+    """One trial: its job, its settings and Optuna's own state of it (system_attrs: the grid point, a
+    pruner's rungs), enough to rebuild the study after a restart; intermediate values are the job's
+    stored objective series."""
+    __tablename__ = "sweep_trials"
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)  # Optuna's trial number
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    params: Mapped[str] = mapped_column(Text)  # JSON {name: value}
+    system_attrs: Mapped[str] = mapped_column(Text)  # JSON
+    state: Mapped[str] = mapped_column(String(16))  # running, complete, pruned, failed
+    value: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    pruned_step: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    reason: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)

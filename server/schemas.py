@@ -55,6 +55,9 @@ class JobSummary(Answer):
     owner: Optional[int] = Field(None, description="the token that submitted it (its user's, for a token a user "
                                                    "created); only it or an admin may control the job. None: "
                                                    "from before owners existed, the admin's")
+    project: str = Field("default", description="the project it belongs to")
+    tags: list[str] = Field(default_factory=list, description="its tags")
+    sweep_id: Optional[int] = Field(None, description="the sweep it is a trial of")
 
 
 class AttemptOut(Answer):
@@ -85,6 +88,7 @@ class JobDetail(JobSummary):
                                              "batch change)")
     info: dict[str, Any] = Field(description="automatic choices the training process reported")
     attempts: list[AttemptOut]
+    note: str = Field("", description="its markdown note")
 
 
 class PreflightWarning(BaseModel):

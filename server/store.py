@@ -47,8 +47,9 @@ class TransitionError(Exception):
 
 
 def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optional[int] = None,
-               owner: Optional[int] = None) -> Job:
-    """owner: the submitting token's principal (server/security.py Caller.principal_id)."""
+               owner: Optional[int] = None, sweep_id: Optional[int] = None) -> Job:
+    """owner: the submitting token's principal (server/security.py Caller.principal_id); sweep_id:
+    the sweep it is a trial of."""
     command = isinstance(spec, CommandSpec)
     if isinstance(spec, CommandSpec):
         name, total_steps = spec.name or spec.label(), None
@@ -56,7 +57,8 @@ def create_job(s: Session, spec: Union[JobSpec, CommandSpec], parent_id: Optiona
         name, total_steps = spec.name or "", spec.max_steps
     job = Job(name=name, state=JobState.queued.value, kind=spec_kind(spec), spec=spec.model_dump_json(),
               priority=spec.priority, parent_id=parent_id, created_at=time.time(), attempt=0, next_seq=0,
-              total_steps=total_steps, nnodes=spec.nnodes, owner_token_id=owner)
+              total_steps=total_steps, nnodes=spec.nnodes, owner_token_id=owner, project=spec.project,
+              tags=json.dumps(list(dict.fromkeys(spec.tags))), sweep_id=sweep_id)
     s.add(job)
     s.flush()
     if not job.name:
@@ -376,4 +378,5 @@ def job_summary(job: Job) -> dict:
         "exit_code": job.exit_code, "signal": job.signal, "requested_action": job.requested_action,
         "stack_requested": job.stack_requested_at is not None,
         "checkpoint": job.checkpoint, "output_dir": job.output_dir, "owner": job.owner_token_id,
+        "project": job.project, "tags": json.loads(job.tags) if job.tags else [], "sweep_id": job.sweep_id,
     }

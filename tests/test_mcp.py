@@ -16,7 +16,7 @@ from mcp import ClientSession  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 
 TOOLS = {"list_jobs", "get_job", "job_metrics", "why_slow", "where_stuck", "ranks", "job_logs", "submit",
-         "clone_job", "cancel", "pause", "resume"}
+         "clone_job", "cancel", "pause", "resume", "edit_job", "get_sweep"}
 
 
 def answer(result) -> object:
@@ -73,6 +73,10 @@ def test_mcp_tools_against_a_real_server(server_factory, tmp_path):
             r = await s.call_tool(name, args)
             assert not r.is_error, (name, r)
             out[name] = answer(r)
+        r = await s.call_tool("edit_job", {"job_id": jid, "add_tags": ["mcp"], "note": "watched by an agent"})
+        assert not r.is_error, r
+        out["edit_job"] = answer(r)
+        out["by_tag"] = answer(await s.call_tool("list_jobs", {"tag": "mcp", "project": "default"}))
         r = await s.call_tool("pause", {"job_id": jid})  # a command that never said it can pause: refused, in words
         out["pause"] = (r.is_error, "".join(getattr(c, "text", "") for c in r.content))
         r = await s.call_tool("clone_job", {"job_id": jid, "changes": {"name": "mcp-loop-2"}})
@@ -90,6 +94,8 @@ def test_mcp_tools_against_a_real_server(server_factory, tmp_path):
     assert out["tools"] == TOOLS, out["tools"]
     jid = out["jid"]
     assert [j["id"] for j in out["list_jobs"]["jobs"]] == [jid]
+    assert out["edit_job"]["tags"] == ["mcp"] and out["edit_job"]["note"] == "watched by an agent"
+    assert [(j["id"], j["tags"]) for j in out["by_tag"]["jobs"]] == [(jid, ["mcp"])]
     assert out["get_job"]["state"] == "running" and out["get_job"]["spec"]["command"][1] == "loop.py"
     assert "sys/cpu_pct" in out["job_metrics"] and "sys/cpu_pct" in out["why_slow"]["system_now"]
     assert out["why_slow"]["state"] == "running" and "verdicts" in out["why_slow"]

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from tokenpulse import cli_runs
+from tokenpulse.cli_runs import add_project_options
 from tokenpulse.client import DEFAULT_URL, ApiError, Client
 
 FINAL = {"completed", "failed", "cancelled", "paused"}
@@ -223,6 +225,14 @@ def load_spec(path: str) -> dict:
     return spec
 
 
+def with_project(spec: dict, args) -> None:
+    """--project and --tag on a submit: they win over the spec's own."""
+    if args.project:
+        spec["project"] = args.project
+    if args.tag:
+        spec["tags"] = list(dict.fromkeys([*spec.get("tags", []), *args.tag]))
+
+
 def client(args) -> Client:
     return Client(args.url)
 
@@ -246,6 +256,7 @@ def cmd_submit(args) -> int:
         spec[key] = yaml.safe_load(value)
     if args.test:
         spec["test_run"] = True
+    with_project(spec, args)
     try:
         job = client(args).submit(spec)
     except ApiError as e:
@@ -360,6 +371,7 @@ def cmd_run(args) -> int:
     for key in ("name", "priority", "max_retries"):
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
+    with_project(spec, args)
     c = client(args)
     try:
         job = c.run(**spec)
@@ -396,11 +408,13 @@ def phase_label(job: dict) -> str:
 
 def cmd_jobs(args) -> int:
     from rich.table import Table
-    data = client(args).jobs(state=args.state, q=args.q, limit=args.limit)
-    table = Table("id", "name", "state", "phase", "step", "loss", "eval loss", "tok/s", title=f"{data['total']} jobs")
+    data = client(args).jobs(state=args.state, q=args.q, limit=args.limit, project=args.project, tags=args.tag)
+    table = Table("id", "name", "project", "tags", "state", "phase", "step", "loss", "eval loss", "tok/s",
+                  title=f"{data['total']} jobs")
     for j in data["jobs"]:
         last = j.get("last") or {}
-        table.add_row(str(j["id"]), j["name"], j["state"], phase_label(j),
+        table.add_row(str(j["id"]), j["name"], j.get("project", ""), " ".join(j.get("tags") or []), j["state"],
+                      phase_label(j),
                       f"{j.get('step') or 0}/{j.get('total_steps') or '?'}",
                       f"{last['loss']:.4f}" if "loss" in last else "",
                       f"{last['eval/loss']:.4f}" if "eval/loss" in last else "",
@@ -765,6 +779,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--test", action="store_true", help="first a quick test run: the whole job end to end on a "
                    "few steps (load, tokenize, train, eval, checkpoint, resume, save, reload); a failure ends it at "
                    "once")
+    add_project_options(p)
     p.set_defaults(fn=cmd_submit)
 
     p = sub.add_parser("run", help="run your own command as a job: tokenpulse run [options] -- python train.py ...",
@@ -784,6 +799,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="do not add tokenpulse's reporting hook (Trainer/tqdm progress, metrics) to the job")
     p.add_argument("-f", "--follow", action="store_true", help="watch it until it ends (Ctrl+C stops watching only)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+    add_project_options(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("demo", help="submit the built-in demo job and watch it")
@@ -798,7 +814,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--state")
     p.add_argument("-q")
     p.add_argument("--limit", type=int, default=30)
+    p.add_argument("--project", help="only this project's jobs")
+    p.add_argument("--tag", action="append", help="only jobs with this tag (repeatable: all of them)")
     p.set_defaults(fn=cmd_jobs)
+
+    cli_runs.add_commands(sub, report_error)
 
     p = sub.add_parser("show", help="a job's full record as JSON, with its step anatomy and open verdicts")
     p.add_argument("job", type=int)

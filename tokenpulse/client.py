@@ -68,9 +68,30 @@ class Client:
     def submit_command(self, spec: dict) -> dict:
         return self.request("POST", "/api/jobs/command", json=spec)
 
-    def jobs(self, state: Optional[str] = None, q: Optional[str] = None, limit: int = 50) -> dict:
-        params = {k: v for k, v in {"state": state, "q": q, "limit": limit}.items() if v is not None}
+    def jobs(self, state: Optional[str] = None, q: Optional[str] = None, limit: int = 50,
+             project: Optional[str] = None, tags: Optional[list[str]] = None) -> dict:
+        params = {k: v for k, v in {"state": state, "q": q, "limit": limit, "project": project,
+                                    "tag": tags or None}.items() if v is not None}
         return self.request("GET", "/api/jobs", params=params)
+
+    def edit(self, job_id: int, **fields) -> dict:
+        """A job's project, tags (tags, add_tags, remove_tags) or markdown note."""
+        return self.request("PATCH", f"/api/jobs/{job_id}", json=fields)
+
+    def projects(self) -> list:
+        return self.request("GET", "/api/projects")
+
+    def sweep(self, spec: dict) -> dict:
+        return self.request("POST", "/api/sweeps", json=spec)
+
+    def sweeps(self, project: Optional[str] = None) -> list:
+        return self.request("GET", "/api/sweeps", params={"project": project} if project else None)
+
+    def sweep_detail(self, sweep_id: int) -> dict:
+        return self.request("GET", f"/api/sweeps/{sweep_id}")
+
+    def sweep_action(self, sweep_id: int, action: str) -> dict:
+        return self.request("POST", f"/api/sweeps/{sweep_id}/{action}")
 
     def job(self, job_id: int) -> dict:
         return self.request("GET", f"/api/jobs/{job_id}")

@@ -27,21 +27,27 @@ def build(api: Client) -> MCPServer:
     app = MCPServer("tokenpulse", instructions=(
         "Training jobs on a tokenpulse server. Find a job with list_jobs, read it with get_job, ask "
         "why_slow or where_stuck when it misbehaves, read its log with job_logs; submit, clone_job with "
-        "changes, cancel, pause and resume act with the user's own token."))
+        "changes, cancel, pause and resume act with the user's own token. Jobs sit in projects with tags "
+        "and a note (edit_job); a sweep's trials and best setting: get_sweep."))
 
     @app.tool()
-    def list_jobs(state: Optional[str] = None, query: Optional[str] = None, limit: int = 20) -> dict:
+    def list_jobs(state: Optional[str] = None, query: Optional[str] = None, limit: int = 20,
+                  project: Optional[str] = None, tag: Optional[str] = None) -> dict:
         """Jobs, newest first. state: queued, starting, running, paused, completed, failed or cancelled;
-        query: a name fragment or a job id ('#12')."""
+        query: a name fragment or a job id ('#12'); project: only that project's; tag: only jobs with it."""
         params: dict = {"limit": max(1, min(limit, 200))}
         if state:
             params["state"] = state
         if query:
             params["q"] = query
+        if project:
+            params["project"] = project
+        if tag:
+            params["tag"] = tag
         r = _call(api.request, "GET", "/api/jobs", params=params)
         return {"total": r["total"],
                 "jobs": [{k: j.get(k) for k in ("id", "name", "kind", "state", "step", "total_steps",
-                                                                     "phase", "last",
+                                                "phase", "last", "project", "tags", "sweep_id",
                                                 "created_at")} for j in r["jobs"]]}
 
     @app.tool()
@@ -51,7 +57,8 @@ def build(api: Client) -> MCPServer:
         alerts = _call(api.alerts, job_id=job_id, limit=50)
         return {**{k: j.get(k) for k in ("id", "name", "kind", "state", "phase", "step", "total_steps", "last",
                                          "reason", "failure", "agent_id", "checkpoint", "output_dir", "parent_id",
-                                         "created_at", "started_at", "finished_at", "spec")},
+                                         "created_at", "started_at", "finished_at", "spec", "project", "tags",
+                                         "note", "sweep_id")},
                 "attempts": j.get("attempts"),
                 "open_alerts": [{k: a[k] for k in ("kind", "severity", "message")} for a in alerts
                                 if a["state"] != "cleared"]}
@@ -123,6 +130,30 @@ def build(api: Client) -> MCPServer:
         """Start a job again (a retry) with some settings changed, e.g. {"learning_rate": 1e-4}."""
         r = _call(api.clone, job_id, changes or {})
         return {"id": r["id"], "state": r.get("state"), "parent_id": job_id, "warnings": r.get("warnings", [])}
+
+    @app.tool()
+    def edit_job(job_id: int, project: Optional[str] = None, add_tags: Optional[list[str]] = None,
+                 remove_tags: Optional[list[str]] = None, note: Optional[str] = None) -> dict:
+        """Move a job to a project, add or remove its tags, or write its markdown note (your own jobs)."""
+        fields: dict = {"add_tags": add_tags or [], "remove_tags": remove_tags or []}
+        if project:
+            fields["project"] = project
+        if note is not None:
+            fields["note"] = note
+        j = _call(api.edit, job_id, **fields)
+        return {k: j.get(k) for k in ("id", "name", "project", "tags", "note")}
+
+    @app.tool()
+    def get_sweep(sweep_id: int) -> dict:
+        """A sweep: its state, objective, best trial so far and every trial (settings, state, objective,
+        the step a pruned one stopped at, why), with each parameter's importance."""
+        s = _call(api.sweep_detail, sweep_id)
+        imp = _call(api.request, "GET", f"/api/sweeps/{sweep_id}/importance")
+        return {**{k: s.get(k) for k in ("id", "name", "project", "state", "reason", "method", "objective",
+                                         "best", "counts", "saved_hours")},
+                "trials": [{k: t.get(k) for k in ("number", "job_id", "params", "state", "value", "pruned_step",
+                                                  "reason")} for t in s["trials"]],
+                "importance": imp["importance"]}
 
     def control(action: str, job_id: int) -> dict:
         r = _call(api.action, job_id, action)

@@ -202,6 +202,15 @@ class SlurmSpec(BaseModel):
                                              "it checkpoints at the next step and goes back to the queue")
 
 
+# Many runs: every job is in a project and may carry tags (editable after submit: jobs.project/tags).
+DEFAULT_PROJECT = "default"
+MAX_TAGS = 20
+ProjectName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._/-]{0,99}$",
+                                   description="letters, digits, space . _ / -; at most 100 characters")]
+TagName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/=-]{0,49}$",
+                               description="letters, digits . _ : / = -; at most 50 characters")]
+
+
 class SpecBase(BaseModel):
     """What every job carries, whichever kind it is (JobSpec, CommandSpec): how the queue orders
     and retries it, how its progress is judged, and how many processes and machines run it."""
@@ -221,6 +230,10 @@ class SpecBase(BaseModel):
                         "claimed as one gang")
     slurm: Optional[SlurmSpec] = Field(None, description="the allocation a Slurm executor asks for "
                                        "(partition, time limit, memory...)")
+    project: ProjectName = Field(DEFAULT_PROJECT, description="the project the job belongs to (the runs "
+                                 "table groups and filters by it)")
+    tags: list[TagName] = Field(default_factory=list, max_length=MAX_TAGS,
+                                description="labels to find the job by (editable later)")
 
 
 class JobSpec(SpecBase):

@@ -121,6 +121,8 @@ def job_page(request: Request, job_id: str):
 FORM: list[tuple[str, str, list[tuple]]] = [
     ("data", "Model and data", [
         ("name", "Name", "text", "A label for the job, shown in lists and charts."),
+        ("project", "Project", "text", "The project it belongs to: the jobs list filters and groups by it."),
+        ("tags", "Tags", "list", "Comma-separated labels to find it by (editable on the job page)."),
         ("model", "Model", "text",
          "A local Hugging Face model directory, a Hub id (e.g. Qwen/Qwen2.5-0.5B), or builtin:tiny-llama (a tiny model "
          "for trying things out)."),
@@ -328,6 +330,16 @@ FORM.append(("slurm", "Slurm allocation (only for a Slurm executor; empty = its 
 @router.get("/submit", response_class=HTMLResponse)
 def submit_page(request: Request, clone: int | None = None):
     return page(request, "submit.html", clone=clone, groups=form_fields())
+
+
+@router.get("/sweeps", response_class=HTMLResponse)
+def sweeps_page(request: Request):
+    return page(request, "sweeps.html")
+
+
+@router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
+def sweep_page(request: Request, sweep_id: int):
+    return page(request, "sweep.html", sweep_id=sweep_id)
 
 
 @router.get("/compare", response_class=HTMLResponse)

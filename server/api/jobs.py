@@ -28,15 +28,28 @@ from tokenpulse.protocol import (
     EXTERNAL,
     JOB_KINDS,
     JOBS_TOPIC,
+    MAX_TAGS,
     CommandSpec,
     JobSpec,
     JobState,
+    ProjectName,
+    TagName,
     agent_topic,
     job_frame,
     nudge_frame,
 )
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+
+
+class JobMetaEdit(BaseModel):
+    """A job's project, tags and note (PATCH /api/jobs/{id}): only the fields given change."""
+    model_config = ConfigDict(extra="forbid")
+    project: Optional[ProjectName] = None
+    tags: Optional[list[TagName]] = Field(None, max_length=MAX_TAGS, description="replace every tag")
+    add_tags: list[TagName] = Field(default_factory=list, max_length=MAX_TAGS)
+    remove_tags: list[TagName] = Field(default_factory=list, max_length=MAX_TAGS)
+    note: Optional[str] = Field(None, max_length=100_000, description="markdown")
 
 
 class CloneRequest(BaseModel):
@@ -49,6 +62,7 @@ def job_detail(job: Job, attempts: list[Attempt]) -> dict:
     d = store.job_summary(job)
     d["spec"] = json.loads(job.spec)
     d["info"] = json.loads(job.info) if job.info else {}
+    d["note"] = job.note or ""
     d["attempts"] = [{"attempt": a.attempt, "agent_id": a.agent_id, "started_at": a.started_at,
                       "ended_at": a.ended_at, "outcome": a.outcome, "reason": a.reason,
                       "failure": a.failure, "exit_code": a.exit_code, "signal": a.signal,
@@ -118,9 +132,19 @@ def list_jobs(tp: AppDep, _: UserDep,
               desc: bool = Query(False, description="with sort: largest first"),
               filter: Optional[list[str]] = Query(None, max_length=20, description=(
                   "column filters (repeatable): `last:loss<0.5`, `spec:learning_rate>=1e-4`, "
-                  "`spec:model~gpt` (the text contains it)"))) -> JobList:
+                  "`spec:model~gpt` (the text contains it)")),
+              project: Optional[str] = Query(None, max_length=100, description="only this project's jobs"),
+              tag: Optional[list[str]] = Query(None, max_length=20, description="only jobs with every tag "
+                                                                                  "given (repeatable)"),
+              sweep_id: Optional[int] = Query(None, description="only this sweep's trials")) -> JobList:
     with tp.db.read() as s:
         where = [job_columns.filter_clause(f, tp.db.dialect) for f in filter or []]
+        if project is not None:
+            where.append(Job.project == project)
+        for t in tag or []:  # tags are a JSON list: its quoted item in the text
+            where.append(Job.tags.contains(json.dumps(t), autoescape=True))
+        if sweep_id is not None:
+            where.append(Job.sweep_id == sweep_id)
         if state:
             where.append(Job.state.in_([x.value for x in state]))
         q = (q or "").strip()
@@ -148,6 +172,29 @@ def get_job(job_id: int, tp: AppDep, _: UserDep) -> JobDetail:
         job = get_job_or_404(s, job_id)
         attempts = list(s.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)))
         return job_detail(job, attempts)
+
+
+@router.patch("/{job_id}")
+async def edit_job(job_id: int, body: JobMetaEdit, tp: AppDep, caller: UserDep) -> JobDetail:
+    """Move a job to another project, set or change its tags, write its note (markdown). Its owner's
+    or an admin's, as every change to a job is."""
+    def apply(s):
+        job = get_job_or_404(s, job_id)
+        check_owner(caller, job, "edit")
+        if body.project is not None:
+            job.project = body.project
+        tags = body.tags if body.tags is not None else (json.loads(job.tags) if job.tags else [])
+        tags = [t for t in dict.fromkeys(tags + body.add_tags) if t not in body.remove_tags]
+        if len(tags) > MAX_TAGS:
+            raise unprocessable([{"field": "add_tags", "message": f"at most {MAX_TAGS} tags on a job"}])
+        job.tags = json.dumps(tags)
+        if body.note is not None:
+            job.note = body.note
+        attempts = list(s.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)))
+        return job_detail(job, attempts)
+    detail = await tp.db.write(apply)
+    tp.hub.publish_all(job_frames({k: v for k, v in detail.items() if k not in ("spec", "info", "attempts", "note")}))
+    return detail
 
 
 def check_owner(caller, job: Job, action: str) -> None:

@@ -30,14 +30,16 @@
   function renderPicker() {
     const q = $("pick-search").value.trim();
     const byId = /^#\s*\d+$/.test(q); // "#4" is job 4 only; "4" also matches names with a 4
-    const hit = (j) => (byId ? String(j.id) === q.slice(1).trim() : j.name.includes(q) || String(j.id) === q);
+    const hit = (j) => (byId ? String(j.id) === q.slice(1).trim()
+      : j.name.includes(q) || String(j.id) === q || j.project === q || (j.tags || []).includes(q)); // a project or a tag picks its jobs
     pick.replaceChildren(...jobs.filter((j) => !q || hit(j) || chosen.has(j.id)).sort((a, b) => b.id - a.id).map((j) => {
       const i = [...chosen].indexOf(j.id);
       return TP.el("label", { class: "check pick" },
         TP.el("input", { type: "checkbox", value: j.id, checked: chosen.has(j.id),
           onchange: (e) => { e.target.checked ? chosen.add(j.id) : chosen.delete(j.id); syncUrl(); renderPicker(); draw(); } }),
         TP.el("span", { class: "swatch", style: i >= 0 ? `background:${TP.jobColor(j.id)}` : "" }),
-        TP.el("span", { class: "pick-name", title: `${j.name} #${j.id}` }, j.name, TP.el("span", { class: "muted", text: ` #${j.id}` })),
+        TP.el("span", { class: "pick-name", title: `${j.name} #${j.id} · ${j.project || "default"}${(j.tags || []).length ? " · " + j.tags.join(", ") : ""}` },
+          j.name, TP.el("span", { class: "muted", text: ` #${j.id}` })),
         TP.el("span", { class: `badge ${j.state}`, text: j.state }));
     }));
   }
@@ -158,6 +160,7 @@
     const row = (label, vals, cls = "") => TP.el("tr", { class: cls }, TP.el("th", { scope: "row", text: label }), ...vals.map((v) => TP.el("td", { text: v })));
     const rows = [
       row("state", details.map((d) => d.state)),
+      row("project · tags", details.map((d) => [d.project || "default", ...(d.tags || [])].join(" · "))),
       row("steps", details.map((d) => `${TP.num(d.step)}${d.total_steps ? " / " + TP.num(d.total_steps) : ""}`)),
       row("last loss", details.map((d) => TP.sig((d.last || {}).loss))),
       row("real tokens/s (last)", details.map((d) => TP.compact((d.last || {}).tokens_per_s, "tok/s"))),

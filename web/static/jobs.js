@@ -7,7 +7,10 @@
   const selected = new Set();
   const $ = (id) => document.getElementById(id);
   const body = $("jobs-body"), search = $("search"), stateSel = $("state-filter");
+  const projectSel = $("project-filter"), tagBox = $("tag-filter"), groupSel = $("group-by");
   search.value = url.get("q") || ""; stateSel.value = url.get("state") || "";
+  tagBox.value = url.get("tag") || ""; groupSel.value = url.get("group") || "";
+  if (url.get("project")) { projectSel.append(TP.el("option", { value: url.get("project"), text: url.get("project") })); projectSel.value = url.get("project"); }
 
   function states() { return stateSel.value === "active" ? ACTIVE_FILTER : stateSel.value ? [stateSel.value] : []; }
 
@@ -15,6 +18,9 @@
     const p = new URLSearchParams();
     if (search.value) p.set("q", search.value);
     if (stateSel.value) p.set("state", stateSel.value);
+    if (projectSel.value) p.set("project", projectSel.value);
+    if (tagBox.value.trim()) p.set("tag", tagBox.value.trim());
+    if (groupSel.value) p.set("group", groupSel.value);
     if (offset) p.set("offset", offset);
     history.replaceState(null, "", p.toString() ? `/?${p}` : "/");
   }
@@ -25,6 +31,8 @@
     const p = new URLSearchParams({ limit: PAGE, offset, spec: "true" }); // settings: the picked columns
     if (search.value.trim()) p.set("q", search.value.trim()); // "#4" is job 4; the server knows
     for (const s of states()) p.append("state", s);
+    if (projectSel.value) p.set("project", projectSel.value);
+    if (tagBox.value.trim()) p.append("tag", tagBox.value.trim());
     // the picked columns' sort and filters apply to every job on the server, not this page alone
     if (view.sort && view.cols.includes(view.sort)) { p.set("sort", view.sort); if (view.dir < 0) p.set("desc", "true"); }
     for (const c of view.cols) { const f = serverFilter(c, view.filters[c]); if (f) p.append("filter", f); }
@@ -40,6 +48,8 @@
   function matches(j) {
     const st = states();
     if (st.length && !st.includes(j.state)) return false;
+    if (projectSel.value && j.project !== projectSel.value) return false;
+    if (tagBox.value.trim() && !(j.tags || []).includes(tagBox.value.trim())) return false;
     const q = search.value.trim();
     if (q.startsWith("#") && /^#\s*\d+$/.test(q)) return String(j.id) === q.slice(1).trim();
     if (q && !(j.name || "").includes(q) && String(j.id) !== q) return false;
@@ -62,7 +72,9 @@
     return TP.el("tr", { "data-job": j.id, class: `state-${j.state}` },
       TP.el("td", { class: "sel" }, TP.el("input", { type: "checkbox", "aria-label": `Select ${j.name} for comparison`, checked: selected.has(j.id),
         onchange: (e) => { e.target.checked ? selected.add(j.id) : selected.delete(j.id); compareLink(); } })),
-      TP.el("td", { class: "name", "data-label": "Job" }, TP.el("a", { href: `/jobs/${j.id}`, text: j.name || `job-${j.id}` }), TP.el("span", { class: "muted id", text: ` #${j.id}` })),
+      TP.el("td", { class: "name", "data-label": "Job" }, TP.el("a", { href: `/jobs/${j.id}`, text: j.name || `job-${j.id}` }), TP.el("span", { class: "muted id", text: ` #${j.id}` }),
+        TP.el("span", { class: "job-tags" }, j.project && j.project !== "default" ? TP.el("span", { class: "chip project", text: j.project, title: "project" }) : "",
+          ...(j.tags || []).map((t) => TP.el("span", { class: "chip", text: t, title: "tag" })))),
       TP.el("td", { "data-label": "State" }, TP.el("span", { class: `badge ${j.state}`, text: j.state }),
         stalled ? TP.el("a", { class: "badge stalled", href: `/jobs/${j.id}#alerts`, text: "stalled", title: stalled }) : ""),
       TP.el("td", { class: "phase", "data-label": "Phase" }, TP.el("span", { class: "phase-text", text: phaseCell(j, active) }),
@@ -184,12 +196,33 @@
     const all = [...jobs.values()].sort((a, b) => b.id - a.id);
     const list = all.filter(passes);
     if (view.sort && view.cols.includes(view.sort)) list.sort(compareBy(view.sort));
-    body.replaceChildren(...list.map(row));
+    body.replaceChildren(...grouped(list));
     if (!list.length) {
       const filtered = search.value || stateSel.value || list.length < all.length;
       body.append(TP.el("tr", {}, TP.el("td", { colspan: 13 + view.cols.length, class: "empty", text: filtered ? "No job matches these filters." : "No jobs yet. Press “Run demo” to train a tiny model, or “New job”." })));
     }
     return all;
+  }
+  // Rows under a heading per project (or per tag: a job with two tags shows under both).
+  function grouped(list) {
+    if (!groupSel.value) return list.map(row);
+    const groups = new Map();
+    for (const j of list) {
+      const keys = groupSel.value === "project" ? [j.project || "default"] : ((j.tags || []).length ? j.tags : ["(no tag)"]);
+      for (const k of keys) { if (!groups.has(k)) groups.set(k, []); groups.get(k).push(j); }
+    }
+    return [...groups.keys()].sort().flatMap((k) => [
+      TP.el("tr", { class: "group-head" }, TP.el("th", { colspan: 13 + view.cols.length, scope: "rowgroup", text: `${k} · ${groups.get(k).length}` })),
+      ...groups.get(k).map(row)]);
+  }
+  async function loadProjects() {
+    const want = url.get("project") || projectSel.value;
+    try {
+      const ps = await TP.api("/api/projects");
+      projectSel.replaceChildren(TP.el("option", { value: "", text: "All projects" }),
+        ...ps.map((p) => TP.el("option", { value: p.project, text: `${p.project} (${p.jobs})` })));
+      projectSel.value = want || "";
+    } catch (e) { /* the filter stays as it is */ }
   }
   function renderNow() {
     renderColumns([...jobs.values()]);
@@ -272,6 +305,10 @@
   let debounce = null;
   search.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(() => { offset = 0; load(); }, 200); });
   stateSel.addEventListener("change", () => { offset = 0; load(); });
+  projectSel.addEventListener("change", () => { offset = 0; load(); });
+  tagBox.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(() => { offset = 0; load(); }, 200); });
+  groupSel.addEventListener("change", () => renderNow());
+  loadProjects();
   $("prev").onclick = () => { offset = Math.max(0, offset - PAGE); load(); };
   $("next").onclick = () => { offset += PAGE; load(); };
   $("compare-selected").addEventListener("click", (e) => { if (!selected.size) e.preventDefault(); });
