@@ -78,6 +78,7 @@ class State:
         self.comm_mark = 0.0  # comm_s at the last step: the next step's own collective waits
         self.has_optimizer = False  # an optimizer object was made: its steps are the steps, not backward calls
         self.phase_sent: Optional[tuple] = None  # the last phase event's (name, done)
+        self.counted_by_others = False  # a Trainer or tokenpulse.log counted steps here: theirs to the end
 
 
 STATE = State()
@@ -148,7 +149,9 @@ def _count_step() -> None:
             s.in_eval = False  # the step owner (a Trainer) reports its own phases
     s.eval_batches = 0
     em = run._reporter
-    if em is not None and _owns_steps():
+    if not _owns_steps():
+        s.counted_by_others = True
+    elif em is not None:
         em.step_done = s.opt_steps  # the alive thread carries it every second: the step, not a second old
     if s.in_eval or now - s.phase_t >= PHASE_EVERY_S or now - s.win_t >= ANATOMY_EVERY_S:
         _report(now)
@@ -182,7 +185,7 @@ def flush_final() -> None:
     reports may not have sent yet, so a finished job's step is the steps the script ran."""
     s = STATE
     em = run.reporter(create=False)
-    if em is None or not _owns_steps():
+    if em is None or not _owns_steps() or s.counted_by_others:
         return
     backward.flush(em)
     if s.opt_steps == 0 and not s.eval_batches:
