@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, make_server, stop_agents
+from conftest import ROOT, command_agent_server
 
 from tokenpulse.instrument import hook_dir
 
@@ -27,11 +27,7 @@ GPT, LSTM, LIGHTNING = SCRIPTS / "gpt_style.py", SCRIPTS / "lstm_by_hand.py", SC
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = make_server(tmp_path_factory.mktemp("real")).start()
-    s.start_agent("a1", "--allow-commands")
-    yield s
-    stop_agents(s)
-    s.kill()
+    yield from command_agent_server(tmp_path_factory, "real")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +44,8 @@ def submit(c, cwd: Path, argv: list, **spec) -> int:
 
 
 def events(c, jid: int, kind: str) -> list[dict]:
-    return [e["data"] for e in c.get(f"/api/jobs/{jid}/events", params={"kinds": kind, "limit": 10000}).json()["events"]]
+    got = c.get(f"/api/jobs/{jid}/events", params={"kinds": kind, "limit": 10000}).json()
+    return [e["data"] for e in got["events"]]
 
 
 def series(c, jid: int, key: str) -> dict[int, float]:
@@ -146,17 +143,18 @@ def test_a_lightning_module_counts_closure_steps_and_iterations_of_two_optimizer
 
 def under_hook(code: str, tmp_path: Path, instrument: bool = True) -> tuple[str, list[dict]]:
     """Run code as a command job's Python process would run (the hook on PYTHONPATH, an event pipe):
-    its stdout and its events."""
+    its output (stdout, then stderr) and its events."""
     r, w = os.pipe()
     env = {**os.environ, "TOKENPULSE_EVENT_FD": str(w), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([hook_dir(), str(ROOT)]), "TOKENPULSE_INSTRUMENT": "1" if instrument else "0"}
-    p = subprocess.Popen([PY, "-c", code], env=env, pass_fds=(w,), cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([PY, "-c", code], env=env, pass_fds=(w,), cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     os.close(w)
     with os.fdopen(r) as f:
         evs = [json.loads(line) for line in f]
-    out = p.communicate(timeout=120)[0]
-    assert p.returncode == 0, out
-    return out, evs
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, out + err
+    return out + err, evs
 
 
 SAVE_UNDER_HOOK = """
@@ -246,3 +244,34 @@ def test_loss_and_token_capture_add_no_device_synchronisation_per_step(tmp_path)
     # a read a report (at most once a second) and one per step-anatomy window, never one a step
     assert syncs - base <= 2 * (took + 2), (syncs, base, took)
     assert syncs - base < steps / 10, (syncs, base)
+
+
+COMPILED = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(30, 16), nn.Linear(16, 30)
+    def forward(self, x, y):
+        return F.cross_entropy(self.head(self.emb(x)).view(-1, 30), y.view(-1))
+model = torch.compile(LM(), backend="eager")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for i in range(1, 21):
+    x = torch.randint(0, 30, (4, 8))
+    loss = model(x, x)
+    loss.backward()
+    opt.step(); opt.zero_grad()
+    if i % 5 == 0:
+        print(f"step {i}: loss {loss.item():.4f}", flush=True)
+"""
+
+
+def test_a_compiled_model_counts_its_steps_loss_and_tokens_and_prints_nothing_more(tmp_path):
+    out, evs = under_hook(COMPILED, tmp_path)
+    metrics = [e["data"] for e in evs if e["kind"] == "metrics"]
+    assert max(m["step"] for m in metrics) == 20 and any("tokens_per_s" in m["values"] for m in metrics), metrics
+    ours = {m["step"]: m["values"]["loss"] for m in metrics if "loss" in m["values"]}
+    says = {int(a): float(b) for a, b in re.findall(r"step (\d+): loss ([\d.]+)", out)}
+    assert len(says) == 4 and all(abs(ours[k] - v) <= 0.5e-4 + 1e-6 for k, v in says.items()), (ours, says)
+    assert "Warning" not in out, out  # torch.compile's warning about global forward hooks is not the script's

@@ -71,7 +71,7 @@ while True:
     if iter_num % 20 == 0:
         print(f"step {iter_num}: val loss {estimate_loss():.4f}", flush=True)
     total = 0.0
-    for micro_step in range(args.accum):
+    for _micro_step in range(args.accum):
         logits, loss = model(X, Y)
         loss = loss / args.accum
         X, Y = get_batch()

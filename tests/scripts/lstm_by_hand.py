@@ -60,6 +60,6 @@ for batch, i in enumerate(range(0, bptt * args.batches, bptt), 1):
 with open(args.save, "wb") as f:
     torch.save(model, f)
 with open(args.save, "rb") as f:
-    with torch.serialization.safe_globals([RNNModel, nn.Embedding, nn.LSTM, nn.Linear, nn.modules.container.ModuleList]):
+    with torch.serialization.safe_globals([RNNModel, nn.Embedding, nn.LSTM, nn.Linear]):
         model = torch.load(f, weights_only=True)
 print("loaded", type(model).__name__, flush=True)

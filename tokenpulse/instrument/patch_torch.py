@@ -499,5 +499,10 @@ def install_forward(module) -> None:
     if getattr(module, "_tp_hooked", False):
         return
     module._tp_hooked = True
+    import warnings
+    # torch.compile warns of global hooks at each call while ours find the model (the first 2 calls):
+    # the script's output must not change because it is watched
+    warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
+                            category=UserWarning)
     _global_handles.append(module.register_module_forward_pre_hook(_g_pre))
     _global_handles.append(module.register_module_forward_hook(_g_post, always_call=True))
