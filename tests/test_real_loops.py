@@ -87,6 +87,7 @@ def test_a_gpt_loop_ends_at_its_exact_step_however_it_ends_with_its_printed_loss
         assert_same_loss(c, jid, r"^iter (\d+): loss ([\d.]+)", 1, 4)  # iter 0 is printed after the first step
         assert max(series(c, jid, "loss")) == steps, end  # the last step's loss too
         assert series(c, jid, "tokens_per_s"), end  # from model(X, Y): positional ids
+        assert job["info"]["metric_sources"] == {"loss": "backward"}, job["info"]  # where the loss came from
     # how it ended is the script's own: its exit code, its signal
     assert srv.wait_job(jobs["exit"])["exit_code"] == 3
     assert srv.wait_job(jobs["term"])["signal"] == "SIGTERM"
@@ -275,3 +276,14 @@ def test_a_compiled_model_counts_its_steps_loss_and_tokens_and_prints_nothing_mo
     says = {int(a): float(b) for a, b in re.findall(r"step (\d+): loss ([\d.]+)", out)}
     assert len(says) == 4 and all(abs(ours[k] - v) <= 0.5e-4 + 1e-6 for k, v in says.items()), (ours, says)
     assert "Warning" not in out, out  # torch.compile's warning about global forward hooks is not the script's
+
+
+def test_a_metric_comes_from_the_best_source_that_gave_it():
+    from tokenpulse.instrument.sources import Claims, off_env_value
+    claims = Claims()
+    assert claims.allow("loss", "printed") and claims.allow("loss", "backward")  # a better one takes over
+    assert claims.allow("train/loss", "logger") and not claims.allow("loss", "backward")  # one training loss
+    assert not claims.allow("loss", "printed") and claims.allow("loss", "api")
+    assert claims.allow("val_loss", "printed") and claims.source_of("val_loss") == "printed"  # not the training loss
+    assert claims.names() == ["loss", "val_loss"] and claims.source_of("train_loss") == "api"
+    assert off_env_value({"loggers": False, "backward": True, "printed": False}) == "logger,printed"
