@@ -466,8 +466,8 @@ def _model_forward(module, args, kwargs):
     try:
         import torch
         s = STATE
-        if not torch.is_grad_enabled():
-            _eval_batch(s)
+        if not torch.is_grad_enabled() or (s.opt_steps == 0 and not getattr(module, "training", True)):
+            _eval_batch(s)  # no gradients, or a model in eval mode before any step: an evaluation
             return None
         ids, mask = _token_ids(args, kwargs)
         if ids is None:
