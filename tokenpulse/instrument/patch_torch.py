@@ -324,22 +324,30 @@ def install_ddp(module) -> None:
     if DDP.__dict__.get("_tp_patched"):
         return
     DDP._tp_patched = True
-    orig_init = DDP.__init__
+    orig_init, orig_call = DDP.__init__, DDP.__call__
+    fresh: dict[int, object] = {}  # id -> weak reference: DDP instances not called yet (nothing set on them)
 
     def __init__(self, *a, **k):
         orig_init(self, *a, **k)
         try:
-            self.__dict__["_tp_first"] = self.register_forward_pre_hook(_ddp_first_forward)
+            import weakref
+            key = id(self)
+            fresh[key] = weakref.ref(self, lambda _, k=key: fresh.pop(k, None))
         except Exception:
             pass
-    DDP.__init__ = __init__
+
+    def __call__(self, *a, **k):
+        ref = fresh.pop(id(self), None)
+        if ref is not None and ref() is self:
+            _ddp_first_forward(self)
+        return orig_call(self, *a, **k)
+    DDP.__init__, DDP.__call__ = __init__, __call__
 
 
-def _ddp_first_forward(ddp, args) -> None:
+def _ddp_first_forward(ddp) -> None:
     """Before DDP's first forward (after the script had its chance to register its own comm hook):
     time the gradient all-reduce with the default hook's exact equivalent."""
     try:
-        ddp.__dict__.pop("_tp_first").remove()
         if getattr(ddp, "_comm_hooks", None) or not hasattr(ddp, "reducer"):
             return  # the script registered its own: it stays theirs
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
