@@ -6,7 +6,10 @@ Two scripts that never import tokenpulse, each with a tiny Llama from config and
   AdamW): the startup hook's optimizer-step hook, the model's forward pre-hook (tokens, padding),
   the DataLoader's timed `__next__`, the tqdm patch and the tokenizer hooks (firststeps.py) all run;
 - `trainer`: a Trainer with its tqdm bar and logging every step (the callback does all its work
-  every step), tokenized with the tokenizer (the hooks see those calls too).
+  every step), tokenized with the tokenizer (the hooks see those calls too);
+- `gpt`: a GPT-style loop (its own get_batch, the model called with positional ids `model(X, labels=Y)`,
+  two accumulation micro-batches a step, no tokenizer): the loss read from its `.backward()` calls
+  and the tokens from its positional ids (backward.py, patch_torch.py) are all it adds.
 Each runs in fresh processes, alternately without and with the instrumentation (the startup hook on
 PYTHONPATH and an event pipe this benchmark drains, as an agent would), in ABBA order so drift on a
 shared machine hits both alike. Each script times its own steps after a warm-up (process start and
@@ -91,6 +94,25 @@ SCRIPTS = {
         done(step)
     report()
 ''',
+    # a GPT-style loop: get_batch, positional ids, gradient accumulation; loss and tokens read by tokenpulse
+    "gpt": COMMON + '''
+    data = torch.tensor([t for x in texts for t in tok(x)["input_ids"]])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def get_batch():
+        ix = torch.randint(len(data) - 65, (batch,))
+        x = torch.stack([data[i:i + 64] for i in ix])
+        return x, x.clone()
+    for step in range(1, steps + 1):
+        for micro in range(2):
+            X, Y = get_batch()
+            loss = model(X, labels=Y).loss / 2
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done(step)
+    report()
+''',
     # a Trainer script: its tqdm bar, logging every step, dynamic padding
     "trainer": COMMON + '''
     from datasets import Dataset
@@ -154,13 +176,14 @@ def hook_cost_us(steps: int = 300, hidden: int = 64) -> dict:
     import time
 
     import torch
+    import torch._tensor as ttensor
     import torch.nn.modules.module as tmm
     import torch.optim.optimizer as topt
     import torch.utils.data.dataloader as tdl
 
     from tokenpulse import run
     from tokenpulse.events import Emitter
-    from tokenpulse.instrument import patch_torch as pt
+    from tokenpulse.instrument import backward as bw, patch_torch as pt
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(512, hidden), torch.nn.Linear(hidden, 512))
@@ -198,6 +221,7 @@ def hook_cost_us(steps: int = 300, hidden: int = 64) -> dict:
         pt.install_dataloader(tdl)
         pt.install_optimizer(topt)
         pt.install_forward(tmm)
+        bw.install_tensor(ttensor)
         loop(30)
         hooked = min(loop(steps) for _ in range(5))
         # each hook alone, many calls: the figure a bigger model's step does not change
@@ -214,9 +238,26 @@ def hook_cost_us(steps: int = 300, hidden: int = 64) -> dict:
         for _ in range(5000):
             pt._model_forward(net, (), b)
         fwd = (time.process_time() - c0) / 5000 * 1e6
+        # the loss capture of one step with two micro-batches, and its read once every 100 steps
+        loss = net(**b)
+        c0 = time.process_time()
+        for i in range(5000):
+            bw._seen(loss, (), {})
+            bw._seen(loss, (), {})
+            bw.step_done(i)
+            if i % 100 == 99:
+                bw.flush(run._reporter)
+        loss_us = (time.process_time() - c0) / 5000 * 1e6
+        ids = torch.randint(0, 512, (4, 32))
+        c0 = time.process_time()
+        for _ in range(5000):
+            pt._model_forward(net, (ids, ids), {})  # positional ids: model(X, Y)
+        pos = (time.process_time() - c0) / 5000 * 1e6
+        pt.STATE.real.clear()
     finally:
         run._reporter = saved
-    return {"bare_us": bare, "hooked_us": hooked, "next_us": nxt, "step_hook_us": step_hook, "forward_hook_us": fwd}
+    return {"bare_us": bare, "hooked_us": hooked, "next_us": nxt, "step_hook_us": step_hook, "forward_hook_us": fwd,
+            "loss_us": loss_us, "positional_tokens_us": pos}
 
 
 def callback_cost_us(steps: int = 2000) -> float:
@@ -258,7 +299,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
-    ap.add_argument("--scripts", default="loop,trainer", help="which scripts: loop, trainer")
+    ap.add_argument("--scripts", default="loop,trainer,gpt", help="which scripts: loop, trainer, gpt")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     names = [n for n in a.scripts.split(",") if n]
@@ -310,6 +351,12 @@ def main() -> None:
           f"forward hook {hk['forward_hook_us']:.1f} us"
           + (f" = {(hk['next_us'] + hk['step_hook_us'] + hk['forward_hook_us']) / base['loop'] * 100:.3f}% of the "
              f"loop script's {base['loop'] / 1000:.1f} ms step" if "loop" in base else ""))
+    if "gpt" in base:
+        both = 2 * hk["positional_tokens_us"] + hk["loss_us"] + hk["step_hook_us"]
+        print(f"loss capture (2 micro-batches' .backward(), one read per 100 steps) {hk['loss_us']:.1f} us + token "
+              f"counting from positional ids {hk['positional_tokens_us']:.1f} us x 2 + step hook "
+              f"{hk['step_hook_us']:.1f} us = {both / base['gpt'] * 100:.3f}% of the gpt script's "
+              f"{base['gpt'] / 1000:.1f} ms step (goal: at most 1%)")
     cost = callback_cost_us()
     print(f"Trainer callback in-process, logging every step: {cost:.0f} us per step"
           + (f" = {cost / base['trainer'] * 100:.2f}% of the Trainer script's {base['trainer'] / 1000:.1f} ms step"

@@ -242,6 +242,15 @@ def stop_agents(s: Server) -> None:
             a.kill()
 
 
+def command_agent_server(tmp_path_factory, name: str):
+    """For a module-scoped fixture: a server with one agent that runs command jobs, stopped after."""
+    s = make_server(tmp_path_factory.mktemp(name)).start()
+    s.start_agent("a1", "--allow-commands")
+    yield s
+    stop_agents(s)
+    s.kill()
+
+
 @pytest.fixture
 def server(request, server_factory) -> Server:
     """A fresh server of its own; the run's shared one for a test marked `shared_server` (it only

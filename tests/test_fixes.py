@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, make_server, stop_agents, wait_for
+from conftest import ROOT, command_agent_server, wait_for
 from test_instrument import tiny_model  # noqa: F401  (the module-scoped model fixture)
 
 # steps slowed by a sleep (a fault), so a step's time is the sleep, whatever its tokens: what a fix
@@ -23,11 +23,7 @@ SPEC = dict(max_steps=400, batch_size=2, grad_accum=1, precision="fp32", device=
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = make_server(tmp_path_factory.mktemp("fixes")).start()
-    s.start_agent("a1", "--allow-commands")
-    yield s
-    stop_agents(s)
-    s.kill()
+    yield from command_agent_server(tmp_path_factory, "fixes")
 
 
 @pytest.fixture(scope="module")

@@ -405,6 +405,11 @@ class CommandSpec(SpecBase):
                                               "(Hub tokens, API keys): their values are never stored or shown")
     instrument: bool = Field(True, description="report Trainer/tqdm/datasets progress, metrics and stacks "
                                                "without code changes (a startup hook on PYTHONPATH)")
+    capture: dict[str, bool] = Field(default_factory=dict, max_length=8,
+                                     description="metric sources to read, each on unless set false: "
+                                                 "{\"loggers\": false, \"backward\": false, \"printed\": false} "
+                                                 "(logging-library calls, the loss the script calls .backward() on, "
+                                                 "printed lines)")
     # the shared fields (SpecBase) whose meaning differs for a command
     nproc_per_node: int = Field(1, ge=1, le=64, description="processes (ranks) per machine: more than 1 runs "
                                 "the command under torchrun (`--no-python`: the command as given, once per rank)")
@@ -448,6 +453,15 @@ class CommandSpec(SpecBase):
             _env_name(k)
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
                 raise ValueError(f"{k}: values are at most {MAX_ARG_CHARS} characters, without NUL bytes")
+        return v
+
+    @field_validator("capture")
+    @classmethod
+    def _capture(cls, v: dict[str, bool]) -> dict[str, bool]:
+        from tokenpulse.instrument.sources import CAPTURE_KEYS
+        bad = sorted(k for k in v if k not in CAPTURE_KEYS)
+        if bad:
+            raise ValueError(f"unknown source {', '.join(bad)}: one of {', '.join(CAPTURE_KEYS)}")
         return v
 
     @field_validator("secret_env")
@@ -509,6 +523,9 @@ class PhaseData(BaseModel):
 class MetricsData(BaseModel):
     step: int = Field(ge=0)
     values: dict[str, float]
+    # where a command job's values came from, by name (tokenpulse/instrument/sources.py: api, logger,
+    # backward, printed); absent for tokenpulse's own training and the Trainer callback
+    sources: Optional[dict[str, str]] = None
 
     @field_validator("values")
     @classmethod

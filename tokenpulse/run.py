@@ -151,8 +151,8 @@ def install_term_handler() -> bool:
         current = signal.getsignal(signal.SIGTERM)
         if current is _on_term:
             return True
-        if current not in (signal.SIG_DFL, None):
-            return False
+        if current not in (signal.SIG_DFL, None) and not getattr(current, "tp_default", False):
+            return False  # the script's own handler (ours at exit, instrument/lastwords.py, is chained)
         _term_before = current
         signal.signal(signal.SIGTERM, _on_term)
         return True

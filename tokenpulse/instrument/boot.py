@@ -35,9 +35,12 @@ def start() -> None:
         argv = " ".join(sys.argv) if sys.argv and sys.argv[0] else "python"
         em.emit_data("phase", {"name": "running", "detail": argv[:1000]})
         em.phase_name = "running"
-    from . import firststeps, patch_torch, patch_tqdm, patch_transformers
+    from . import backward, firststeps, lastwords, patch_torch, patch_tqdm, patch_transformers
+    lastwords.install()  # the last step, losses and phase, sent at the process's end
     # torch's own modules, each patched right after it loads (progress and step anatomy, patch_torch.py)
     when_imported("torch.optim.optimizer", patch_torch.install_optimizer)
+    when_imported("torch._tensor", backward.install_tensor)  # the loss the script calls .backward() on
+    when_imported("torch.amp.grad_scaler", backward.install_scaler)
     when_imported("torch.nn.modules.module", patch_torch.install_forward)
     when_imported("torch.utils.data.dataloader", patch_torch.install_dataloader)
     when_imported("torch.distributed.distributed_c10d", patch_torch.install_collectives)

@@ -12,11 +12,17 @@ reports its steps with no code change.
   `tokenpulse.log` step wins when present; this hook then reports only the step anatomy. Otherwise
   it reports phase `training` (done = steps, unit `steps`, at most once a second), sets the step
   the alive thread carries, and every ANATOMY_EVERY_S a metrics event (below).
-- Tokens: the batch handed to the model's top-level forward, when it carries `input_ids` (and an
-  `attention_mask`): real and padded tokens per second. The top-level module is found with torch's
-  global forward hooks for the first calls only, then hooked alone (the global hooks would put
-  every submodule call on torch's slow path). Forwards with gradients off, a second or more after
-  the last optimizer step, are an evaluation: phase `evaluating`, batches counted.
+- Tokens: the batch handed to the model's top-level forward: its `input_ids` (and `attention_mask`),
+  else its first integer tensor of shape (batch, sequence) among positional arguments (`model(X, Y)`):
+  real and padded tokens per second. The top-level module is found with torch's global forward
+  hooks for the first calls only, then watched alone (the global hooks would put every submodule
+  call on torch's slow path): kept by identity on our side, its class's __call__ wrapped once.
+  Nothing is set on the user's module, so what it saves, copies or prints is unchanged. Forwards
+  with gradients off, a second or more after the last optimizer step (or before the first), are an
+  evaluation: phase `evaluating`, batches counted.
+- Loss: the scalar the script calls `.backward()` on (backward.py), when no Trainer or
+  tokenpulse.log reports one. A loop with no optimizer object: each backward is a step.
+- At exit, the last step, losses and phase are sent (lastwords.py).
 - Anatomy, per rank: seconds per step waiting for the next batch (DataLoader `__next__`, its worker
   processes included), in collectives (torch.distributed's blocking calls, and DDP's gradient
   all-reduce timed by a comm hook registered when the script registered none), and the rest
@@ -35,6 +41,8 @@ import time
 from typing import Optional
 
 from tokenpulse import run
+
+from . import backward
 
 PHASE_EVERY_S = 1.0  # the training phase's counter, at most this often
 ANATOMY_EVERY_S = float(os.environ.get("TOKENPULSE_ANATOMY_EVERY_S", "3") or 3)
@@ -68,6 +76,9 @@ class State:
         self.last: dict = {}  # the last window's figures (alive extras)
         self.step_busy: list[float] = []  # this window's steps, each: its seconds less its collective waits
         self.comm_mark = 0.0  # comm_s at the last step: the next step's own collective waits
+        self.has_optimizer = False  # an optimizer object was made: its steps are the steps, not backward calls
+        self.phase_sent: Optional[tuple] = None  # the last phase event's (name, done)
+        self.counted_by_others = False  # a Trainer or tokenpulse.log counted steps here: theirs to the end
 
 
 STATE = State()
@@ -103,30 +114,48 @@ def _after_step(opt, args, kwargs) -> None:
                 return
             s.lead = key  # it steps on while the leader does not: the loop's optimizer changed
         s.others.clear()
-        now = perf()
-        if s.last_step_t is not None and s.win_t is not None and not (s.eval_batches and s.in_eval):
-            s.step_busy.append(now - s.last_step_t - (s.comm_s - s.comm_mark))  # an evaluation's step: left out
-        s.opt_steps += 1
-        s.win_steps += 1
-        s.last_step_t = now
-        if s.win_t is None:
-            s.win_t = now
-            s.data_s = s.comm_s = 0.0  # waits before the first step are setup, not step time
-            s.real, s.padded, s.win_steps = [], 0, 0
-        if s.eval_batches and s.in_eval:
-            # an evaluation ran since the last step: its time and its batches are not step anatomy
-            s.win_t, s.win_steps, s.data_s, s.comm_s, s.real, s.padded = now, 0, 0.0, 0.0, [], 0
-            if not _owns_steps():
-                s.in_eval = False  # the step owner (a Trainer) reports its own phases
-        s.eval_batches = 0
-        em = run._reporter
-        if em is not None and _owns_steps():
-            em.step_done = s.opt_steps  # the alive thread carries it every second: the step, not a second old
-        if s.in_eval or now - s.phase_t >= PHASE_EVERY_S or now - s.win_t >= ANATOMY_EVERY_S:
-            _report(now)
-        s.comm_mark = s.comm_s
+        _count_step()
     except Exception:
         pass
+
+
+def after_backward() -> None:
+    """A loop with no optimizer object updates its weights by hand after each backward: that backward
+    was its step (backward.py calls this)."""
+    if not STATE.has_optimizer:
+        try:
+            _count_step()
+        except Exception:
+            pass
+
+
+def _count_step() -> None:
+    s = STATE
+    now = perf()
+    if s.last_step_t is not None and s.win_t is not None and not (s.eval_batches and s.in_eval):
+        s.step_busy.append(now - s.last_step_t - (s.comm_s - s.comm_mark))  # an evaluation's step: left out
+    s.opt_steps += 1
+    backward.step_done(s.opt_steps)
+    s.win_steps += 1
+    s.last_step_t = now
+    if s.win_t is None:
+        s.win_t = now
+        s.data_s = s.comm_s = 0.0  # waits before the first step are setup, not step time
+        s.real, s.padded, s.win_steps = [], 0, 0
+    if s.eval_batches and s.in_eval:
+        # an evaluation ran since the last step: its time and its batches are not step anatomy
+        s.win_t, s.win_steps, s.data_s, s.comm_s, s.real, s.padded = now, 0, 0.0, 0.0, [], 0
+        if not _owns_steps():
+            s.in_eval = False  # the step owner (a Trainer) reports its own phases
+    s.eval_batches = 0
+    em = run._reporter
+    if not _owns_steps():
+        s.counted_by_others = True
+    elif em is not None:
+        em.step_done = s.opt_steps  # the alive thread carries it every second: the step, not a second old
+    if s.in_eval or now - s.phase_t >= PHASE_EVERY_S or now - s.win_t >= ANATOMY_EVERY_S:
+        _report(now)
+    s.comm_mark = s.comm_s
 
 
 def _report(now: float) -> None:
@@ -140,9 +169,37 @@ def _report(now: float) -> None:
         em.step_done = s.opt_steps
         if s.in_eval or now - s.phase_t >= PHASE_EVERY_S:
             s.phase_t, s.in_eval = now, False
-            em.phase("training", done=s.opt_steps, unit="steps")
+            _phase(em, "training", s.opt_steps, "steps")
+            backward.flush(em)  # the steps' losses: one read a report, never one a step
     if now - s.win_t >= ANATOMY_EVERY_S and s.win_steps > 0:
         _emit_window(em, now, own)
+
+
+def _phase(em, name: str, done: int, unit: str) -> None:
+    STATE.phase_sent = (name, done)
+    em.phase(name, done=done, unit=unit)
+
+
+def flush_final() -> None:
+    """At the process's end (lastwords.py): its last step, losses and phase, which the once-a-second
+    reports may not have sent yet, so a finished job's step is the steps the script ran."""
+    s = STATE
+    em = run.reporter(create=False)
+    if em is None or not _owns_steps() or s.counted_by_others:
+        return
+    backward.flush(em)
+    if s.opt_steps == 0 and not s.eval_batches:
+        return
+    name, done, unit = ("evaluating", s.eval_batches, "batches") if s.in_eval else ("training", s.opt_steps, "steps")
+    if s.phase_sent != (name, done):
+        _phase(em, name, done, unit)
+    if s.opt_steps:
+        em.step_done = s.opt_steps
+        now = perf()
+        if s.win_t is not None and s.win_steps > 0 and now > s.win_t:
+            _emit_window(em, now, True)
+        else:
+            em.metrics(s.opt_steps)  # no figures left to send: the step itself
 
 
 def _total(xs) -> float:
@@ -204,6 +261,14 @@ def install_optimizer(module) -> None:
         return
     module._tp_hooked = True
     module.register_optimizer_step_post_hook(_after_step)
+    opt_cls = module.Optimizer
+    orig_init = opt_cls.__init__
+
+    def __init__(self, *a, **k):
+        STATE.has_optimizer = True  # from now on optimizer steps are the steps (not backward calls)
+        orig_init(self, *a, **k)
+    __init__.__doc__, __init__.__wrapped__ = orig_init.__doc__, orig_init  # type: ignore[attr-defined]
+    opt_cls.__init__ = __init__
     em = run.reporter(create=False)
     if em is not None:
         em.alive_extra = alive_extra  # this process's alive events carry its anatomy
@@ -259,22 +324,30 @@ def install_ddp(module) -> None:
     if DDP.__dict__.get("_tp_patched"):
         return
     DDP._tp_patched = True
-    orig_init = DDP.__init__
+    orig_init, orig_call = DDP.__init__, DDP.__call__
+    fresh: dict[int, object] = {}  # id -> weak reference: DDP instances not called yet (nothing set on them)
 
     def __init__(self, *a, **k):
         orig_init(self, *a, **k)
         try:
-            self.__dict__["_tp_first"] = self.register_forward_pre_hook(_ddp_first_forward)
+            import weakref
+            key = id(self)
+            fresh[key] = weakref.ref(self, lambda _, k=key: fresh.pop(k, None))
         except Exception:
             pass
-    DDP.__init__ = __init__
+
+    def __call__(self, *a, **k):
+        ref = fresh.pop(id(self), None)
+        if ref is not None and ref() is self:
+            _ddp_first_forward(self)
+        return orig_call(self, *a, **k)
+    DDP.__init__, DDP.__call__ = __init__, __call__
 
 
-def _ddp_first_forward(ddp, args) -> None:
+def _ddp_first_forward(ddp) -> None:
     """Before DDP's first forward (after the script had its chance to register its own comm hook):
     time the gradient all-reduce with the default hook's exact equivalent."""
     try:
-        ddp.__dict__.pop("_tp_first").remove()
         if getattr(ddp, "_comm_hooks", None) or not hasattr(ddp, "reducer"):
             return  # the script registered its own: it stays theirs
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -321,7 +394,7 @@ def _g_post(module, args, out) -> None:
 
 
 def _settle() -> None:
-    """The model is known: hook it (and any other top-level module seen) alone, drop the global hooks."""
+    """The model is known: watch it (and any other top-level module seen) alone, drop the global hooks."""
     with _lock:
         if not _global_handles:
             return
@@ -331,48 +404,82 @@ def _settle() -> None:
         _depth.d = 0
         for module, _ in _seen.values():
             try:
-                module.register_forward_pre_hook(_model_forward, with_kwargs=True)
-                _hook_wrapped(module)
+                _watch(module)
+                _watch_inner(module)
             except Exception:
                 pass
         _seen.clear()
 
 
-_wrapper = threading.local()  # .on while a wrapper's forward runs (its inner module's call is not another)
+# Watched modules, by identity, on our side only: nothing is set on the user's module (no hook, no
+# attribute), so what the script saves, copies or prints is what it would be without tokenpulse.
+# Their classes' __call__ is wrapped once; an instance not watched goes straight to torch's.
+_watched: dict[int, object] = {}  # id(module) -> a weak reference to it
+_patched: set = set()  # the classes whose __call__ is wrapped
+_inside = threading.local()  # .on while a watched module's call runs: a watched module inside it is not another batch
 
 
-def _hook_wrapped(wrapper) -> None:
+def _watch(module) -> None:
+    import weakref
+    key = id(module)
+    _watched[key] = weakref.ref(module, lambda _, k=key: _watched.pop(k, None))
+    _patch_class(type(module))
+
+
+def _watch_inner(wrapper) -> None:
     """A wrapper (DDP, DataParallel) trains through its forward, but a script often evaluates its inner
-    model directly (`evaluate(model.module)`): that module is hooked too, so an evaluation is seen as
+    model directly (`evaluate(model.module)`): that module is watched too, so an evaluation is seen as
     one (not as a pause every N steps), and counted once when it does go through the wrapper."""
     import torch
     inner = getattr(wrapper, "module", None)
-    if not isinstance(inner, torch.nn.Module) or inner is wrapper or getattr(inner, "_tp_inner", False):
+    if isinstance(inner, torch.nn.Module) and inner is not wrapper and id(inner) not in _watched:
+        _watch(inner)
+
+
+def _patch_class(cls) -> None:
+    if cls in _patched:
         return
-    inner._tp_inner = True
-    wrapper.register_forward_pre_hook(lambda m, a: setattr(_wrapper, "on", True))
-    wrapper.register_forward_hook(lambda m, a, o: setattr(_wrapper, "on", False), always_call=True)
-    inner.register_forward_pre_hook(_inner_forward, with_kwargs=True)
+    _patched.add(cls)
+    orig = cls.__call__
+
+    def __call__(self, *args, **kwargs):
+        ref = _watched.get(id(self))
+        if ref is None or ref() is not self or getattr(_inside, "on", False):
+            return orig(self, *args, **kwargs)  # not watched, or inside a watched call (a wrapper's inner module)
+        _model_forward(self, args, kwargs)
+        _inside.on = True
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _inside.on = False
+    __call__.__wrapped__ = orig  # type: ignore[attr-defined]
+    cls.__call__ = __call__
 
 
-def _inner_forward(module, args, kwargs):
-    return None if getattr(_wrapper, "on", False) else _model_forward(module, args, kwargs)
+def _token_ids(args, kwargs):
+    """The batch's token ids and attention mask: `input_ids=` (or a dict of them), else the first
+    integer tensor of shape (batch, sequence) among the positional arguments (`model(X, Y)`)."""
+    import torch
+    batch = kwargs if "input_ids" in kwargs else (args[0] if args and hasattr(args[0], "get") else None)
+    if batch is not None:
+        ids, mask = batch.get("input_ids"), batch.get("attention_mask")
+    else:
+        ids = next((a for a in args if torch.is_tensor(a) and a.dim() == 2 and not a.is_floating_point()
+                    and not a.is_complex() and a.dtype != torch.bool), None)
+        mask = kwargs.get("attention_mask")
+    return (ids, mask) if torch.is_tensor(ids) else (None, None)
 
 
 def _model_forward(module, args, kwargs):
     try:
         import torch
         s = STATE
-        if not torch.is_grad_enabled():
-            _eval_batch(s)
+        if not torch.is_grad_enabled() or (s.opt_steps == 0 and not getattr(module, "training", True)):
+            _eval_batch(s)  # no gradients, or a model in eval mode before any step: an evaluation
             return None
-        batch = kwargs if "input_ids" in kwargs else (args[0] if args and hasattr(args[0], "get") else None)
-        if batch is None:
+        ids, mask = _token_ids(args, kwargs)
+        if ids is None:
             return None
-        ids = batch.get("input_ids")
-        if not torch.is_tensor(ids):
-            return None
-        mask = batch.get("attention_mask")
         s.padded += ids.numel()
         s.real.append(mask.sum() if torch.is_tensor(mask) and mask.shape == ids.shape else ids.numel())
     except Exception:
@@ -393,12 +500,17 @@ def _eval_batch(s: State) -> None:
     em = run.reporter(create=False)
     if em is None or not _owns_steps():
         return
-    em.phase("evaluating", done=s.eval_batches, unit="batches")
+    _phase(em, "evaluating", s.eval_batches, "batches")
 
 
 def install_forward(module) -> None:
     if getattr(module, "_tp_hooked", False):
         return
     module._tp_hooked = True
+    import warnings
+    # torch.compile warns of global hooks at each call while ours find the model (the first 2 calls):
+    # the script's output must not change because it is watched
+    warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
+                            category=UserWarning)
     _global_handles.append(module.register_module_forward_pre_hook(_g_pre))
     _global_handles.append(module.register_module_forward_hook(_g_post, always_call=True))

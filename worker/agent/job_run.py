@@ -223,7 +223,9 @@ class JobRunner:
             _, pending = await asyncio.wait(readers, timeout=2.0)
             if pending:
                 proc.kill_leftovers()
-                _, pending = await asyncio.wait(pending, timeout=5.0)
+                # its tree is gone, so the pipe's end comes: read what it wrote at exit (its last step,
+                # lastwords.py) to the end, however loaded the machine; the bound is for a writer that escaped
+                _, pending = await asyncio.wait(pending, timeout=30.0)
                 for t in pending:
                     t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)

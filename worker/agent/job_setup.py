@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional
 
+from tokenpulse.instrument.sources import OFF_ENV as CAPTURE_OFF_ENV, off_env_value
 from tokenpulse.protocol import CommandSpec
 from worker.checkpoint_layout import checkpoint_step, checkpoints_root, is_step_dir, is_tmp_dir, step_from_name
 
@@ -95,6 +96,9 @@ def command_env(base: Mapping[str, str], spec: CommandSpec, job_id: int, resume:
         env["TOKENPULSE_RESUME_FROM"] = resume
     if hooks:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks, env.get("PYTHONPATH")) if p)
+    off = off_env_value(spec.capture)
+    if off:
+        env[CAPTURE_OFF_ENV] = off  # the sources this job does not read (tokenpulse/instrument/sources.py)
     return env
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Optional
 
 from tokenpulse.protocol import AlertKind
 from worker.agent.output import LineFolder
@@ -82,12 +83,30 @@ class JobStream:
                     # The instrumentation's promise (a Trainer callback) that SIGUSR2 makes the process
                     # save a checkpoint and exit paused; without it a command job is never sent SIGUSR2.
                     rj.pausable = bool(data["pausable"])
+            if kind == "metrics" and isinstance(data.get("sources"), dict):
+                data = self.best_sources(rj, data)
+                if data is None:
+                    continue
             if kind == "state":
                 rj.child_state = data  # judged together with the exit code, in supervise()
                 continue
             if kind == "checkpoint" and not data.get("final") and data.get("requested"):
                 self.emit(rj, "log", {"line": self.checkpoint_words(rj, data, now), "stream": "agent"})
             self.emit(rj, kind, data, t)
+
+    def best_sources(self, rj: RunningJob, data: dict) -> Optional[dict]:
+        """A command's metrics said with their sources: a value from a worse source than one this job's
+        processes already gave for that metric is dropped (a printed loss never overrides a logged
+        one); the job's info says where each metric comes from, sent when that changes."""
+        said = {str(k): str(v) for k, v in data["sources"].items()}
+        before = {k: rj.sources.source_of(k) for k in said}
+        values = {k: v for k, v in data.get("values", {}).items() if k not in said or rj.sources.allow(k, said[k])}
+        changed = {k: said[k] for k in said if k in values and before[k] != said[k]}
+        if changed:
+            self.emit(rj, "info", {"metric_sources": {k: rj.sources.source_of(k) for k in rj.sources.names()}})
+        if not values:
+            return None
+        return {**data, "values": values, "sources": {k: said[k] for k in values if k in said}}
 
     @staticmethod
     def checkpoint_words(rj: RunningJob, data: dict, now: float) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from tokenpulse.diagnosis.stall import StallDetector
+from tokenpulse.instrument.sources import Claims
 from tokenpulse.protocol import Claim, CommandSpec
 from worker.agent import gangwatch, sysmetrics
 from worker.agent.advice import Advisor
@@ -60,6 +61,8 @@ class RunningJob:
     # its stall, once alerted: {"since", "step", "frame", "headline"} (ended as a hang after kill_after_s)
     hang: Optional[dict] = None
     kill_after_s: float = 0.0  # 0: a stall is never killed
+    # a command job's metric sources: the best seen per metric wins across its processes (sources.py)
+    sources: Claims = field(default_factory=Claims)
 
     @property
     def command(self) -> Optional[CommandSpec]:
