@@ -170,6 +170,7 @@ def _add(total: apply.Outcome, out: apply.Outcome) -> None:
     total.alerts += out.alerts
     total.stored_events += out.stored_events
     total.stored_points += out.stored_points
+    total.rule_work += out.rule_work
 
 
 def after_ingest(tp, out: apply.Outcome) -> None:
@@ -181,8 +182,9 @@ def after_ingest(tp, out: apply.Outcome) -> None:
     if any(_requeued(f) for f in out.frames):
         tp.hub.publish(WORK_TOPIC, work_frame(), droppable=True)  # requeued (a fix, a retry): claimed now
     if out.alerts and tp.webhooks is not None:
-        for alert in out.alerts:
-            tp.webhooks.send(alert)
+        tp.webhooks.send_all(out.alerts)
+    if out.rule_work and tp.rule_runner is not None:
+        tp.rule_runner.submit(out.rule_work)  # metric rules, judged now that the batch is stored
 
 
 def _requeued(frame: tuple) -> bool:

@@ -16,7 +16,7 @@ from server.context import AppDep
 from server.dialect import raw_cursor
 from server.errors import error_list, unprocessable
 from server.hub import job_frames
-from server.models import Attempt, Event as EventRow, Job, MetricKey
+from server.models import Attempt, Event as EventRow, Job, MetricKey, MetricRollup
 from server.preflight import preflight
 from server.rules import RULES, Fired
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
@@ -123,7 +123,7 @@ def list_jobs(tp: AppDep, _: UserDep,
         where = [job_columns.filter_clause(f, tp.db.dialect) for f in filter or []]
         if state:
             where.append(Job.state.in_([x.value for x in state]))
-        q = (q or "").strip()
+        q = job_columns.printable("q", (q or "").strip())
         digits = q.removeprefix("#").strip()
         the_id = int(digits) if digits.isascii() and digits.isdigit() and len(digits) < 19 else -1
         if q.startswith("#") and the_id >= 0:
@@ -172,9 +172,8 @@ async def request_action(tp, job_id: int, action: str, caller) -> dict:
     fired = Fired()
     summary = await tp.db.write(apply)
     tp.hub.publish_all(fired.frames + job_frames(summary))
-    for alert in fired.alerts:
-        if tp.webhooks is not None:
-            tp.webhooks.send(alert)
+    if tp.webhooks is not None:
+        tp.webhooks.send_all(fired.alerts)
     if summary["agent_id"] is not None:  # an agent on a websocket asks for its commands at once
         tp.hub.publish(agent_topic(summary["agent_id"]), nudge_frame(), droppable=False)
     if summary["state"] == JobState.queued.value:  # resumed: an idle agent claims it now
@@ -241,8 +240,13 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
     downsampled server-side, keeping each bucket's first, last, min and max points."""
     with tp.db.read() as s:
         get_job_or_404(s, job_id)
-        names = dict(s.execute(select(MetricKey.name, MetricKey.id)).all())
-        wanted = keys or [n for n in names if prefix is None or n.startswith(prefix)]
+        # this job's own names only (never every job's: a read proportional to what is shown)
+        if keys:
+            names = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(keys))).all())
+        else:
+            names = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.id.in_(
+                select(MetricRollup.key_id).where(MetricRollup.job_id == job_id).distinct()))).all())
+        wanted = keys or sorted((n for n in names if prefix is None or n.startswith(prefix)), key=names.__getitem__)
         out: dict = {}
         cur = raw_cursor(s)  # the DBAPI cursor: no per-row SQLAlchemy work
         for name in wanted:

@@ -1,12 +1,13 @@
 """A job's whole log: searched (GET /api/jobs/{id}/logs) and downloaded as text
 (GET /api/jobs/{id}/logs.txt). Lines are shown without terminal control codes, also those stored
-before the agent dropped them."""
+before the agent dropped them. A search is a substring unless regex=true; a regular expression runs
+on RE2 (linear time), never on Python's backtracking `re`."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Iterator, Optional
 
+import re2
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
@@ -19,17 +20,26 @@ from tokenpulse.terminal import strip_control
 
 router = APIRouter(prefix="/api/jobs", tags=["logs"])
 PAGE = 5000  # rows read per query while scanning
+RE2_MAX_MEM = 8 << 20  # a pattern's compiled program: a huge repetition is refused, not built
 
 
 def matcher(grep: Optional[str], regex: bool, case: bool):
-    """grep -> a predicate on a line (a substring, or a regular expression); 422 naming `grep`."""
+    """grep -> a predicate on a line: a substring, or with regex=true a regular expression run by
+    RE2 (google-re2), whose time is linear in the line: no pattern can hold the server (Python's
+    `re` backtracks: `(a+)+$` over 30 characters takes seconds, with the GIL held). 422 naming `grep`."""
     if not grep:
         return lambda line: True
     if regex:
+        options = re2.Options()
+        options.case_sensitive = case
+        options.log_errors = False
+        options.max_mem = RE2_MAX_MEM
         try:
-            rx = re.compile(grep, 0 if case else re.IGNORECASE)
-        except re.error as e:
-            raise unprocessable([{"field": "grep", "message": f"not a regular expression: {e}"}]) from None
+            rx = re2.compile(grep, options)
+        except Exception as e:  # re2.error; its message is bytes
+            why = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+            raise unprocessable([{"field": "grep", "message": f"not a regular expression RE2 accepts "
+                                  f"(no backreferences or lookaround): {why}"}]) from None
         return lambda line: rx.search(line) is not None
     if case:
         return lambda line: grep in line
