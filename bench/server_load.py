@@ -336,7 +336,7 @@ class Bench:
 
     def start_server(self):
         data = self.dir / "data"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENPULSE_RULES_PER_USER": "1000"}
         self.store = "sqlite"
         if self.a.database_url:
             env["TOKENPULSE_DATABASE_URL"] = self.a.database_url
@@ -390,6 +390,53 @@ class Bench:
                 p.kill()
 
     # -- phases --
+    def rule_cost(self):
+        """Ingest with 1,000 alert rules defined vs none (issue 34: rules are judged beside ingest,
+        after the writer's commit, and a person's rules watch that person's jobs): one agent posts
+        2,000-point batches back to back for --rules-s seconds with no rule, then with 1,000 rules of
+        another user (10 users x 100, on the batch's own metrics), then with the job owner's own 100
+        (rules_per_user), each judged on every batch. Points/s side by side."""
+        import httpx
+        a = self.a
+        agent = httpx.Client(base_url=self.url, timeout=120, headers={"Authorization": f"Bearer {self.agent_token}"})
+        aid = agent.post("/api/agents", json={"name": "rules-load", "host": "bench"}).json()["id"]
+        job = self.submit("rules-load")
+        assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == job
+        seq = [0]
+
+        def load() -> float:
+            points, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < a.rules_s:
+                ev = [{"kind": "metrics", "job_id": job, "seq": seq[0] + i, "t": time.time(),
+                       "data": {"step": seq[0] + i, "values": {"loss": 2.0 + (i % 13) * 0.01, "lr": 1e-4, "gnorm": 1.0,
+                                                                "acc": 0.5, "a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}}}
+                      for i in range(250)]
+                agent.post(f"/api/agents/{aid}/events", json={"events": ev}).raise_for_status()
+                seq[0] += 250
+                points += 2000
+            return points / (time.perf_counter() - t0)
+
+        def rules_of(token: str, n: int) -> None:
+            with httpx.Client(base_url=self.url, timeout=60, headers={"Authorization": f"Bearer {token}"}) as c:
+                for i in range(n):
+                    body = RULES[i % 9]  # every metric condition, the state rule left out
+                    c.post("/api/rules", json={**body, "name": f"{body['name']}-{i}"}).raise_for_status()
+        res = {"none": load()}
+        for u in range(10):
+            tok = self.http.post("/api/tokens", json={"name": f"rules-{u}", "role": "user"}).json()["token"]
+            rules_of(tok, 100)
+        res["1000_others"] = load()
+        owner = self.http.post("/api/tokens", json={"name": "rules-owner", "role": "user"}).json()["token"]
+        rules_of(owner, 100)  # a user's rules: on that user's jobs; the load job is the admin's
+        with httpx.Client(base_url=self.url, timeout=60, headers={"Authorization": f"Bearer {self.user}"}) as c:
+            for i in range(100):  # the job owner's own (the admin's), each judged on every batch
+                body = RULES[i % 9]
+                c.post("/api/rules", json={**body, "name": f"own-{i}"}).raise_for_status()
+        res["100_owners"] = load()
+        agent.close()
+        self.res["rules"] = res
+        log("ingest with rules (points/s)", res)
+
     def probe_keepalive(self):
         """Sequential keep-alive calls on one connection: a 44 ms Nagle/delayed-ACK stall shows as
         p50 ~ 44 ms (and ~20 calls/s); without it a call is ~1 ms."""
@@ -721,6 +768,12 @@ class Bench:
              f"~{hb.get('cpu_ms_per_request', 0):.1f} ms CPU a request)",
              "-", "-", hb.get("core_pct", 100) < 5),
         ]
+        if "rules" in r:
+            ru = r["rules"]
+            rows.append(("ingest with 1,000 rules of other users | 100 of the job's owner, vs none (points/s)",
+                         ">= 0.90 x none", f"{ru['1000_others']:,.0f} ({ru['1000_others'] / ru['none']:.2f}x) | "
+                         f"{ru['100_owners']:,.0f} ({ru['100_owners'] / ru['none']:.2f}x) vs {ru['none']:,.0f}",
+                         "-", "-", ru["1000_others"] / ru["none"] >= 0.9))
         store = r.get("store", "sqlite")
         head = (f"store: {store}, {r.get('servers', 1)} server process(es)\n\n"
                 "| | goal | tokenpulse | MLflow" + mark + " | raw SQLite" + mark + " | |\n|---|---|---|---|---|---|")
@@ -747,7 +800,7 @@ class Bench:
             self.res["store"], self.res["servers"] = self.store, len(self.servers)
             for ph in a.phases.split(","):
                 {"probe": self.probe_keepalive, "ingest": self.ingest, "hb": self.heartbeats,
-                 "reads": self.reads}[ph]()
+                 "reads": self.reads, "rules": self.rule_cost}[ph]()
         finally:
             self.stop_server()
         if a.no_table:
@@ -787,7 +840,8 @@ def main():
         p.add_argument("--skip-anchor", action="store_true")
         p.add_argument("--rules", type=int, default=0, choices=range(0, 11),
                        help="alert rules defined (0-10, on every job and the load's metrics) during ingest")
-        p.add_argument("--phases", default="probe,ingest,hb,reads")
+        p.add_argument("--phases", default="probe,ingest,hb,reads,rules")
+        p.add_argument("--rules-s", type=float, default=5.0, help="seconds of each side of the rules phase")
         p.add_argument("--no-table", action="store_true")
         p.add_argument("--render", help="print the table of an earlier run's results JSON")
         p.add_argument("--anchor-json")

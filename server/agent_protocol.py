@@ -23,6 +23,7 @@ from server.hub import job_frames
 from server.ingest import apply, heartbeats
 from server.models import Job
 from server.reaper import lease_origin
+from server.rules import RULES
 from tokenpulse.protocol import (
     ACTIVE_STATES,
     JOBS_TOPIC,
@@ -103,6 +104,7 @@ def apply_messages(s, tp, messages: list[Incoming]) -> Applied:
         for agent_id, said in reported.items():
             for job in store.reconcile(s, agent_id, said, tp.settings.agent_lost_after_s, origin,
                                        held.get(agent_id, []), tp.deliveries):
+                RULES.state_changed(s, job, total)  # failed without a report of its own: state rules see it
                 total.frames += job_frames(store.job_summary(job))
     work = bool(beats) and heartbeats.queued_work(s)
     rearm: list[int] = []
