@@ -224,6 +224,20 @@ def test_7_metric_names_per_job_are_limited_with_one_warning_and_reads_stay_the_
         assert len(warned) == 1 and "TOKENPULSE_METRIC_NAMES_PER_JOB" in warned[0]["message"], warned
         assert len(c.get(f"/api/jobs/{job}").json()["last"]) == NAMES_PER_JOB + 1  # and its step
         assert set(c.get(f"/api/jobs/{other}/metrics").json()["series"]) == {"loss", "acc"}
+        # a list's rows carry the listed metrics and the columns asked for, not every name
+        page = c.get("/api/jobs", params={"q": "names", "columns": ["last:m7"], "names": "true"}).json()
+        assert page["jobs"][0]["last"] == {"step": 2, "m7": 7.0}, page["jobs"][0]["last"]
+        assert "m49" in page["metric_names"] and len(page["metric_names"]) == NAMES_PER_JOB
+    with srv.ws("jobs", users["alice"]) as ws:  # and so does each live frame
+        post(other_run, other, [metrics(2, loss=1.0, acc=0.7)], first_seq=1)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            f = json.loads(ws.recv(timeout=30))
+            if f.get("type") == "job" and f["job"]["id"] == other and f["job"]["step"] == 2:
+                assert f["job"]["last"] == {"step": 2, "loss": 1.0}, f  # acc: not a listed metric
+                break
+        else:
+            raise AssertionError("no job frame")
 
 
 # ---- 8: a fix outside the path roots ---------------------------------------------------------------

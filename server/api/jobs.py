@@ -46,7 +46,7 @@ class CloneRequest(BaseModel):
 
 
 def job_detail(job: Job, attempts: list[Attempt]) -> dict:
-    d = store.job_summary(job)
+    d = store.job_summary(job, last=None)  # one job's page: every latest value
     d["spec"] = json.loads(job.spec)
     d["info"] = json.loads(job.info) if job.info else {}
     d["attempts"] = [{"attempt": a.attempt, "agent_id": a.agent_id, "started_at": a.started_at,
@@ -118,7 +118,12 @@ def list_jobs(tp: AppDep, _: UserDep,
               desc: bool = Query(False, description="with sort: largest first"),
               filter: Optional[list[str]] = Query(None, max_length=20, description=(
                   "column filters (repeatable): `last:loss<0.5`, `spec:learning_rate>=1e-4`, "
-                  "`spec:model~gpt` (the text contains it)"))) -> JobList:
+                  "`spec:model~gpt` (the text contains it)")),
+              columns: Optional[list[str]] = Query(None, max_length=50, description=(
+                  "latest metrics each row's `last` carries besides the listed ones (loss, eval/loss, lr, "
+                  "tokens_per_s, eta_s...): `last:grad_norm` or `grad_norm` (repeatable)")),
+              names: bool = Query(False, description="include `metric_names`: the names the page's jobs "
+                                                     "logged (at most 1,000), for a column picker")) -> JobList:
     with tp.db.read() as s:
         where = [job_columns.filter_clause(f, tp.db.dialect) for f in filter or []]
         if state:
@@ -138,8 +143,13 @@ def list_jobs(tp: AppDep, _: UserDep,
         ran_on = dict(s.execute(select(Attempt.job_id, Attempt.agent_id)
                                 .where(Attempt.job_id.in_([j.id for j in rows]))
                                 .order_by(Attempt.job_id, Attempt.attempt)).all()) if rows else {}
-        return JobList(total=total, jobs=[{**store.job_summary(j), "last_agent_id": ran_on.get(j.id),
-                                           **({"spec": json.loads(j.spec)} if spec else {})} for j in rows])
+        shown = store.LISTED_LAST + tuple(job_columns.printable("columns", c).removeprefix("last:")
+                                          for c in columns or ())
+        out = JobList(total=total, jobs=[{**store.job_summary(j, shown), "last_agent_id": ran_on.get(j.id),
+                                          **({"spec": json.loads(j.spec)} if spec else {})} for j in rows])
+        if names:
+            out.metric_names = sorted({k for j in rows for k in store.latest(j, None) if k != "step"})[:1000]
+        return out
 
 
 @router.get("/{job_id}")
