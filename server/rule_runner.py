@@ -70,6 +70,7 @@ class RuleRunner:
                 by_metric, _ = RULES.for_job(job)
                 if by_metric:
                     RULES.on_metrics(s, job, events, by_metric, fired)
+        RULES.bound_memory()
         return fired
 
     def stop(self) -> None:

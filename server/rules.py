@@ -41,6 +41,7 @@ from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 REFRESH_S = 5.0  # another server process's rule change is seen within this
 JUMP_WINDOW = 50  # values a jump is measured against
 JUMP_MIN = 10  # values needed before a jump can be judged
+MAX_MEMORY = 100_000  # (rule, job) memories kept; the least recently made go first (rebuilt if needed)
 KIND_PREFIX = "rule:"
 CONDITIONS = ("above", "below", "no_improvement", "jump", "nonfinite", "state")
 STATES = ("failed", "completed", "cancelled", "stalled")
@@ -162,6 +163,13 @@ class Rules:
                         continue
                     for firing, step, v in self._changes(s, r, job_id, series):
                         self._fire(s, r, job, firing, self._message(r, job_id, firing, step, v), out)
+
+    def bound_memory(self) -> None:
+        """At most MAX_MEMORY (rule, job) memories (a window of values or a best each): the oldest
+        made go, and are rebuilt from the stored series if their job logs again."""
+        if len(self.memory) > MAX_MEMORY:
+            keep = list(self.memory.items())[-(MAX_MEMORY // 2):]
+            self.memory = dict(keep)
 
     def state_changed(self, s: Session, job, out) -> None:
         """A job's state changed outside an agent's report (the reaper's lost worker, a person's

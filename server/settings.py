@@ -7,6 +7,8 @@ from typing import Optional
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tokenpulse.limits import METRIC_NAMES_PER_JOB
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOKENPULSE_", extra="ignore")
@@ -42,7 +44,7 @@ class Settings(BaseSettings):
     channels_per_rule: int = Field(10, ge=0, le=1000, description="webhook channels one rule may have")
     rule_window_values: int = Field(50, ge=10, le=10_000, description="recent values a jump rule keeps per "
                                     "job (its mean and spread)")
-    metric_names_per_job: int = Field(5000, ge=1, description="distinct metric names one job may log; "
+    metric_names_per_job: int = Field(METRIC_NAMES_PER_JOB, ge=1, description="distinct metric names one job may log; "
                                       "past it the job gets one warning and further names are refused")
     alert_reopen_s: float = Field(20.0, ge=0, description="an alert raised again within this many seconds of "
                                   "its clear reopens the same alert; webhooks hold a clear this long")

@@ -3,8 +3,9 @@ names would make its own rows, every read of them and every jobs list that carri
 (Job.last) grow without bound. Past the limit the job gets ONE warning alert naming the limit and how
 to raise it, and points of further names are refused (not stored); the names it had keep going.
 
-`limit()` is the number every part shares (the training process's metric capture reads it from here,
-the server enforces it on ingest). Settings.metric_names_per_job sets it (TOKENPULSE_METRIC_NAMES_PER_JOB).
+`limit()` is this server's number; its default, tokenpulse/limits.py's METRIC_NAMES_PER_JOB, is the
+one a training process's metric capture can read without the server's code. Settings.metric_names_per_job
+sets it (TOKENPULSE_METRIC_NAMES_PER_JOB).
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Optional
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-DEFAULT_LIMIT = 5000
-LIMIT = DEFAULT_LIMIT  # set from Settings by create_app
+from tokenpulse.limits import METRIC_NAMES_PER_JOB
+
+LIMIT = METRIC_NAMES_PER_JOB  # set from Settings by create_app
 ALERT_KIND = "metric_names_limit"
 TRACKED_JOBS = 10_000  # jobs whose names are kept in memory (least recently logged dropped first)
 
