@@ -49,27 +49,28 @@ def matcher(grep: Optional[str], regex: bool, case: bool):
     return lambda line: low in line.lower()
 
 
-def scan(tp, job_id: int, after_seq: int, before_seq: Optional[int]) -> Iterator[dict]:
-    """Every stored log line of a job after after_seq, oldest first, read a page at a time. One
-    page is decoded at a time in the whole process (SCANS): a dozen searches of long logs at once
-    take turns instead of sharing the GIL with every other request."""
+def scan(tp, job_id: int, after_seq: int, match) -> Iterator[tuple[list[dict], int, int]]:
+    """A job's stored log lines after after_seq, oldest first, a page at a time: (the page's lines
+    that match, lines read, the page's last seq). A page is read, decoded and matched under SCANS,
+    one page at a time in the whole process: a dozen searches of long logs at once take turns instead
+    of each holding a share of the GIL that every other request waits on."""
     while True:
         with SCANS, tp.db.read() as s:
-            sql = "SELECT seq, t, data FROM events WHERE job_id = ? AND kind = 'log' AND seq > ?"
-            params: list = [job_id, after_seq]
-            if before_seq is not None:
-                sql += " AND seq < ?"
-                params.append(before_seq)
-            rows = raw_cursor(s).execute(sql + f" ORDER BY seq LIMIT {PAGE}", params).fetchall()
+            rows = raw_cursor(s).execute(
+                "SELECT seq, t, data FROM events WHERE job_id = ? AND kind = 'log' AND seq > ? "
+                f"ORDER BY seq LIMIT {PAGE}", (job_id, after_seq)).fetchall()
             page = []
             for seq, t, data in rows:
                 d = json.loads(data)
-                page.append({"seq": seq, "t": t, "stream": d.get("stream", "stdout"),
-                             "line": strip_control(d.get("line", ""))})
-        yield from page
-        if len(rows) < PAGE:
+                line = strip_control(d.get("line", ""))
+                if match(line):
+                    page.append({"seq": seq, "t": t, "stream": d.get("stream", "stdout"), "line": line})
+        if not rows:
             return
         after_seq = rows[-1][0]
+        yield page, len(rows), after_seq
+        if len(rows) < PAGE:
+            return
 
 
 def checked(tp, job_id: int) -> None:
@@ -92,16 +93,15 @@ def search_logs(job_id: int, tp: AppDep, _: UserDep,
     out: list[dict] = []
     matched = scanned = 0
     last_seq = after_seq
-    for row in scan(tp, job_id, after_seq, None):
-        scanned += 1
-        last_seq = row["seq"]
-        if match(row["line"]):
-            matched += 1
-            out.append(row)
-            if tail and len(out) > limit:
-                del out[:len(out) - limit]
-            elif not tail and len(out) >= limit:
-                break
+    for page, read, page_end in scan(tp, job_id, after_seq, match):
+        scanned, last_seq = scanned + read, page_end
+        matched += len(page)
+        out.extend(page)
+        if tail and len(out) > limit:
+            del out[:len(out) - limit]
+        elif not tail and len(out) >= limit:
+            del out[limit:]
+            break
     return {"job_id": job_id, "lines": out, "matched": matched, "scanned": scanned, "last_seq": last_seq}
 
 
@@ -118,8 +118,8 @@ def download_logs(job_id: int, tp: AppDep, _: UserDep,
     def body() -> Iterator[bytes]:
         import time as _t
         buf = []
-        for row in scan(tp, job_id, -1, None):
-            if match(row["line"]):
+        for page, _, _ in scan(tp, job_id, -1, match):
+            for row in page:
                 line = row["line"]
                 if timestamps:
                     stamp = _t.strftime("%Y-%m-%dT%H:%M:%S", _t.gmtime(row["t"])) + f".{int(row['t'] % 1 * 1000):03d}Z"
