@@ -336,7 +336,7 @@ class Bench:
 
     def start_server(self):
         data = self.dir / "data"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENPULSE_RULES_PER_USER": "1000"}
         self.store = "sqlite"
         if self.a.database_url:
             env["TOKENPULSE_DATABASE_URL"] = self.a.database_url
@@ -390,6 +390,52 @@ class Bench:
                 p.kill()
 
     # -- phases --
+    def rule_cost(self):
+        """Ingest with 1,000 alert rules defined vs none (issue 34: rules are judged beside ingest,
+        after the writer's commit, and a person's rules watch that person's jobs): one agent posts
+        2,000-point batches back to back for --rules-s seconds, alternating: no rule; 1,000 rules of
+        other users (10 users x 100, on the batch's own metrics); none again (those removed); the job
+        owner's own 100 (rules_per_user), each judged on every batch. Points/s side by side."""
+        import httpx
+        a = self.a
+        agent = httpx.Client(base_url=self.url, timeout=120, headers={"Authorization": f"Bearer {self.agent_token}"})
+        aid = agent.post("/api/agents", json={"name": "rules-load", "host": "bench"}).json()["id"]
+        owner = self.http.post("/api/tokens", json={"name": "rules-owner", "role": "user"}).json()["token"]
+        with httpx.Client(base_url=self.url, timeout=60, headers={"Authorization": f"Bearer {owner}"}) as c:
+            job = c.post("/api/jobs", json={"name": "rules-load"}).json()["id"]
+        assert agent.post(f"/api/agents/{aid}/claim").json()["job_id"] == job
+        seq = [0]
+
+        def load() -> float:
+            points, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < a.rules_s:
+                ev = [{"kind": "metrics", "job_id": job, "seq": seq[0] + i, "t": time.time(),
+                       "data": {"step": seq[0] + i, "values": {"loss": 2.0 + (i % 13) * 0.01, "lr": 1e-4, "gnorm": 1.0,
+                                                                "acc": 0.5, "a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}}}
+                      for i in range(250)]
+                agent.post(f"/api/agents/{aid}/events", json={"events": ev}).raise_for_status()
+                seq[0] += 250
+                points += 2000
+            return points / (time.perf_counter() - t0)
+
+        def rules_of(token: str, n: int) -> list[int]:
+            with httpx.Client(base_url=self.url, timeout=60, headers={"Authorization": f"Bearer {token}"}) as c:
+                return [c.post("/api/rules", json={**RULES[i % 9], "name": f"r{i}"}).raise_for_status().json()["id"]
+                        for i in range(n)]  # every metric condition (RULES[9], a state rule, left out)
+        res = {"none": load()}
+        made = [rules_of(self.http.post("/api/tokens", json={"name": f"rules-{u}", "role": "user"}).json()["token"],
+                         100) for u in range(10)]
+        res["1000_others"] = load()
+        for ids in made:
+            for rid in ids:
+                self.http.delete(f"/api/rules/{rid}").raise_for_status()
+        res["none_again"] = load()
+        rules_of(owner, 100)
+        res["100_owners"] = load()
+        agent.close()
+        self.res["rules"] = res
+        log("ingest with rules (points/s)", res)
+
     def probe_keepalive(self):
         """Sequential keep-alive calls on one connection: a 44 ms Nagle/delayed-ACK stall shows as
         p50 ~ 44 ms (and ~20 calls/s); without it a call is ~1 ms."""
@@ -721,6 +767,13 @@ class Bench:
              f"~{hb.get('cpu_ms_per_request', 0):.1f} ms CPU a request)",
              "-", "-", hb.get("core_pct", 100) < 5),
         ]
+        if "rules" in r:
+            ru = r["rules"]
+            none = (ru["none"] + ru["none_again"]) / 2
+            rows.append(("ingest with 1,000 rules of other users | 100 of the job's owner, vs none (points/s)",
+                         ">= 0.90 x none", f"{ru['1000_others']:,.0f} ({ru['1000_others'] / none:.2f}x) | "
+                         f"{ru['100_owners']:,.0f} ({ru['100_owners'] / none:.2f}x) vs {none:,.0f} (two runs)",
+                         "-", "-", ru["1000_others"] / none >= 0.9))
         store = r.get("store", "sqlite")
         head = (f"store: {store}, {r.get('servers', 1)} server process(es)\n\n"
                 "| | goal | tokenpulse | MLflow" + mark + " | raw SQLite" + mark + " | |\n|---|---|---|---|---|---|")
@@ -747,7 +800,7 @@ class Bench:
             self.res["store"], self.res["servers"] = self.store, len(self.servers)
             for ph in a.phases.split(","):
                 {"probe": self.probe_keepalive, "ingest": self.ingest, "hb": self.heartbeats,
-                 "reads": self.reads}[ph]()
+                 "reads": self.reads, "rules": self.rule_cost}[ph]()
         finally:
             self.stop_server()
         if a.no_table:
@@ -787,7 +840,8 @@ def main():
         p.add_argument("--skip-anchor", action="store_true")
         p.add_argument("--rules", type=int, default=0, choices=range(0, 11),
                        help="alert rules defined (0-10, on every job and the load's metrics) during ingest")
-        p.add_argument("--phases", default="probe,ingest,hb,reads")
+        p.add_argument("--phases", default="probe,ingest,hb,reads,rules")
+        p.add_argument("--rules-s", type=float, default=5.0, help="seconds of each side of the rules phase")
         p.add_argument("--no-table", action="store_true")
         p.add_argument("--render", help="print the table of an earlier run's results JSON")
         p.add_argument("--anchor-json")

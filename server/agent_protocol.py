@@ -23,6 +23,7 @@ from server.hub import job_frames
 from server.ingest import apply, heartbeats
 from server.models import Job
 from server.reaper import lease_origin
+from server.rules import RULES
 from tokenpulse.protocol import (
     ACTIVE_STATES,
     JOBS_TOPIC,
@@ -103,6 +104,7 @@ def apply_messages(s, tp, messages: list[Incoming]) -> Applied:
         for agent_id, said in reported.items():
             for job in store.reconcile(s, agent_id, said, tp.settings.agent_lost_after_s, origin,
                                        held.get(agent_id, []), tp.deliveries):
+                RULES.state_changed(s, job, total)  # failed without a report of its own: state rules see it
                 total.frames += job_frames(store.job_summary(job))
     work = bool(beats) and heartbeats.queued_work(s)
     rearm: list[int] = []
@@ -170,6 +172,7 @@ def _add(total: apply.Outcome, out: apply.Outcome) -> None:
     total.alerts += out.alerts
     total.stored_events += out.stored_events
     total.stored_points += out.stored_points
+    total.rule_work += out.rule_work
 
 
 def after_ingest(tp, out: apply.Outcome) -> None:
@@ -183,8 +186,9 @@ def after_ingest(tp, out: apply.Outcome) -> None:
     if any(_requeued(f) for f in out.frames):
         tp.hub.publish(WORK_TOPIC, work_frame(), droppable=True)  # requeued (a fix, a retry): claimed now
     if out.alerts and tp.webhooks is not None:
-        for alert in out.alerts:
-            tp.webhooks.send(alert)
+        tp.webhooks.send_all(out.alerts)
+    if out.rule_work and tp.rule_runner is not None:
+        tp.rule_runner.submit(out.rule_work)  # metric rules, judged now that the batch is stored
 
 
 def _requeued(frame: tuple) -> bool:

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import GZipMiddleware
 
-from server import auth, errors, prometheus, storage_errors
+from server import auth, errors, prometheus, rules, storage_errors
 from server.agent_channel import AgentWrites
 from server.api import (
     agent_ws,
@@ -36,12 +36,14 @@ from server.api import (
 )
 from server.context import App, AppDep
 from server.db import Database, upgrade_to_head
+from server.destinations import Policy
 from server.filemodes import secure_data_dir
 from server.hub import Hub
-from server.ingest import alerts as ingest_alerts, logcap
+from server.ingest import alerts as ingest_alerts, logcap, metric_names
 from server.leader import ReaperLock
 from server.reaper import reaper_loop
 from server.relay import Relay
+from server.rule_runner import RuleRunner
 from server.rules import RULES
 from server.schemas import Health
 from server.security import MetricsDep
@@ -108,13 +110,19 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         db.write_sync(lambda s: auth.ensure_initial_tokens(s, settings.data_dir))
         tp = App(settings=settings, db=db, hub=Hub(settings.ws_queue_frames),
                  webhooks=Webhooks(settings.webhooks, settings.webhook_timeout_s, settings.webhook_retries,
-                                   clear_after_s=settings.alert_reopen_s))
+                                   clear_after_s=settings.alert_reopen_s, policy=Policy(settings.webhook_allow),
+                                   connections=settings.webhook_connections, queue_size=settings.webhook_queue,
+                                   sends_per_event=settings.webhook_sends_per_event))
         ingest_alerts.REOPEN_S = settings.alert_reopen_s
+        rules.JUMP_WINDOW = settings.rule_window_values
+        metric_names.LIMIT = settings.metric_names_per_job
         logcap.LIMIT = settings.log_max_bytes
         app.state.tp = tp
         tp.agent_writes = AgentWrites(tp)
         tp.webhooks.channels_for = RULES.channels_for  # a rule's own webhooks (server/rules.py)
         tp.webhooks.start()
+        tp.rule_runner = RuleRunner(tp)
+        tp.rule_runner.start()
         lock = None
         if db.dialect == "postgresql":  # maybe one of several server processes on this database
             tp.hub.relay = Relay(db.url, tp.hub)
@@ -133,6 +141,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
                 await lock.close()
             if tp.hub.relay is not None:
                 await tp.hub.relay.stop()
+            tp.rule_runner.stop()
             await tp.webhooks.stop()
             db.close()
 

@@ -29,6 +29,7 @@ class App:
     login_throttle: auth.LoginThrottle = field(default_factory=auth.LoginThrottle)
     stats: ServerStats = field(default_factory=ServerStats)  # counters /metrics exposes
     agent_writes: object = None  # agent websockets' writes, batched (server/agent_channel.py)
+    rule_runner: object = None  # metric rules judged after ingest's commit (server/rule_runner.py)
     deliveries: Deliveries = field(default_factory=Deliveries)  # jobs' events arriving (store.reconcile)
     sweeps: object = None  # the sweep loop (server/sweeps/engine.py): woken when a trial's events arrive
 

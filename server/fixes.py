@@ -14,6 +14,7 @@ process) applied to its job, and whether it paid off.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from typing import Optional
@@ -26,8 +27,18 @@ from server.dialect import raw_cursor
 from server.models import Alert, Job, JobChange, MetricKey
 from server.series import read_series
 from server.store import TransitionError
+from server.validate import check_spec_async
 from tokenpulse.errors import SpecError
-from tokenpulse.protocol import ACTIVE_STATES, COMMAND, LAYOUT_FIELDS, LAYOUT_FRESH, FixKind, JobState, load_spec
+from tokenpulse.protocol import (
+    ACTIVE_STATES,
+    COMMAND,
+    EXTERNAL,
+    LAYOUT_FIELDS,
+    LAYOUT_FRESH,
+    FixKind,
+    JobState,
+    load_spec,
+)
 
 WARMUP_STEPS = 3  # a new attempt's first steps (loading, caches, the allocator) are not its pace
 MIN_STEPS = 4  # measured steps after the warm-up before a verdict
@@ -96,6 +107,8 @@ def changed_spec(job: Job, fix: dict) -> tuple[str, dict]:
                 raise SpecError(name, f"'{name}' is not a setting of this job")
             if not (isinstance(pair, list) and len(pair) == 2):
                 raise SpecError(name, "a change is [old, new]")
+            if isinstance(pair[1], float) and not math.isfinite(pair[1]):
+                raise SpecError(name, f"{pair[1]} is not a finite number")
             actual[name] = [spec.get(name), pair[1]]
             spec[name] = pair[1]
         if all(old == new for old, new in actual.values()):
@@ -107,6 +120,15 @@ def changed_spec(job: Job, fix: dict) -> tuple[str, dict]:
         name = ".".join(map(str, errs[0]["loc"])) if errs and errs[0].get("loc") else next(iter(changes))
         raise SpecError(name or "changes", errs[0]["msg"] if errs else str(e)) from e
     return new.model_dump_json(), actual
+
+
+async def check_like_a_submit(job: Job, spec_after: str, settings) -> None:
+    """A fix's new spec passes what a submit's passes (server/validate.py: paths under path_roots,
+    existing model and dataset, no credential in a command's env): a SpecError (422) naming the field.
+    Run off the writer, before the change is kept."""
+    if job.kind == EXTERNAL:
+        return
+    await check_spec_async(load_spec(job.kind, spec_after), settings)
 
 
 def _pairs(changes: dict) -> str:

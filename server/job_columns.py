@@ -18,6 +18,7 @@ from tokenpulse.errors import SpecError
 
 COLUMN = re.compile(r"^(last|spec):(.{1,200})$")
 # "last:loss<0.5", "spec:learning_rate>=1e-4", "spec:model~gpt2" (~: the text contains it)
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 FILTER = re.compile(r"^((?:last|spec):[^<>=~]{1,200}?)(>=|<=|>|<|=|~)(.{0,200})$", re.S)
 
 
@@ -27,7 +28,16 @@ class Value:
     text: ColumnElement  # the value as text (a number's decimal form); NULL when absent
 
 
+def printable(field: str, value: str) -> str:
+    """A key or value from a URL: a NUL or another control character is a 422 naming the field (the
+    database would refuse it with a 500: PostgreSQL text cannot hold a NUL)."""
+    if CONTROL.search(value):
+        raise SpecError(field, f"holds a control character (NUL, newline, ...): {value!r}")
+    return value
+
+
 def value_of(column: str, dialect: str, field: str = "sort") -> Value:
+    printable(field, column)
     m = COLUMN.match(column)
     if not m:
         raise SpecError(field, f"a column is last:<metric> or spec:<setting>, not {column!r}")
@@ -57,7 +67,7 @@ def order_by(column: str, descending: bool, dialect: str) -> list[ColumnElement]
 def filter_clause(expr: str, dialect: str) -> ColumnElement:
     """One column filter, as the jobs list's filter boxes say it: >, <, >=, <=, = compare numbers
     (a job without a number there does not pass); ~ finds a piece of the text, any case."""
-    m = FILTER.match(expr)
+    m = FILTER.match(printable("filter", expr))
     if not m:
         raise SpecError("filter", f"a filter is <column><op><value> with op one of > < >= <= = ~ "
                                   f"(\"last:loss<0.5\", \"spec:model~gpt\"), not {expr!r}")

@@ -97,8 +97,7 @@ async def reaper_loop(tp, lock=None) -> None:
             frames = await tp.db.write(lambda s: reaper_pass(s, tp, started_at))
             clear_outages(tp)  # a write went through (else in_stall holds it open): the outage is over
             tp.hub.publish_all(frames)
-            for _, payload, _ in frames:
-                if payload["type"] == ALERT_FRAME and tp.webhooks is not None:
-                    tp.webhooks.send(payload["alert"])
+            if tp.webhooks is not None:
+                tp.webhooks.send_all([p["alert"] for _, p, _ in frames if p["type"] == ALERT_FRAME])
         except Exception:  # the reaper must outlive any one bad pass
             log.exception("reaper pass failed")

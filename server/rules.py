@@ -1,4 +1,4 @@
-"""Alert rules people write, evaluated on ingest (issue 22, item 2).
+"""Alert rules people write, evaluated beside ingest (issue 22, item 2; issue 34).
 
 A rule has a scope (all jobs, a job-name glob, one job), a condition (a metric above or below a
 value, no improvement for N steps, a jump of K standard deviations, NaN or infinite, a job state),
@@ -6,11 +6,20 @@ a severity and webhook channels. A firing rule opens an alert of kind `rule:<id>
 ingest/alerts.py's upsert_alert, and clears it when the condition no longer holds: the same
 open/update/clear life and the same webhook rules (open and clear only) as built-in alerts.
 
-Cheap on the ingest path: the rules live in memory (reloaded after a change here, and every
-REFRESH_S for other server processes); a job's applicable rules are computed once per job and rule
-set; only rules whose metric is in the batch are looked at; the database is touched only when an
-alert opens or clears, or once per (rule, job) to rebuild a rule's memory (best value, recent values)
-from the stored series after a start.
+A rule acts on its owner's jobs only; a rule of an admin (or of no owner: from before owners) on
+every job its scope names.
+
+Never inside the single writer for metrics: ingest only notes a batch's (step, values) for the jobs
+that have metric rules (apply.Outcome.rule_work); after the commit server/rule_runner.py judges them
+on a thread of its own and writes the alerts that opened or cleared in a small write of their own
+(Fired.deferred). State rules (a job's state, its stall, a NaN alert) are judged where the state
+changes: rare, and a handful of rules per job.
+
+The rules live in memory (reloaded after a change here, and every REFRESH_S for other server
+processes); a job's applicable rules are computed once per job and rule set; only rules whose metric
+is in the batch are looked at; the database is read once per (rule, job) to rebuild a rule's memory
+(best value, recent values) from the stored series after a start. A jump rule keeps JUMP_WINDOW
+values per job (Settings.rule_window_values).
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 REFRESH_S = 5.0  # another server process's rule change is seen within this
 JUMP_WINDOW = 50  # values a jump is measured against
 JUMP_MIN = 10  # values needed before a jump can be judged
+MAX_MEMORY = 100_000  # (rule, job) memories kept; the least recently made go first (rebuilt if needed)
 KIND_PREFIX = "rule:"
 CONDITIONS = ("above", "below", "no_improvement", "jump", "nonfinite", "state")
 STATES = ("failed", "completed", "cancelled", "stalled")
@@ -90,6 +100,7 @@ class Rules:
         self.per_job: dict[int, tuple] = {}  # job id -> (version, name, {metric: [rules]}, [state rules])
         self.memory: dict[tuple[int, int], object] = {}  # (rule, job) -> best [value, step] or a Window
         self.open: set[tuple[int, int]] = set()  # (rule, job) with an alert not cleared
+        self.admins: frozenset = frozenset()  # admin token ids: their rules act on every job
 
     # ---- the rule set ----------------------------------------------------------------------------
     def changed(self) -> None:
@@ -101,28 +112,34 @@ class Rules:
             return
         self.loaded_at = now
         rules = {r.id: Rule.of(r) for r in s.scalars(select(AlertRule))}
-        if rules != self.rules:
-            self.rules, self.version = rules, self.version + 1
-            self.per_job.clear()
-            self.memory = {k: v for k, v in self.memory.items() if k[0] in rules}
+        admins = frozenset(i for (i,) in s.execute(text("SELECT id FROM tokens WHERE role = 'admin'")))
+        if rules != self.rules or admins != self.admins:
+            # replaced, never mutated: the rule thread and the writer both read them
+            self.rules, self.admins, self.version = rules, admins, self.version + 1
+            self.per_job = {}
+            self.memory = {k: v for k, v in list(self.memory.items()) if k[0] in rules}
         self.open = {(int(kind[len(KIND_PREFIX):]), job_id) for job_id, kind in s.execute(text(
             "SELECT job_id, kind FROM alerts WHERE kind LIKE 'rule:%' AND state != 'cleared' AND job_id IS NOT NULL"))}
 
+    def acts_on(self, r: Rule, owner: Optional[int]) -> bool:
+        """A person's rule watches that person's jobs; an admin's (or an ownerless one's) every job."""
+        return r.owner_token_id is None or r.owner_token_id in self.admins or r.owner_token_id == owner
+
     def for_job(self, job) -> tuple[dict, list]:
         hit = self.per_job.get(job.id)
-        if hit is not None and hit[0] == self.version and hit[1] == job.name:
+        if hit is not None and hit[0] == self.version and hit[1] == (job.name, job.owner_token_id):
             return hit[2], hit[3]
         by_metric: dict[str, list[Rule]] = {}
         states: list[Rule] = []
-        for r in self.rules.values():
-            if r.applies_to(job.id, job.name):
+        for r in list(self.rules.values()):
+            if self.acts_on(r, job.owner_token_id) and r.applies_to(job.id, job.name):
                 if r.condition == "state":
                     states.append(r)
                 else:
                     by_metric.setdefault(r.metric, []).append(r)
         if len(self.per_job) > 10_000:
-            self.per_job.clear()
-        self.per_job[job.id] = (self.version, job.name, by_metric, states)
+            self.per_job = {}
+        self.per_job[job.id] = (self.version, (job.name, job.owner_token_id), by_metric, states)
         return by_metric, states
 
     def channels_for(self, alert: dict) -> list[dict]:
@@ -146,6 +163,13 @@ class Rules:
                         continue
                     for firing, step, v in self._changes(s, r, job_id, series):
                         self._fire(s, r, job, firing, self._message(r, job_id, firing, step, v), out)
+
+    def bound_memory(self) -> None:
+        """At most MAX_MEMORY (rule, job) memories (a window of values or a best each): the oldest
+        made go, and are rebuilt from the stored series if their job logs again."""
+        if len(self.memory) > MAX_MEMORY:
+            keep = list(self.memory.items())[-(MAX_MEMORY // 2):]
+            self.memory = dict(keep)
 
     def state_changed(self, s: Session, job, out) -> None:
         """A job's state changed outside an agent's report (the reaper's lost worker, a person's
@@ -301,6 +325,9 @@ class Rules:
         else:
             self.open.discard(key)
             d["clear"] = True
+        if getattr(out, "deferred", False):  # judged beside ingest: written after, in a write of its own
+            out.changes.append((job.id, job.agent_id, d))
+            return
         alert = upsert_alert(s, job.id, job.agent_id, d)
         if alert is not None:
             payload = alert_dict(alert)
@@ -310,9 +337,31 @@ class Rules:
 
 @dataclass
 class Fired:
-    """What rules fired outside ingest: alerts (for webhooks) and their frames."""
+    """What rules fired outside ingest: alerts (for webhooks) and their frames. deferred: the
+    alerts' changes are only collected (job id, agent id, upsert_alert's dict), for store_changes."""
     alerts: list = field(default_factory=list)
     frames: list = field(default_factory=list)
+    deferred: bool = False
+    changes: list = field(default_factory=list)
+
+
+def store_changes(s: Session, changes: list, out: Fired) -> None:
+    """Deferred alert changes written (in the writer's session); their alerts and frames into out."""
+    for job_id, agent_id, d in changes:
+        alert = upsert_alert(s, job_id, agent_id, d)
+        if alert is not None:
+            payload = alert_dict(alert)
+            out.alerts.append(payload)
+            out.frames.append((ALERTS_TOPIC, alert_frame(payload), False))
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What rules read of a job, taken in the writer (an ORM row must not cross threads)."""
+    id: int
+    name: Optional[str]
+    owner_token_id: Optional[int]
+    agent_id: Optional[int]
 
 
 class Window:

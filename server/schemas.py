@@ -42,7 +42,9 @@ class JobSummary(Answer):
     phase: Optional[dict[str, Any]] = Field(description="the latest phase event's data (name, done, total, ...)")
     step: Optional[int]
     total_steps: Optional[int]
-    last: dict[str, Number] = Field(description="latest value of every metric, and its step")
+    last: dict[str, Number] = Field(description="latest values and their step: a list's rows and live frames "
+                                                "carry the listed metrics and the columns asked for, a job's "
+                                                "own page every metric")
     alive_at: Optional[float] = Field(description="when the training process last said it was alive")
     reason: Optional[str]
     failure: Optional[str] = Field(description="failure kind of the last attempt: oom, nan, crash, lost, hang, spec...")
@@ -118,6 +120,8 @@ class JobListRow(JobSummary):
 class JobList(Answer):
     total: int
     jobs: list[JobListRow]
+    metric_names: Optional[list[str]] = Field(None, description="with names=true: the metric names the page's "
+                                                                "jobs logged (a column picker's choices)")
 
 
 class Series(Answer):

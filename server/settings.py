@@ -7,6 +7,8 @@ from typing import Optional
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tokenpulse.limits import METRIC_NAMES_PER_JOB
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOKENPULSE_", extra="ignore")
@@ -29,6 +31,21 @@ class Settings(BaseSettings):
     webhooks: list[str] = Field(default_factory=list, description="URLs that receive alerts as JSON")
     webhook_timeout_s: float = 5.0
     webhook_retries: int = 3
+    webhook_allow: list[str] = Field(default_factory=list, description=(
+        "hosts (example.internal) or networks (10.1.0.0/16, 127.0.0.1) a rule's webhook may reach although "
+        "they are loopback, private, link-local or otherwise internal (refused by default)"))
+    webhook_connections: int = Field(20, ge=1, le=1000, description="connections the webhook sender keeps "
+                                     "open at once, all receivers together")
+    webhook_queue: int = Field(1000, ge=1, description="alert changes waiting per receiver; past it "
+                               "the newest are dropped (logged)")
+    webhook_sends_per_event: int = Field(3, ge=1, description="posts one receiver host gets per event "
+                                         "(one batch's alert changes); the rest are dropped (logged)")
+    rules_per_user: int = Field(100, ge=1, description="alert rules one person may have; past it 409")
+    channels_per_rule: int = Field(10, ge=0, le=1000, description="webhook channels one rule may have")
+    rule_window_values: int = Field(50, ge=10, le=10_000, description="recent values a jump rule keeps per "
+                                    "job (its mean and spread)")
+    metric_names_per_job: int = Field(METRIC_NAMES_PER_JOB, ge=1, description="distinct metric names one job may log; "
+                                      "past it the job gets one warning and further names are refused")
     alert_reopen_s: float = Field(20.0, ge=0, description="an alert raised again within this many seconds of "
                                   "its clear reopens the same alert; webhooks hold a clear this long")
     ws_queue_frames: int = Field(256, description="frames buffered per browser before coalescing")

@@ -366,14 +366,28 @@ def _final(s: Session, job: Job, state: JobState, reason: Optional[str], attempt
     return state
 
 
-def job_summary(job: Job) -> dict:
-    """The row a jobs list and a websocket 'job' frame carry."""
+# The latest values a jobs list and its live frames carry unasked: what lists show (the jobs page's
+# fixed columns, the CLI, the compare page). A list asks for more by name (GET /api/jobs?columns=);
+# a job's own page reads them all. A run with thousands of metric names must not make every list
+# and every websocket frame carry each of them.
+LISTED_LAST = ("step", "loss", "eval/loss", "eval/ppl", "lr", "tokens_per_s", "padded_tokens_per_s", "eta_s")
+
+
+def latest(job: Job, names=LISTED_LAST) -> dict:
+    """The job's latest values of these names (None: all of them)."""
+    last = json.loads(job.last) if job.last else {}
+    return last if names is None else {k: last[k] for k in names if k in last}
+
+
+def job_summary(job: Job, last=LISTED_LAST) -> dict:
+    """The row a jobs list and a websocket 'job' frame carry (last: the latest values of these names;
+    None: every one)."""
     return {
         "id": job.id, "name": job.name, "kind": job.kind, "state": job.state, "priority": job.priority,
         "parent_id": job.parent_id, "created_at": job.created_at, "started_at": job.started_at,
         "finished_at": job.finished_at, "agent_id": job.agent_id, "attempt": job.attempt,
         "phase": json.loads(job.phase) if job.phase else None, "step": job.step,
-        "total_steps": job.total_steps, "last": json.loads(job.last) if job.last else {},
+        "total_steps": job.total_steps, "last": latest(job, last),
         "alive_at": job.alive_at, "reason": job.reason, "failure": job.failure,
         "exit_code": job.exit_code, "signal": job.signal, "requested_action": job.requested_action,
         "stack_requested": job.stack_requested_at is not None,

@@ -55,7 +55,8 @@ def test_every_rule_condition_fires_once_and_clears(server_factory, tmp_path):
     receiver = HTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     hook = f"http://127.0.0.1:{receiver.server_port}/slack"
-    srv = server_factory(path_roots=[str(tmp_path / "roots")], alert_reopen_s=0.5)
+    # the receiver runs on this machine: an internal address, allowed here explicitly (webhook_allow)
+    srv = server_factory(path_roots=[str(tmp_path / "roots")], alert_reopen_s=0.5, webhook_allow=["127.0.0.1"])
     srv.start_agent("cmd", "--allow-commands")
     with srv.client() as c:
         # validation: each missing or wrong field named

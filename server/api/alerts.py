@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from server.context import AppDep
 from server.ingest.alerts import alert_dict
-from server.models import Alert
+from server.models import Alert, Job
 from server.schemas import AlertOut
 from server.security import UserDep
 from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
@@ -37,11 +37,17 @@ def list_alerts(tp: AppDep, _: UserDep, job_id: Optional[int] = None,
 
 
 @router.post("/{alert_id}/ack")
-async def ack_alert(alert_id: int, tp: AppDep, _: UserDep) -> AlertOut:
+async def ack_alert(alert_id: int, tp: AppDep, caller: UserDep) -> AlertOut:
+    """Acknowledge (silence) an alert: its job's owner or an admin may; a server alert (no job), an admin."""
     def ack(s):
         a = s.get(Alert, alert_id)
         if a is None:
             raise HTTPException(404, f"alert {alert_id} does not exist")
+        job = s.get(Job, a.job_id) if a.job_id is not None else None
+        if not caller.is_admin and (job is None or not caller.owns(job.owner_token_id)):
+            raise HTTPException(403, f"acknowledging alert {alert_id} refused: only "
+                                     + (f"job {a.job_id}'s owner or an admin" if job is not None else "an admin")
+                                     + " may silence it")
         if a.state == "open":
             a.state, a.updated_at = "acked", time.time()
         return alert_dict(a)

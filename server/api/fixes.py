@@ -69,16 +69,31 @@ class CostsOut(Answer):
 async def apply_fix(job_id: int, body: FixRequest, tp: AppDep, caller: UserDep) -> FixAnswer:
     """Apply a verdict's fix: the job saves a checkpoint, stops, and is relaunched at once with the
     change, from that checkpoint (or from step 0 where the fix says the checkpoint cannot serve).
-    revert: undo the newest applied fix. 409 when the job's state does not allow it."""
-    def apply(s):
+    revert: undo the newest applied fix. 409 when the job's state does not allow it. The changed
+    settings pass a submit's checks (paths under path_roots, finite numbers, no credentials): 422."""
+    def allowed(s):
         job = get_job_or_404(s, job_id)
         check_owner(caller, job, "change")
         if job.kind == COMMAND:
             require_command_rights(caller, "change a command job's command")
+        return job
+
+    checked = None
+    if not body.revert:  # the new spec checked as a submit is, off the writer (files, maybe the Hub)
+        with tp.db.read() as s:
+            job = allowed(s)
+            alert, fix = fixes.choose(s, job, body.alert_id, body.kind, body.n)
+            checked = fixes.changed_spec(job, fix)[0]
+        await fixes.check_like_a_submit(job, checked, tp.settings)
+
+    def apply(s):
+        job = allowed(s)
         if body.revert:
             change = fixes.revert(s, job, caller.principal_id)
         else:
             alert, fix = fixes.choose(s, job, body.alert_id, body.kind, body.n)
+            if fixes.changed_spec(job, fix)[0] != checked:
+                raise store.TransitionError(f"job {job_id} or its fix changed meanwhile; ask again")
             change = fixes.request(s, job, fix, alert.id, caller.principal_id)
         return store.job_summary(job), fixes.change_dict(change, None)
     summary, change = await tp.db.write(apply)

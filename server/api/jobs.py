@@ -16,7 +16,7 @@ from server.context import AppDep
 from server.dialect import raw_cursor
 from server.errors import error_list, unprocessable
 from server.hub import job_frames
-from server.models import Attempt, Event as EventRow, Job, MetricKey
+from server.models import Attempt, Event as EventRow, Job, MetricKey, MetricRollup
 from server.preflight import preflight
 from server.rules import RULES, Fired
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
@@ -59,7 +59,7 @@ class CloneRequest(BaseModel):
 
 
 def job_detail(job: Job, attempts: list[Attempt]) -> dict:
-    d = store.job_summary(job)
+    d = store.job_summary(job, last=None)  # one job's page: every latest value
     d["spec"] = json.loads(job.spec)
     d["info"] = json.loads(job.info) if job.info else {}
     d["note"] = job.note or ""
@@ -136,7 +136,12 @@ def list_jobs(tp: AppDep, _: UserDep,
               project: Optional[str] = Query(None, max_length=100, description="only this project's jobs"),
               tag: Optional[list[str]] = Query(None, max_length=20, description="only jobs with every tag "
                                                                                   "given (repeatable)"),
-              sweep_id: Optional[int] = Query(None, description="only this sweep's trials")) -> JobList:
+              sweep_id: Optional[int] = Query(None, description="only this sweep's trials"),
+              columns: Optional[list[str]] = Query(None, max_length=50, description=(
+                  "latest metrics each row's `last` carries besides the listed ones (loss, eval/loss, lr, "
+                  "tokens_per_s, eta_s...): `last:grad_norm` or `grad_norm` (repeatable)")),
+              names: bool = Query(False, description="include `metric_names`: the names the page's jobs "
+                                                     "logged (at most 1,000), for a column picker")) -> JobList:
     with tp.db.read() as s:
         where = [job_columns.filter_clause(f, tp.db.dialect) for f in filter or []]
         if project is not None:
@@ -147,7 +152,7 @@ def list_jobs(tp: AppDep, _: UserDep,
             where.append(Job.sweep_id == sweep_id)
         if state:
             where.append(Job.state.in_([x.value for x in state]))
-        q = (q or "").strip()
+        q = job_columns.printable("q", (q or "").strip())
         digits = q.removeprefix("#").strip()
         the_id = int(digits) if digits.isascii() and digits.isdigit() and len(digits) < 19 else -1
         if q.startswith("#") and the_id >= 0:
@@ -162,8 +167,13 @@ def list_jobs(tp: AppDep, _: UserDep,
         ran_on = dict(s.execute(select(Attempt.job_id, Attempt.agent_id)
                                 .where(Attempt.job_id.in_([j.id for j in rows]))
                                 .order_by(Attempt.job_id, Attempt.attempt)).all()) if rows else {}
-        return JobList(total=total, jobs=[{**store.job_summary(j), "last_agent_id": ran_on.get(j.id),
-                                           **({"spec": json.loads(j.spec)} if spec else {})} for j in rows])
+        shown = store.LISTED_LAST + tuple(job_columns.printable("columns", c).removeprefix("last:")
+                                          for c in columns or ())
+        out = JobList(total=total, jobs=[{**store.job_summary(j, shown), "last_agent_id": ran_on.get(j.id),
+                                          **({"spec": json.loads(j.spec)} if spec else {})} for j in rows])
+        if names:
+            out.metric_names = sorted({k for j in rows for k in store.latest(j, None) if k != "step"})[:1000]
+        return out
 
 
 @router.get("/{job_id}")
@@ -219,9 +229,8 @@ async def request_action(tp, job_id: int, action: str, caller) -> dict:
     fired = Fired()
     summary = await tp.db.write(apply)
     tp.hub.publish_all(fired.frames + job_frames(summary))
-    for alert in fired.alerts:
-        if tp.webhooks is not None:
-            tp.webhooks.send(alert)
+    if tp.webhooks is not None:
+        tp.webhooks.send_all(fired.alerts)
     if summary["agent_id"] is not None:  # an agent on a websocket asks for its commands at once
         tp.hub.publish(agent_topic(summary["agent_id"]), nudge_frame(), droppable=False)
     if summary["state"] == JobState.queued.value:  # resumed: an idle agent claims it now
@@ -288,8 +297,13 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
     downsampled server-side, keeping each bucket's first, last, min and max points."""
     with tp.db.read() as s:
         get_job_or_404(s, job_id)
-        names = dict(s.execute(select(MetricKey.name, MetricKey.id)).all())
-        wanted = keys or [n for n in names if prefix is None or n.startswith(prefix)]
+        # this job's own names only (never every job's: a read proportional to what is shown)
+        if keys:
+            names = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(keys))).all())
+        else:
+            names = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.id.in_(
+                select(MetricRollup.key_id).where(MetricRollup.job_id == job_id).distinct()))).all())
+        wanted = keys or sorted((n for n in names if prefix is None or n.startswith(prefix)), key=names.__getitem__)
         out: dict = {}
         cur = raw_cursor(s)  # the DBAPI cursor: no per-row SQLAlchemy work
         for name in wanted:

@@ -1,12 +1,14 @@
 """A job's whole log: searched (GET /api/jobs/{id}/logs) and downloaded as text
 (GET /api/jobs/{id}/logs.txt). Lines are shown without terminal control codes, also those stored
-before the agent dropped them."""
+before the agent dropped them. A search is a substring unless regex=true; a regular expression runs
+on RE2 (linear time), never on Python's backtracking `re`."""
 from __future__ import annotations
 
 import json
-import re
+import threading
 from typing import Iterator, Optional
 
+import re2
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
@@ -18,18 +20,28 @@ from server.security import UserDep
 from tokenpulse.terminal import strip_control
 
 router = APIRouter(prefix="/api/jobs", tags=["logs"])
-PAGE = 5000  # rows read per query while scanning
+PAGE = 1000  # rows read (and decoded under SCANS) per query while scanning
+SCANS = threading.Lock()  # one page decoded at a time, process-wide
+RE2_MAX_MEM = 8 << 20  # a pattern's compiled program: a huge repetition is refused, not built
 
 
 def matcher(grep: Optional[str], regex: bool, case: bool):
-    """grep -> a predicate on a line (a substring, or a regular expression); 422 naming `grep`."""
+    """grep -> a predicate on a line: a substring, or with regex=true a regular expression run by
+    RE2 (google-re2), whose time is linear in the line: no pattern can hold the server (Python's
+    `re` backtracks: `(a+)+$` over 30 characters takes seconds, with the GIL held). 422 naming `grep`."""
     if not grep:
         return lambda line: True
     if regex:
+        options = re2.Options()
+        options.case_sensitive = case
+        options.log_errors = False
+        options.max_mem = RE2_MAX_MEM
         try:
-            rx = re.compile(grep, 0 if case else re.IGNORECASE)
-        except re.error as e:
-            raise unprocessable([{"field": "grep", "message": f"not a regular expression: {e}"}]) from None
+            rx = re2.compile(grep, options)
+        except Exception as e:  # re2.error; its message is bytes
+            why = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+            raise unprocessable([{"field": "grep", "message": f"not a regular expression RE2 accepts "
+                                  f"(no backreferences or lookaround): {why}"}]) from None
         return lambda line: rx.search(line) is not None
     if case:
         return lambda line: grep in line
@@ -37,22 +49,28 @@ def matcher(grep: Optional[str], regex: bool, case: bool):
     return lambda line: low in line.lower()
 
 
-def scan(tp, job_id: int, after_seq: int, before_seq: Optional[int]) -> Iterator[dict]:
-    """Every stored log line of a job after after_seq, oldest first, read a page at a time."""
+def scan(tp, job_id: int, after_seq: int, match) -> Iterator[tuple[list[dict], int, int]]:
+    """A job's stored log lines after after_seq, oldest first, a page at a time: (the page's lines
+    that match, lines read, the page's last seq). A page is read, decoded and matched under SCANS,
+    one page at a time in the whole process: a dozen searches of long logs at once take turns instead
+    of each holding a share of the GIL that every other request waits on."""
     while True:
-        with tp.db.read() as s:
-            sql = "SELECT seq, t, data FROM events WHERE job_id = ? AND kind = 'log' AND seq > ?"
-            params: list = [job_id, after_seq]
-            if before_seq is not None:
-                sql += " AND seq < ?"
-                params.append(before_seq)
-            rows = raw_cursor(s).execute(sql + f" ORDER BY seq LIMIT {PAGE}", params).fetchall()
-        for seq, t, data in rows:
-            d = json.loads(data)
-            yield {"seq": seq, "t": t, "stream": d.get("stream", "stdout"), "line": strip_control(d.get("line", ""))}
-        if len(rows) < PAGE:
+        with SCANS, tp.db.read() as s:
+            rows = raw_cursor(s).execute(
+                "SELECT seq, t, data FROM events WHERE job_id = ? AND kind = 'log' AND seq > ? "
+                f"ORDER BY seq LIMIT {PAGE}", (job_id, after_seq)).fetchall()
+            page = []
+            for seq, t, data in rows:
+                d = json.loads(data)
+                line = strip_control(d.get("line", ""))
+                if match(line):
+                    page.append({"seq": seq, "t": t, "stream": d.get("stream", "stdout"), "line": line})
+        if not rows:
             return
         after_seq = rows[-1][0]
+        yield page, len(rows), after_seq
+        if len(rows) < PAGE:
+            return
 
 
 def checked(tp, job_id: int) -> None:
@@ -75,16 +93,15 @@ def search_logs(job_id: int, tp: AppDep, _: UserDep,
     out: list[dict] = []
     matched = scanned = 0
     last_seq = after_seq
-    for row in scan(tp, job_id, after_seq, None):
-        scanned += 1
-        last_seq = row["seq"]
-        if match(row["line"]):
-            matched += 1
-            out.append(row)
-            if tail and len(out) > limit:
-                del out[:len(out) - limit]
-            elif not tail and len(out) >= limit:
-                break
+    for page, read, page_end in scan(tp, job_id, after_seq, match):
+        scanned, last_seq = scanned + read, page_end
+        matched += len(page)
+        out.extend(page)
+        if tail and len(out) > limit:
+            del out[:len(out) - limit]
+        elif not tail and len(out) >= limit:
+            del out[limit:]
+            break
     return {"job_id": job_id, "lines": out, "matched": matched, "scanned": scanned, "last_seq": last_seq}
 
 
@@ -101,8 +118,8 @@ def download_logs(job_id: int, tp: AppDep, _: UserDep,
     def body() -> Iterator[bytes]:
         import time as _t
         buf = []
-        for row in scan(tp, job_id, -1, None):
-            if match(row["line"]):
+        for page, _, _ in scan(tp, job_id, -1, match):
+            for row in page:
                 line = row["line"]
                 if timestamps:
                     stamp = _t.strftime("%Y-%m-%dT%H:%M:%S", _t.gmtime(row["t"])) + f".{int(row['t'] % 1 * 1000):03d}Z"

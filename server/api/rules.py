@@ -1,5 +1,7 @@
-"""Alert rules (server/rules.py evaluates them on ingest): list, add, remove. A rule belongs to the
-person whose token made it; a user sees and removes its own, an admin all."""
+"""Alert rules (server/rules.py evaluates them beside ingest): list, add, remove. A rule belongs to the
+person whose token made it; a user sees and removes its own, an admin all. A rule watches its owner's
+jobs only (an admin's: every job); its count, its channels' count and their destinations are
+limited (Settings.rules_per_user, channels_per_rule, webhook_allow)."""
 from __future__ import annotations
 
 import json
@@ -8,14 +10,15 @@ from typing import Literal, Optional
 
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from server.context import AppDep
+from server.destinations import Policy, Refused
 from server.errors import unprocessable
 from server.ingest.alerts import alert_dict, upsert_alert
-from server.models import Alert, AlertRule
+from server.models import Alert, AlertRule, Job
 from server.rules import CONDITIONS, KIND_PREFIX, RULES, STATES, Rule
-from server.security import UserDep
+from server.security import UserDep, not_yours
 from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 
 router = APIRouter(prefix="/api/rules", tags=["rules"])
@@ -45,16 +48,26 @@ class NewRule(BaseModel):
     state: Optional[Literal[STATES]] = Field(None,
                                              description="state: the job state that fires")  # type: ignore[valid-type]
     severity: Literal["info", "warning", "critical"] = "warning"
-    channels: list[Channel] = Field(default_factory=list, max_length=10)
+    channels: list[Channel] = Field(default_factory=list, max_length=1000,
+                                    description="at most Settings.channels_per_rule (10 by default)")
 
 
 NEEDS = {"above": ("metric", "threshold"), "below": ("metric", "threshold"), "no_improvement": ("metric", "steps"),
          "jump": ("metric", "sigmas"), "nonfinite": ("metric",), "state": ("state",)}
 
 
-def check(body: NewRule) -> None:
-    """The fields a scope and a condition need, each named when missing."""
+def check(body: NewRule, settings, policy: Policy) -> None:
+    """The fields a scope and a condition need, each named when missing; the channels' number and
+    destinations (server/destinations.py: no internal address unless an admin allowed it)."""
     errors = []
+    if len(body.channels) > settings.channels_per_rule:
+        errors.append({"field": "channels", "message": f"at most {settings.channels_per_rule} channels per rule "
+                       "(limit channels_per_rule: an admin raises it with TOKENPULSE_CHANNELS_PER_RULE)"})
+    for i, ch in enumerate(body.channels):
+        try:
+            policy.check_url(ch.url)
+        except Refused as e:
+            errors.append({"field": f"channels.{i}.url", "message": str(e)})
     if body.scope == "name" and not body.pattern:
         errors.append({"field": "pattern", "message": "is required for scope 'name' (a job-name glob such as sft-*)"})
     if body.scope == "job" and body.job_id is None:
@@ -81,9 +94,22 @@ def list_rules(tp: AppDep, caller: UserDep) -> list[dict]:
 
 @router.post("", status_code=201)
 async def add_rule(body: NewRule, tp: AppDep, caller: UserDep) -> dict:
-    check(body)
+    """A rule acts on its owner's jobs only; an admin's rule of scope `all` on every job."""
+    settings = tp.settings
+    check(body, settings, tp.webhooks.policy if tp.webhooks is not None else Policy(settings.webhook_allow))
 
     def add(s):
+        if body.scope == "job":
+            job = s.get(Job, body.job_id)
+            if job is None:
+                raise unprocessable([{"field": "job_id", "message": f"job {body.job_id} does not exist"}])
+            if not caller.owns(job.owner_token_id):
+                raise not_yours("watch with a rule", f"job {job.id}", job.owner_token_id)
+        mine = s.scalar(select(func.count()).select_from(AlertRule)
+                        .where(AlertRule.owner_token_id == caller.principal_id))
+        if mine >= settings.rules_per_user:
+            raise HTTPException(409, f"you have {mine} rules, the limit (rules_per_user: an admin raises it "
+                                     f"with TOKENPULSE_RULES_PER_USER); remove one first")
         r = AlertRule(name=body.name, owner_token_id=caller.principal_id, scope=body.scope,
                       pattern=body.pattern if body.scope == "name" else None,
                       job_id=body.job_id if body.scope == "job" else None, condition=body.condition,

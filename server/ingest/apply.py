@@ -20,10 +20,11 @@ from server.dialect import dialect_name, raw_cursor
 from server.hub import Frame
 from server.ingest.alerts import alert_dict, upsert_alert
 from server.ingest.logcap import BUDGET as LOG_BUDGET
+from server.ingest.metric_names import NAMES
 from server.ingest.metrics import PointBatch
 from server.ingest.parse import INT_LIMIT, Ev
 from server.models import Attempt, Job
-from server.rules import NON_FINITE_ALERT, RULES
+from server.rules import KIND_PREFIX, NON_FINITE_ALERT, RULES, JobRef
 from tokenpulse.protocol import (
     ACTIVE_STATES,
     ALERTS_TOPIC,
@@ -54,6 +55,7 @@ class Outcome:
     stored_events: int = 0  # new events stored (replays not counted), for /metrics
     stored_points: int = 0  # metric points among them
     delivered: set[int] = field(default_factory=set)  # active jobs of this agent it sent events for
+    rule_work: list = field(default_factory=list)  # (JobRef, [(step, values)]) for server/rule_runner.py
 
 
 def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
@@ -95,6 +97,7 @@ def ingest(s: Session, agent_id: int, events: list, hub=None) -> Outcome:
         out.delivered |= part.delivered
         out.frames.extend(part.frames)
         out.alerts.extend(part.alerts)
+        out.rule_work.extend(part.rule_work)
         for job_id, (live, critical, job) in part.live.items():
             had = out.live.setdefault(job_id, [[], False, job])
             had[0].extend(live)
@@ -148,6 +151,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         if not fresh:
             continue
         job.next_seq = fresh[-1].seq + 1
+        # a rule's alert is the server's alone (server/rules.py): a run cannot speak for someone's rule
+        fresh = [e for e in fresh if not (e.kind == "alert" and str(e.data.get("kind", "")).startswith(KIND_PREFIX))]
         out.stored_events += len(fresh)
         state_before = job.state
         by_metric, state_rules = RULES.for_job(job) if RULES.rules else (None, None)
@@ -160,15 +165,18 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         for e in fresh:
             d = e.data
             if e.kind == "metrics":
-                points.add(s, job_id, d["step"], e.t, d["values"])
-                out.stored_points += len(d["values"])
+                values, refused = NAMES.admit(s, job_id, d["values"])
+                if refused:
+                    too_many_names(s, job, out)
+                points.add(s, job_id, d["step"], e.t, values)
+                out.stored_points += len(values)
                 if by_metric:
-                    rule_events.append((d["step"], d["values"]))
-                if is_system(d["values"]):
+                    rule_events.append((d["step"], values))
+                if is_system(values):
                     continue  # the agent's system samples, keyed by time: not the job's step or its latest metrics
                 if last is None:
                     last = json.loads(job.last) if job.last else {}
-                last.update(d["values"])
+                last.update(values)
                 last["step"] = job.step = d["step"]
             else:
                 event_rows.append((job_id, e.seq, e.t, e.kind, json.dumps(d)))
@@ -176,8 +184,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                     log_bytes += len(event_rows[-1][4])
                 apply_event(s, job, e, out)
                 critical = critical or e.kind in ("state", "alert")
-        if rule_events:
-            RULES.on_metrics(s, job, rule_events, by_metric, out)
+        if rule_events:  # judged after the commit, beside ingest (server/rule_runner.py)
+            out.rule_work.append((JobRef(job.id, job.name, job.owner_token_id, job.agent_id), rule_events))
         if state_rules and job.state != state_before:
             RULES.on_state(s, job, job.state, out)
         if log_bytes:
@@ -193,6 +201,17 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
     elif event_rows:
         store_event_rows(s, event_rows)
     return out
+
+
+def too_many_names(s: Session, job: Job, out: Outcome) -> None:
+    """The job passed metric_names_per_job (ingest/metric_names.py): one warning alert says so."""
+    d = NAMES.first_refusal(job.id)
+    if d is not None:
+        alert = upsert_alert(s, job.id, job.agent_id, d)
+        if alert is not None:
+            payload = alert_dict(alert)
+            out.alerts.append(payload)
+            out.frames.append((ALERTS_TOPIC, alert_frame(payload), False))
 
 
 def is_system(values: dict) -> bool:

@@ -94,9 +94,8 @@
     } catch (err) { errors.show(err); }
   });
   // metric names people log, for the datalist: the latest metrics of recent jobs
-  TP.api("/api/jobs?limit=50").then((r) => {
-    const names = new Set();
-    for (const j of r.jobs || []) for (const k of Object.keys(j.last || {})) if (k !== "step") names.add(k);
+  TP.api("/api/jobs?limit=50&names=true").then((r) => {
+    const names = new Set(r.metric_names || []);
     $("metric-names").replaceChildren(...[...names].sort().map((n) => TP.el("option", { value: n })));
   }).catch(() => {});
   load();

@@ -402,7 +402,7 @@
   function showSummary(j) {
     const wasOver = job && TP.FINAL.includes(job.state);
     const wasQueued = !!job && job.state === "queued";
-    job = { ...(job || {}), ...j };
+    job = { ...(job || {}), ...j, last: { ...((job || {}).last || {}), ...(j.last || {}) } }; // a frame carries the listed metrics only
     if (!wasOver && TP.FINAL.includes(job.state)) scheduleDraw(); // empty charts fold away once it is over
     if (job.state === "queued" && !queueTimer) explainQueue(); else if (job.state !== "queued") { clearTimeout(queueTimer); queueTimer = null; queueText = null; }
     if (wasQueued !== (job.state === "queued")) scheduleDraw(); // its empty charts fold away while it waits

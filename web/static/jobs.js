@@ -25,10 +25,11 @@
     history.replaceState(null, "", p.toString() ? `/?${p}` : "/");
   }
 
-  let loadSeq = 0;
+  let loadSeq = 0, metricNames = [];
   async function load() {
     const my = ++loadSeq;
-    const p = new URLSearchParams({ limit: PAGE, offset, spec: "true" }); // settings: the picked columns
+    const p = new URLSearchParams({ limit: PAGE, offset, spec: "true", names: "true" }); // settings: the picked columns
+    for (const c of view.cols) if (c.startsWith("last:")) p.append("columns", c); // rows carry only the picked metrics
     if (search.value.trim()) p.set("q", search.value.trim()); // "#4" is job 4; the server knows
     for (const s of states()) p.append("state", s);
     if (projectSel.value) p.set("project", projectSel.value);
@@ -41,6 +42,7 @@
     agents = new Map(ags.map((a) => [a.id, a]));
     queued = waiting.total;
     jobs = new Map(data.jobs.map((j) => [j.id, j]));
+    metricNames = data.metric_names || [];
     total = data.total; loaded = true;
     render();
   }
@@ -148,6 +150,7 @@
   function renderColumns(list) {
     const specKeys = new Set(), lastKeys = new Set();
     for (const j of list) { Object.keys(flat(j.spec)).forEach((k) => specKeys.add(k)); Object.keys(j.last || {}).forEach((k) => lastKeys.add(k)); }
+    metricNames.forEach((k) => lastKeys.add(k));
     const opt = (c) => TP.el("label", { class: "check col-pick" }, TP.el("input", { type: "checkbox", value: c, checked: view.cols.includes(c),
       onchange: (e) => { view.cols = e.target.checked ? [...view.cols, c] : view.cols.filter((x) => x !== c); saveView(); renderNow(); } }), ` ${c.slice(c.indexOf(":") + 1)}`);
     // rebuilt only when what they show changes: a rebuild under the user's hand loses their click or typing
@@ -269,7 +272,7 @@
       if (!old || old.state !== f.job.state) refreshFacts();
       if (old) {
         const ranOn = f.job.agent_id || (old.agent_id ?? old.last_agent_id); // a job that ends keeps its worker
-        if (!matches(f.job) && offset === 0 && states().length) { jobs.delete(f.job.id); total -= 1; } else jobs.set(f.job.id, { ...old, ...f.job, last_agent_id: ranOn });
+        if (!matches(f.job) && offset === 0 && states().length) { jobs.delete(f.job.id); total -= 1; } else jobs.set(f.job.id, { ...old, ...f.job, last: { ...(old.last || {}), ...(f.job.last || {}) }, last_agent_id: ranOn });
         render();
       } else if (offset === 0 && matches(f.job) && (jobs.size < PAGE || f.job.id > Math.max(...jobs.keys()))) {
         jobs.set(f.job.id, f.job); total += 1;
@@ -302,6 +305,8 @@
   setInterval(refreshCosts, 10000);
   TP.onAlert(() => { if (loaded) render(); }); // badges follow the open alerts
   setInterval(() => { if (loaded) refreshFacts(); }, 10000); // an agent that comes back says so only by heartbeats
+  // live frames carry the listed metrics only: picked metric columns are read again every 10 s
+  setInterval(() => { if (loaded && view.cols.some((c) => c.startsWith("last:"))) load(); }, 10000);
   let debounce = null;
   search.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(() => { offset = 0; load(); }, 200); });
   stateSel.addEventListener("change", () => { offset = 0; load(); });
