@@ -140,6 +140,10 @@ class Emitter:
         self.emit("phase", name=name, done=done, total=total, unit=unit, detail=detail)
 
     def metrics(self, step: int, **values: float) -> None:
+        self.metrics_from(step, values)
+
+    def metrics_from(self, step: int, values: dict, sources: Optional[dict] = None) -> None:
+        """Metrics at a step; `sources` says where each came from (tokenpulse/instrument/sources.py)."""
         import math
         clean = {k: float(v) for k, v in values.items() if v is not None}
         # NaN/inf cannot travel in JSON: said as an alert 'non_finite:<name>' instead (alert rules
@@ -155,6 +159,11 @@ class Emitter:
                 bad.discard(k)
                 self.alert(f"non_finite:{k}"[:64], f"{k} is finite again at step {step}", clear=True)
         clean = {k: v for k, v in clean.items() if math.isfinite(v)}
+        if sources:
+            said = {k: sources[k] for k in clean if k in sources}
+            if said:
+                self.emit("metrics", step=step, values=clean, sources=said)
+                return
         self.emit("metrics", step=step, values=clean)
 
     def log(self, line: str) -> None:

@@ -496,6 +496,9 @@ class PhaseData(BaseModel):
 class MetricsData(BaseModel):
     step: int = Field(ge=0)
     values: dict[str, float]
+    # where each value came from, when not the explicit API (tokenpulse/instrument/sources.py): the
+    # agent turns it into the job's info `metric_sources` and sends the points without it
+    sources: Optional[dict[str, str]] = None
 
     @field_validator("values")
     @classmethod

@@ -35,7 +35,7 @@ def start() -> None:
         argv = " ".join(sys.argv) if sys.argv and sys.argv[0] else "python"
         em.emit_data("phase", {"name": "running", "detail": argv[:1000]})
         em.phase_name = "running"
-    from . import firststeps, patch_torch, patch_tqdm, patch_transformers
+    from . import firststeps, patch_loggers, patch_torch, patch_tqdm, patch_transformers
     # torch's own modules, each patched right after it loads (progress and step anatomy, patch_torch.py)
     when_imported("torch.optim.optimizer", patch_torch.install_optimizer)
     when_imported("torch.nn.modules.module", patch_torch.install_forward)
@@ -47,3 +47,4 @@ def start() -> None:
     when_imported("transformers.modeling_utils", patch_transformers.install_loading)
     # tokenizer calls: padding, max_length, truncation and the lengths they make (firststeps.py)
     when_imported("transformers.tokenization_utils_base", firststeps.install_tokenizer)
+    patch_loggers.register()  # wandb, TensorBoard, MLflow, Lightning, Accelerate, trackio: their logging calls

@@ -36,6 +36,7 @@ from worker.agent.job_setup import (
 from worker.agent.launch import Gang, command, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import LineFolder, Masker
+from worker.agent.printed_metrics import JobMetrics
 from worker.agent.ranks import RankBoard
 from worker.agent.running import Emitter, Requested, RunningJob
 from worker.agent.slow import SlowDetector
@@ -157,7 +158,8 @@ class JobRunner:
                         # padding and step size: judged by the advisor, with the script's own fix
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16, owned=OWNED), cwd=cwd,
                         gang=new_gang(stall) if launcher else None,
-                        mask=mask, advice=Advisor(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16))
+                        mask=mask, advice=Advisor(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16),
+                        sourced=JobMetrics(env))
         self.jobs[claim.job_id] = rj
         how = ("instrumented (startup hook on PYTHONPATH)" if hooks else
                "not instrumented (instrument: false)" if not spec.instrument else
@@ -235,6 +237,8 @@ class JobRunner:
                     elif kind == "state" and rj.claim.node_rank and rj.child_state is None:
                         rj.child_state = data  # another node's end is judged by its own ranks' word
                     continue
+            if rj.sourced is not None:
+                data = self.sourced(rj, kind, data)
             recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
             if recovered is not None:  # cleared once it kept moving for alert_clear_s (detect())
                 rj.stall_clear = (now, recovered.message)
@@ -265,6 +269,24 @@ class JobRunner:
             if kind == "checkpoint" and not data.get("final") and data.get("requested"):
                 self.emit(rj, "log", {"line": self.checkpoint_words(rj, data, now), "stream": "agent"})
             self.emit(rj, kind, data, t)
+
+    def sourced(self, rj: RunningJob, kind: str, data: dict) -> dict:
+        """A metrics event's `sources` become the job's info `metric_sources` (sent when it changes)."""
+        assert rj.sourced is not None
+        data = rj.sourced.observe(kind, data)
+        info = rj.sourced.sources_info()
+        if info is not None:
+            self.emit(rj, "info", info)
+        return data
+
+    def printed_metrics(self, rj: RunningJob, line: str) -> None:
+        """The last resort for a loss: the job's printed lines (printed_metrics.py)."""
+        assert rj.sourced is not None
+        for kind, data in rj.sourced.printed(line):
+            self.emit(rj, kind, data)
+        info = rj.sourced.sources_info()
+        if info is not None:
+            self.emit(rj, "info", info)
 
     @staticmethod
     def checkpoint_words(rj: RunningJob, data: dict, now: float) -> str:
@@ -320,6 +342,8 @@ class JobRunner:
             if recovered is not None:
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": recovered.message, "clear": True})
         self.emit(rj, "log", {"line": line[:8192], "stream": name})
+        if rj.sourced is not None and rj.stack_lines is None:
+            self.printed_metrics(rj, line)
 
     async def supervise(self, rj: RunningJob) -> None:
         """Watch for stalls and slowness while the process runs; then report how it ended."""

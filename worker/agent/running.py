@@ -19,6 +19,7 @@ from worker.agent.advice import Advisor
 from worker.agent.child import Supervised
 from worker.agent.outbox import Outbox
 from worker.agent.output import Masker
+from worker.agent.printed_metrics import JobMetrics
 from worker.agent.slow import SlowDetector
 
 log = logging.getLogger("tokenpulse.agent")
@@ -60,6 +61,8 @@ class RunningJob:
     # its stall, once alerted: {"since", "step", "frame", "headline"} (ended as a hang after kill_after_s)
     hang: Optional[dict] = None
     kill_after_s: float = 0.0  # 0: a stall is never killed
+    # a command job's printed loss and where each of its metrics came from (printed_metrics.py)
+    sourced: Optional[JobMetrics] = None
 
     @property
     def command(self) -> Optional[CommandSpec]:

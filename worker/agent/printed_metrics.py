@@ -1,0 +1,125 @@
+"""Loss from a command job's printed lines, the last resort (tokenpulse/instrument/sources.py), and
+where each of a job's metrics came from.
+
+`loss 2.31`, `loss: 2.31`, `train_loss=2.31`, `'loss': 2.31`, `| loss 6.12 |`: a name ending in
+"loss", then a number, with at most a colon or an equals sign (and quotes) between. A line that only
+looks like one (`lossless 3`, `loss of signal 5`) is not. The step is the line's own when it says
+one (`iter 10:`, `step 10`, `10/100` in a line that names no epoch), else the step the job has reached.
+A name that a better source reported for this job (its metrics events) is never read from print.
+
+The job's `metric_sources` (name -> label) is kept here too, from the `sources` of its metrics events
+and from print: the agent sends it as the job's info when it grows (the job page and `tokenpulse
+show` say where each metric came from).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping, Optional
+
+from tokenpulse.instrument import sources
+
+PRINTED = "printed"
+MAX_NAMES = 64  # a print-only script has a handful; past this, new printed names are not read
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
+LOSS = re.compile(r"(?<![\w/.-])(?:(?P<pre>train|val|valid|validation|eval|test)\s+)?"
+                  r"['\"]?(?P<name>(?:[A-Za-z][\w/.-]{0,50}?[_/.-])?loss)['\"]?"
+                  r"(?:\s*[:=]\s*|\s+)(?:tensor\()?(?P<value>" + NUMBER + r")(?![\w.])", re.IGNORECASE)
+STEP_WORD = re.compile(r"\b(?:global[_ ]step|step|iter(?:ation)?|it)\s*[:=#]?\s*(?P<n>\d+)\b", re.IGNORECASE)
+FRACTION = re.compile(r"(?<![\w./])(?P<n>\d+)\s*/\s*\d+(?![\w./])")
+
+
+def parse(line: str) -> tuple[dict[str, float], Optional[int]]:
+    """The loss values a printed line says, and its step if it says one."""
+    values: dict[str, float] = {}
+    for m in LOSS.finditer(line):
+        try:
+            name = m["name"].lower() if m["name"].lower() == "loss" else m["name"]
+            values[f"{m['pre'].lower()}_{name}" if m["pre"] else name] = float(m["value"])
+        except ValueError:
+            continue
+    if not values:
+        return {}, None
+    return values, line_step(line)
+
+
+def line_step(line: str) -> Optional[int]:
+    m = STEP_WORD.search(line)
+    if m:
+        return int(m["n"])
+    if "epoch" in line.lower():
+        return None  # `| epoch 2 | 200/2983 batches |`: a count within the epoch, not the job's step
+    m = FRACTION.search(line)
+    return int(m["n"]) if m else None
+
+
+class JobMetrics:
+    """One job's printed-loss reading and its metric sources."""
+
+    def __init__(self, env: Optional[Mapping[str, str]] = None):
+        self.printing = sources.enabled(PRINTED, env or {})
+        self.owners = sources.Owners()  # every name's best source so far (a name with no label: the API's)
+        self.shown: dict[str, str] = {}  # the names a source was said for: name -> label
+        self.step = 0  # the step the job has reached (its events)
+        self.non_finite: set[str] = set()
+        self.changed = False  # shown grew or changed since it was last sent
+
+    def observe(self, kind: str, data: dict) -> dict:
+        """An event from the job's processes; returns it as it goes on (a metrics event without its
+        `sources`, which the job's info carries)."""
+        if kind == "alive" and isinstance(data.get("step"), int):
+            self.step = max(self.step, data["step"])
+        if kind != "metrics":
+            return data
+        said = data.get("sources") or {}
+        for name in data.get("values", {}):
+            if name.startswith(("sys/", "anatomy/")):
+                continue
+            label = said.get(name, "api")
+            self.owners.claim(name, label)
+            if name in said:
+                self._show(name, label)
+        if isinstance(data.get("step"), int) and not said:
+            self.step = max(self.step, data["step"])
+        return {k: v for k, v in data.items() if k != "sources"} if "sources" in data else data
+
+    def _show(self, name: str, label: str) -> None:
+        if self.owners.by_name.get(name) == label and self.shown.get(name) != label:
+            self.shown[name] = label
+            self.changed = True
+
+    def printed(self, line: str) -> list[tuple[str, dict]]:
+        """The events a printed line's loss values make: a metrics event (finite values) and an
+        alert for a value that turned non-finite (or cleared when finite again), as the Emitter does."""
+        if not self.printing or "loss" not in line.lower():
+            return []
+        values, step = parse(line)
+        at = step if step is not None else self.step
+        keep: dict[str, float] = {}
+        out: list[tuple[str, dict]] = []
+        for name, v in values.items():
+            if name not in self.owners.by_name and len(self.owners.by_name) >= MAX_NAMES:
+                continue
+            if not self.owners.claim(name, PRINTED):
+                continue  # a better source reports it
+            self._show(name, PRINTED)
+            if math.isfinite(v):
+                keep[name] = v
+                if name in self.non_finite:
+                    self.non_finite.discard(name)
+                    out.append(("alert", {"kind": f"non_finite:{name}"[:64], "clear": True, "severity": "critical",
+                                          "message": f"{name} is finite again at step {at} (printed)"}))
+            elif name not in self.non_finite:
+                self.non_finite.add(name)
+                out.append(("alert", {"kind": f"non_finite:{name}"[:64], "severity": "critical",
+                                      "message": f"{name} is {v} at step {at} (printed)"}))
+        if keep:
+            out.insert(0, ("metrics", {"step": at, "values": keep}))
+        return out
+
+    def sources_info(self) -> Optional[dict]:
+        """The job's info update when its metric sources changed since last time, else None."""
+        if not self.changed:
+            return None
+        self.changed = False
+        return {"metric_sources": {k: sources.describe(v) for k, v in sorted(self.shown.items())}}
