@@ -140,10 +140,10 @@ class Emitter:
         self.emit("phase", name=name, done=done, total=total, unit=unit, detail=detail)
 
     def metrics(self, step: int, **values: float) -> None:
-        self.metrics_from(step, values)
+        self.metrics_from(step, values, None)
 
-    def metrics_from(self, step: int, values: dict, sources: Optional[dict] = None) -> None:
-        """Metrics at a step; `sources` says where each came from (tokenpulse/instrument/sources.py)."""
+    def metrics_from(self, step: int, values: dict, source: Optional[str]) -> None:
+        """Metrics from one source (tokenpulse/instrument/sources.py), said in the event's `sources`."""
         import math
         clean = {k: float(v) for k, v in values.items() if v is not None}
         # NaN/inf cannot travel in JSON: said as an alert 'non_finite:<name>' instead (alert rules
@@ -159,12 +159,7 @@ class Emitter:
                 bad.discard(k)
                 self.alert(f"non_finite:{k}"[:64], f"{k} is finite again at step {step}", clear=True)
         clean = {k: v for k, v in clean.items() if math.isfinite(v)}
-        if sources:
-            said = {k: sources[k] for k in clean if k in sources}
-            if said:
-                self.emit("metrics", step=step, values=clean, sources=said)
-                return
-        self.emit("metrics", step=step, values=clean)
+        self.emit("metrics", step=step, values=clean, sources={k: source for k in clean} if source and clean else None)
 
     def log(self, line: str) -> None:
         self.emit("log", line=line[:8192], stream="stdout")

@@ -496,8 +496,8 @@ class PhaseData(BaseModel):
 class MetricsData(BaseModel):
     step: int = Field(ge=0)
     values: dict[str, float]
-    # where each value came from, when not the explicit API (tokenpulse/instrument/sources.py): the
-    # agent turns it into the job's info `metric_sources` and sends the points without it
+    # where a command job's values came from, by name (tokenpulse/instrument/sources.py: api, logger,
+    # backward, printed); absent for tokenpulse's own training and the Trainer callback
     sources: Optional[dict[str, str]] = None
 
     @field_validator("values")

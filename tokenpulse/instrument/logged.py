@@ -20,7 +20,9 @@ from tokenpulse import run
 
 from . import sources
 
+LOGGER = "logger"
 MAX_NAMES = 2000
+_via: dict[str, str] = {}  # name -> the call that said it ('wandb.log'), as last sent
 _inside = threading.local()
 _names: set[str] = set()
 _warned = [False]
@@ -62,23 +64,27 @@ def current_step() -> int:
     return max(0, int(step))
 
 
-def capture(label: str, values: Mapping[str, Any], step: Optional[Any] = None) -> None:
-    """Report these values, said by `label` ('logger:wandb.log'), at `step` (None: the job's step)."""
+def capture(via: str, values: Mapping[str, Any], step: Optional[Any] = None) -> None:
+    """Report these values, said by `via` ('wandb.log'), at `step` (None: the step the job reached)."""
     em = run.reporter(create=False)
-    if em is None or not sources.enabled(label):
+    if em is None or not sources.enabled(LOGGER):
         return
     out: dict[str, float] = {}
     for k, v in values.items():
         x = number(v)
         name = str(k)[:64]
-        if x is None or not name or not _admit(em, name) or not sources.OWNERS.claim(name, label):
+        if x is None or not name or not _admit(em, name) or not sources.CLAIMS.allow(name, LOGGER):
             continue
         out[name] = x
     if not out:
         return
     s = number(step) if step is not None else None
     at = int(s) if s is not None and math.isfinite(s) and s >= 0 else current_step()
-    em.metrics_from(at, out, {k: label for k in out})
+    new = {k: via for k in out if _via.get(k) != via}
+    if new:  # which call said each name, once: the agent folds it into the job's metric_sources
+        _via.update(new)
+        em.info(metric_via=new)
+    em.metrics_from(at, out, LOGGER)
 
 
 def _admit(em, name: str) -> bool:

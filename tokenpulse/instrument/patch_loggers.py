@@ -93,21 +93,21 @@ def _trackio(metrics, step=None, *a, **k):
 # ---- installed when each module loads ----------------------------------------------------------------
 
 def install_wandb(module) -> None:
-    _patch(module.Run, "log", "logger:wandb.log", _wandb)
+    _patch(module.Run, "log", "wandb.log", _wandb)
 
 
 def install_wandb_disabled(module) -> None:
-    _patch(module.NoopRun, "log", "logger:wandb.log", _wandb)  # wandb.init(mode="disabled")
+    _patch(module.NoopRun, "log", "wandb.log", _wandb)  # wandb.init(mode="disabled")
 
 
 def install_tensorboard(module) -> None:
-    _patch(module.SummaryWriter, "add_scalar", "logger:SummaryWriter.add_scalar", _add_scalar)
-    _patch(module.SummaryWriter, "add_scalars", "logger:SummaryWriter.add_scalars", _add_scalars)
+    _patch(module.SummaryWriter, "add_scalar", "SummaryWriter.add_scalar", _add_scalar)
+    _patch(module.SummaryWriter, "add_scalars", "SummaryWriter.add_scalars", _add_scalars)
 
 
 def install_mlflow(module) -> None:
-    _patch(module, "log_metric", "logger:mlflow.log_metric", _mlflow_metric)
-    _patch(module, "log_metrics", "logger:mlflow.log_metrics", _mlflow_metrics)
+    _patch(module, "log_metric", "mlflow.log_metric", _mlflow_metric)
+    _patch(module, "log_metrics", "mlflow.log_metrics", _mlflow_metrics)
     top = __import__("sys").modules.get("mlflow")
     if top is not None:  # already re-exported: point those names at the reading functions too
         for name in ("log_metric", "log_metrics"):
@@ -116,15 +116,15 @@ def install_mlflow(module) -> None:
 
 
 def install_lightning(module) -> None:
-    _patch(module._LoggerConnector, "log_metrics", "logger:Lightning self.log", _lightning)
+    _patch(module._LoggerConnector, "log_metrics", "Lightning self.log", _lightning)
 
 
 def install_accelerate(module) -> None:
-    _patch(module.Accelerator, "log", "logger:accelerator.log", _values_step)
+    _patch(module.Accelerator, "log", "accelerator.log", _values_step)
 
 
 def install_trackio(module) -> None:
-    _patch(module, "log", "logger:trackio.log", _trackio)
+    _patch(module, "log", "trackio.log", _trackio)
 
 
 def register() -> None:

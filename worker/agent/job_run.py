@@ -239,6 +239,8 @@ class JobRunner:
                     continue
             if rj.sourced is not None:
                 data = self.sourced(rj, kind, data)
+                if data is None:
+                    continue
             recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
             if recovered is not None:  # cleared once it kept moving for alert_clear_s (detect())
                 rj.stall_clear = (now, recovered.message)
@@ -270,14 +272,15 @@ class JobRunner:
                 self.emit(rj, "log", {"line": self.checkpoint_words(rj, data, now), "stream": "agent"})
             self.emit(rj, kind, data, t)
 
-    def sourced(self, rj: RunningJob, kind: str, data: dict) -> dict:
-        """A metrics event's `sources` become the job's info `metric_sources` (sent when it changes)."""
+    def sourced(self, rj: RunningJob, kind: str, data: dict) -> Optional[dict]:
+        """A metrics event's `sources` (and the logging calls the process names in its info) become
+        the job's info `metric_sources`, sent when it changes."""
         assert rj.sourced is not None
-        data = rj.sourced.observe(kind, data)
+        out = rj.sourced.observe(kind, data)
         info = rj.sourced.sources_info()
         if info is not None:
             self.emit(rj, "info", info)
-        return data
+        return out
 
     def printed_metrics(self, rj: RunningJob, line: str) -> None:
         """The last resort for a loss: the job's printed lines (printed_metrics.py)."""

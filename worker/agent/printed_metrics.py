@@ -53,39 +53,52 @@ def line_step(line: str) -> Optional[int]:
     return int(m["n"]) if m else None
 
 
+DESCRIBE = {"api": "tokenpulse.log / Trainer", "backward": ".backward()", "printed": "printed lines"}
+
+
 class JobMetrics:
-    """One job's printed-loss reading and its metric sources."""
+    """One job's printed-loss reading and where each of its metrics came from."""
 
     def __init__(self, env: Optional[Mapping[str, str]] = None):
-        self.printing = sources.enabled(PRINTED, env or {})
-        self.owners = sources.Owners()  # every name's best source so far (a name with no label: the API's)
-        self.shown: dict[str, str] = {}  # the names a source was said for: name -> label
+        self.printing = PRINTED not in sources.off_sources(dict(env or {}))
+        self.claims = sources.Claims()  # every name's best source so far (no `sources`: the API's)
+        self.shown: dict[str, str] = {}  # name -> where it came from, for people ('wandb.log')
+        self.via: dict[str, str] = {}  # name -> the logging call that said it (the process's info)
         self.step = 0  # the step the job has reached (its events)
         self.non_finite: set[str] = set()
-        self.changed = False  # shown grew or changed since it was last sent
+        self.changed = False  # shown changed since it was last sent
 
-    def observe(self, kind: str, data: dict) -> dict:
+    def observe(self, kind: str, data: dict) -> Optional[dict]:
         """An event from the job's processes; returns it as it goes on (a metrics event without its
-        `sources`, which the job's info carries)."""
+        `sources`, which the job's info carries), or None when nothing of it goes on."""
         if kind == "alive" and isinstance(data.get("step"), int):
             self.step = max(self.step, data["step"])
+        if kind == "info" and "metric_via" in data:
+            if isinstance(data["metric_via"], dict):
+                self.via.update({str(k): str(v) for k, v in data["metric_via"].items()})
+                for name, source in list(self.shown.items()):
+                    self._show(name, source)
+            rest = {k: v for k, v in data.items() if k != "metric_via"}
+            return rest or None
         if kind != "metrics":
             return data
         said = data.get("sources") or {}
         for name in data.get("values", {}):
             if name.startswith(("sys/", "anatomy/")):
                 continue
-            label = said.get(name, "api")
-            self.owners.claim(name, label)
+            source = said.get(name, "api")
+            self.claims.allow(name, source)
             if name in said:
-                self._show(name, label)
+                self._show(name, source)
         if isinstance(data.get("step"), int) and not said:
             self.step = max(self.step, data["step"])
         return {k: v for k, v in data.items() if k != "sources"} if "sources" in data else data
 
-    def _show(self, name: str, label: str) -> None:
-        if self.owners.by_name.get(name) == label and self.shown.get(name) != label:
-            self.shown[name] = label
+    def _show(self, name: str, source: str) -> None:
+        words = self.via.get(name) if source == "logger" else None
+        words = words or DESCRIBE.get(source, source)
+        if self.shown.get(name) != words:
+            self.shown[name] = words
             self.changed = True
 
     def printed(self, line: str) -> list[tuple[str, dict]]:
@@ -98,9 +111,9 @@ class JobMetrics:
         keep: dict[str, float] = {}
         out: list[tuple[str, dict]] = []
         for name, v in values.items():
-            if name not in self.owners.by_name and len(self.owners.by_name) >= MAX_NAMES:
+            if name not in self.shown and len(self.shown) >= MAX_NAMES:
                 continue
-            if not self.owners.claim(name, PRINTED):
+            if not self.claims.allow(name, PRINTED):
                 continue  # a better source reports it
             self._show(name, PRINTED)
             if math.isfinite(v):
@@ -122,4 +135,4 @@ class JobMetrics:
         if not self.changed:
             return None
         self.changed = False
-        return {"metric_sources": {k: sources.describe(v) for k, v in sorted(self.shown.items())}}
+        return {"metric_sources": dict(sorted(self.shown.items()))}
