@@ -27,6 +27,7 @@ p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--hang-data-at", type=int, default=-1)
 p.add_argument("--hang-eval", action="store_true")
 p.add_argument("--nan-at", type=int, default=-1, help="log a NaN loss at this iteration (bad input)")
+p.add_argument("--print-decoys", action="store_true", help="also print another loss and lines that look like one")
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -125,6 +126,8 @@ for it in range(1, args.iters + 1):
         value = float("nan") if it == args.nan_at else total
         record[it] = round(value, 4) if math.isfinite(value) else value
         log(it, {"loss": value})
+        if args.print_decoys:
+            print(f"iter {it}: loss {10 * total:.4f} (x10), lossless 3, loss of signal 5", flush=True)
     if args.eval_every and it % args.eval_every == 0:
         log(it, {"val_loss": evaluate(model)})
 
