@@ -83,7 +83,7 @@ def test_printed_decoys_and_a_nan_never_override_the_logger(srv, c, tmp_path):
     own = PROGRAMS["tensorboard loop"].own_numbers(tmp_path)
     got = series(c, jid, "loss")
     assert matches(got, {s: v for s, v in own.items() if math.isfinite(v)}) and 10 not in got, (got, own)
-    assert job["info"]["metric_sources"] == {"loss": "SummaryWriter.add_scalar"}, job["info"]
+    assert job["info"]["metric_sources"] == {"loss": "SummaryWriter.add_scalar", "val_loss": "SummaryWriter.add_scalar"}
     assert not series(c, jid, "lossless")
     nan = [a for a in c.get("/api/alerts", params={"job_id": jid}).json() if a["kind"] == "non_finite:loss"]
     assert nan and "nan at step 10" in nan[0]["message"], nan
