@@ -31,6 +31,7 @@ class Program:
     extra_env: dict = field(default_factory=dict)
     own: bool = True  # it records its own numbers (OWN)
     faults: tuple = ()  # the faults it can be given (bench/realworld.py FAULTS), by its arguments
+    run_long: tuple = ()  # its arguments that keep it training until a fault strikes (they come last: they win)
 
     def argv(self, tmp: Path, model: Path) -> list:
         return [str(a) for a in self.command(tmp, model)]
@@ -72,19 +73,22 @@ def trl_sft(tmp: Path, model: Path) -> list:
 
 
 DATA_FAULTS = ("data_early", "data_late", "sigstop", "eval_hang")
+LONG_LOOP = ("--iters", "100000", "--step-sleep", "0.02")
 PROGRAMS = {p.name: p for p in [
     Program("tensorboard loop", styles("tensorboard"), "loss", "SummaryWriter.add_scalar", 40, "val_loss",
-            faults=DATA_FAULTS),
-    Program("wandb loop (offline)", styles("wandb"), "loss", "wandb.log", 40, "val_loss", faults=DATA_FAULTS),
+            faults=DATA_FAULTS, run_long=LONG_LOOP),
+    Program("wandb loop (offline)", styles("wandb"), "loss", "wandb.log", 40, "val_loss", faults=DATA_FAULTS,
+            run_long=LONG_LOOP),
     Program("mlflow loop", styles("mlflow"), "loss", "mlflow.log_metrics", 40, "val_loss"),
     Program("trackio loop", styles("trackio"), "loss", "trackio.log", 40, "val_loss"),
     Program("print loop (GradScaler, accumulation)", styles("print", "--accum", "2"), "loss", "printed lines", 40,
-            "val_loss", faults=DATA_FAULTS),
+            "val_loss", faults=DATA_FAULTS, run_long=LONG_LOOP),
     Program("Lightning self.log", lambda tmp, model: [PY, HERE / "lightning_module.py", "--steps", "30",
                                                       "--record", tmp / OWN],
-            "train_loss", "Lightning self.log", 30, "val_loss", faults=DATA_FAULTS + ("collate",)),
+            "train_loss", "Lightning self.log", 30, "val_loss", faults=DATA_FAULTS + ("collate",),
+            run_long=("--steps", "100000")),
     Program("Trainer report_to=tensorboard", trainer("tensorboard"), "train/loss", "SummaryWriter.add_scalar", 12,
-            "eval/loss", own=False, faults=("collate", "eval_hang")),
+            "eval/loss", own=False, faults=("collate",), run_long=("--max-steps", "100000")),
     Program("Trainer report_to=wandb (offline)", trainer("wandb"), "train/loss", "wandb.log", 12, "eval/loss",
             own=False),
     Program("trl sft --report_to tensorboard", trl_sft, "train/loss", "SummaryWriter.add_scalar", 12, own=False),

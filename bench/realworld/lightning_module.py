@@ -4,8 +4,8 @@ progress bar. --record writes the script's own numbers at the steps it logs (JSO
 Faults for the benchmark: the data function blocks (--hang-data-at N), the validation blocks."""
 import argparse
 import json
-import time
 
+import fault  # bench/realworld/fault.py, beside this script
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -17,14 +17,23 @@ p.add_argument("--val-every", type=int, default=10)
 p.add_argument("--record", default="")
 p.add_argument("--hang-data-at", type=int, default=-1)
 p.add_argument("--hang-eval", action="store_true")
+p.add_argument("--hang-collate-at", type=int, default=-1)
 args = p.parse_args()
 VOCAB, CTX = 64, 16
+collated = [0]
+
+
+
+def collate(rows):
+    collated[0] += 1
+    if 0 <= args.hang_collate_at < collated[0]:
+        fault.strikes()  # a collate function that never returns
+    return torch.stack([x for x, _ in rows]), torch.stack([y for _, y in rows])
 
 
 def make_example(i):
     if 0 <= args.hang_data_at < i // 8:
-        while True:  # the benchmark's fault: a shard that never arrives
-            time.sleep(1)
+        fault.strikes()  # a shard that never arrives
     g = torch.Generator().manual_seed(i)
     ids = torch.randint(0, VOCAB, (CTX + 1,), generator=g)
     return ids[:-1], ids[1:]
@@ -61,8 +70,7 @@ class TinyLM(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         if args.hang_eval:
-            while True:  # the benchmark's fault: a validation that never ends
-                time.sleep(1)
+            fault.strikes()  # a validation that never ends
         x, y = batch
         self.log("val_loss", torch.nn.functional.cross_entropy(self(x).view(-1, VOCAB), y.view(-1)))
 
@@ -75,7 +83,8 @@ model = TinyLM()
 trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, log_every_n_steps=args.log_every,
                     val_check_interval=args.val_every, limit_val_batches=2, check_val_every_n_epoch=None,
                     enable_checkpointing=False, enable_model_summary=False, default_root_dir=".")
-trainer.fit(model, DataLoader(Tokens(100_000), batch_size=8), DataLoader(Tokens(64), batch_size=8))
+trainer.fit(model, DataLoader(Tokens(10_000_000), batch_size=8, collate_fn=collate),
+            DataLoader(Tokens(64), batch_size=8))
 if args.record:
     with open(args.record, "w") as f:
         json.dump({str(k): v for k, v in model.seen.items()}, f)

@@ -14,6 +14,7 @@ import math
 import os
 import time
 
+import fault  # bench/realworld/fault.py, beside this script
 import torch
 
 p = argparse.ArgumentParser()
@@ -36,11 +37,11 @@ data = torch.randint(0, VOCAB, (20_000,))
 calls = [0]
 
 
+
 def get_batch():
     calls[0] += 1
     if 0 <= args.hang_data_at < calls[0] // args.accum:
-        while True:  # the benchmark's fault: a shard that never arrives
-            time.sleep(1)
+        fault.strikes()  # a shard that never arrives
     ix = torch.randint(len(data) - CTX - 1, (BATCH,))
     x = torch.stack([data[i:i + CTX] for i in ix])
     y = torch.stack([data[i + 1:i + 1 + CTX] for i in ix])
@@ -64,8 +65,7 @@ class TinyLM(torch.nn.Module):
 @torch.no_grad()
 def evaluate(model):
     if args.hang_eval:
-        while True:  # the benchmark's fault: an evaluation that never ends
-            time.sleep(1)
+        fault.strikes()  # an evaluation that never ends
     model.eval()
     losses = [model(input_ids=x, targets=y)[1].item() for x, y in (get_batch() for _ in range(4))]
     model.train()

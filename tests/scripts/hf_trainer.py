@@ -4,6 +4,7 @@ The tests run it as a command job's process; the zero-code hook must make it rep
 make the tests' situations: a slow step (pause while training), a step that blocks forever.
 """
 import argparse
+import os
 import time
 
 from datasets import load_dataset
@@ -62,6 +63,9 @@ collated = [0]
 def deadlocking_collator(features):
     """The test's deadlock: from its Nth call on, the collator waits for something that never comes."""
     collated[0] += 1
+    if args.collator_block_at >= 0 and collated[0] >= args.collator_block_at and os.environ.get("FAULT_MARK"):
+        with open(os.environ["FAULT_MARK"], "w") as f:  # the benchmark's clock: when the deadlock began
+            f.write(str(time.time()))
     while args.collator_block_at >= 0 and collated[0] >= args.collator_block_at:
         time.sleep(1)
     return collate_lm(features)
