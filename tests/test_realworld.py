@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, make_server, stop_agents, wait_for
 from test_instrument import PipeJob, tiny_model  # noqa: F401  (the module-scoped model fixture)
+from test_ui import browser, pytestmark as needs_chromium, text, until  # noqa: F401  (browser: a fixture)
+from test_ui_job import FakeRun
 
 from worker.agent.printed_metrics import JobMetrics, parse
 
@@ -164,3 +166,14 @@ def test_non_finite_and_printed_lines_the_agent_reads():
     m.observe("info", {"metric_via": {"train/loss": "wandb.log"}})
     assert m.sources_info()["metric_sources"]["train/loss"] == "wandb.log"
     assert JobMetrics({"TOKENPULSE_CAPTURE_OFF": "printed"}).printed("loss 2.0") == []
+
+
+@needs_chromium
+def test_the_job_page_says_where_each_chart_came_from(server_factory, browser, tmp_path):  # noqa: F811
+    run = FakeRun(server_factory, browser, tmp_path, "sources")
+    run.post([("info", {"metric_sources": {"loss": "wandb.log", "val_loss": "printed lines"}}, run.t0 + 81),
+              ("metrics", {"step": 81, "values": {"loss": 2.0, "val_loss": 2.5}}, run.t0 + 81)])
+    note = "return [...document.querySelectorAll('.source-note')].map((e) => e.textContent)"
+    until(run.d, 20, lambda d: sorted(d.execute_script(note)) == ["from printed lines", "from wandb.log"],
+          "a source note by the loss chart and by the val_loss chart")
+    assert "metric sources" not in text(run.d, "#info")  # said by the charts, not again in the info list
