@@ -143,6 +143,30 @@ def test_a_script_that_monkeypatches_wandb_and_logs_thousands_of_names(tmp_path)
     assert len(warnings) == 1, job.of("log")
 
 
+def test_accelerator_log_add_scalars_and_mlflow_log_metric(tmp_path):
+    """Accelerate's log reaches its TensorBoard tracker: read once, as accelerator.log (the tracker's
+    own add_scalar inside it is not read again); add_scalars under main_tag/tag; mlflow's one metric."""
+    job = run_inline(tmp_path, (
+        "import os\n"
+        "from accelerate import Accelerator\n"
+        "from torch.utils.tensorboard import SummaryWriter\n"
+        "import mlflow\n"
+        "acc = Accelerator(cpu=True, log_with='tensorboard', project_dir=os.getcwd())\n"
+        "acc.init_trackers('run')\n"
+        "acc.log({'loss': 1.5, 'lr': 0.1}, step=3)\n"
+        "SummaryWriter(os.path.join(os.getcwd(), 'tb')).add_scalars('pair', {'a': 1.0, 'b': 2.0}, 4)\n"
+        "os.environ['MLFLOW_ALLOW_FILE_STORE'] = 'true'\n"
+        "mlflow.set_tracking_uri('file://' + os.path.join(os.getcwd(), 'mlruns'))\n"
+        "with mlflow.start_run():\n"
+        "    mlflow.log_metric('acc', 0.9, step=5)\n"
+        "acc.end_training()\n"))
+    got = [(d["step"], d["values"]) for d in job.of("metrics") if d.get("sources")]
+    assert got == [(3, {"loss": 1.5, "lr": 0.1}), (4, {"pair/a": 1.0, "pair/b": 2.0}), (5, {"acc": 0.9})], got
+    via = {k: v for d in job.of("info") for k, v in d.get("metric_via", {}).items()}
+    assert via == {"loss": "accelerator.log", "lr": "accelerator.log", "pair/a": "SummaryWriter.add_scalars",
+                   "pair/b": "SummaryWriter.add_scalars", "acc": "mlflow.log_metric"}, via
+
+
 def test_non_finite_and_printed_lines_the_agent_reads():
     assert parse("iter 10: loss 4.2031, time 33.1ms") == ({"loss": 4.2031}, 10)
     assert parse("step 7 | train_loss=2.31 | lr 3e-4") == ({"train_loss": 2.31}, 7)
