@@ -190,6 +190,12 @@ def test_non_finite_and_printed_lines_the_agent_reads():
     m.observe("info", {"metric_via": {"train/loss": "wandb.log"}})
     assert m.sources_info()["metric_sources"]["train/loss"] == "wandb.log"
     assert JobMetrics({"TOKENPULSE_CAPTURE_OFF": "printed"}).printed("loss 2.0") == []
+    # printed before the Trainer's callback said the same name: the callback's from then on, and said so
+    t = JobMetrics({})
+    assert t.printed("{'loss': 2.31, 'grad_norm': 1.2}")[0][1]["values"] == {"loss": 2.31}
+    t.observe("metrics", {"step": 1, "values": {"loss": 2.31}})
+    assert t.printed("{'loss': 2.2}") == [] and t.sources_info() == {
+        "metric_sources": {"loss": "tokenpulse.log / Trainer"}}
 
 
 @needs_chromium

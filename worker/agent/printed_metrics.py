@@ -88,7 +88,7 @@ class JobMetrics:
                 continue
             source = said.get(name, "api")
             self.claims.allow(name, source)
-            if name in said:
+            if name in said or name in self.shown:  # (a name printed before the Trainer's callback said it)
                 self._show(name, source)
         if isinstance(data.get("step"), int) and not said:
             self.step = max(self.step, data["step"])
