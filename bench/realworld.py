@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench" / "realworld"))
 sys.path.insert(0, str(ROOT))
 from conftest import make_server, stop_agents  # noqa: E402  (the tests' real-process fixtures)
-from corpus import PROGRAMS, Program, matches  # noqa: E402
+from corpus import PROGRAMS, Program, matches, said_source  # noqa: E402
 from detection import wait_for  # noqa: E402  (poll until truthy, else None)
 from test_instrument import make_tiny_model  # noqa: E402  (the tests' tiny Llama)
 
@@ -93,7 +93,6 @@ class Bench:
         jid = self.submit(prog, tmp)
         j = wait_for(lambda: (lambda j: j if j["state"] in OVER else None)(self.job(jid)), 900) or self.job(jid)
         info = j.get("info") or {}
-        sources = info.get("metric_sources") or {}
         loss = self.series(jid, prog.loss) if prog.loss else {}
         if prog.own:
             equal = "yes" if matches(loss, prog.own_numbers(tmp)) else "no"
@@ -109,7 +108,7 @@ class Bench:
         tokens = bool(self.series(jid, "tokens_per_s"))
         return {"program": prog.name, "state": j["state"], "seconds": round(time.time() - t0),
                 "steps_from": "Trainer callback" if info.get("trainer") else "optimizer hook",
-                "loss_from": sources.get(prog.loss) or ("Trainer callback" if info.get("trainer") and loss else "–"),
+                "loss_from": said_source(info, prog.loss) or ("Trainer" if info.get("trainer") and loss else "–"),
                 "tokens_from": "forward (input ids)" if tokens else "–",
                 "final_step": f"{j.get('step')} of {prog.steps}" if prog.steps else str(j.get("step")),
                 "step_exact": "n/a" if prog.steps is None else "yes" if j.get("step") == prog.steps else "no",

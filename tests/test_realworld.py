@@ -21,7 +21,7 @@ from test_ui_job import FakeRun
 from worker.agent.printed_metrics import JobMetrics, parse
 
 sys.path.insert(0, str(ROOT / "bench" / "realworld"))
-from corpus import PROGRAMS, Program, matches  # noqa: E402
+from corpus import PROGRAMS, Program, matches, said_source  # noqa: E402
 
 PY = sys.executable
 STYLES = ROOT / "bench" / "realworld" / "styles_loop.py"
@@ -69,10 +69,10 @@ def test_a_programs_loss_is_its_own_numbers_from_its_own_logging(srv, c, tmp_pat
     own = prog.own_numbers(tmp_path)
     got = series(c, jid, prog.loss)
     assert own and matches(got, own), (got, own)  # every logged step, equal to print precision
-    assert job["info"]["metric_sources"][prog.loss] == prog.source, job["info"]
+    assert said_source(job["info"], prog.loss) == prog.source, job["info"]
     if prog.eval_loss:
         assert series(c, jid, prog.eval_loss), "the evaluation's loss, at its steps"
-        assert job["info"]["metric_sources"][prog.eval_loss] == prog.source
+        assert said_source(job["info"], prog.eval_loss) == prog.source
     bad = [a for a in c.get("/api/alerts", params={"job_id": jid}).json() if a["severity"] != "info"]
     assert not bad, bad  # a healthy run: no false alert
 
@@ -85,7 +85,8 @@ def test_printed_decoys_and_a_nan_never_override_the_logger(srv, c, tmp_path):
     own = PROGRAMS["tensorboard loop"].own_numbers(tmp_path)
     got = series(c, jid, "loss")
     assert matches(got, {s: v for s, v in own.items() if math.isfinite(v)}) and 10 not in got, (got, own)
-    assert job["info"]["metric_sources"] == {"loss": "SummaryWriter.add_scalar", "val_loss": "SummaryWriter.add_scalar"}
+    assert job["info"]["metric_sources"] == {"loss": "logger", "val_loss": "logger"}, job["info"]
+    assert job["info"]["metric_via"] == {"loss": "SummaryWriter.add_scalar", "val_loss": "SummaryWriter.add_scalar"}
     assert not series(c, jid, "lossless")
     nan = [a for a in c.get("/api/alerts", params={"job_id": jid}).json() if a["kind"] == "non_finite:loss"]
     assert nan and "nan at step 10" in nan[0]["message"], nan
@@ -95,7 +96,7 @@ def test_printed_loss_switched_off_for_a_job(srv, c, tmp_path):
     jid = submit(c, PROGRAMS["print loop (GradScaler, accumulation)"], tmp_path, Path("."),
                  env={"TOKENPULSE_CAPTURE_OFF": "printed,backward"})
     job = finished(srv, jid)
-    assert not series(c, jid, "loss") and "loss" not in (job["info"].get("metric_sources") or {})
+    assert not series(c, jid, "loss") and not said_source(job["info"], "loss")
 
 
 @pytest.mark.parametrize("report_to,source", [("tensorboard", "SummaryWriter.add_scalar"), ("wandb", "wandb.log")])
@@ -185,23 +186,27 @@ def test_non_finite_and_printed_lines_the_agent_reads():
     m.observe("metrics", {"step": 3, "values": {"train/loss": 2.0}, "sources": {"train/loss": "logger"}})
     assert m.printed("step 4 loss 9.9") == []
     assert m.printed("step 4 val loss 3.0")[0][1]["values"] == {"val_loss": 3.0}
-    assert m.sources_info() == {"metric_sources": {"loss": "printed lines", "train/loss": "logger",
-                                                   "val_loss": "printed lines"}}
-    m.observe("info", {"metric_via": {"train/loss": "wandb.log"}})
-    assert m.sources_info()["metric_sources"]["train/loss"] == "wandb.log"
+    assert m.sources_info() == {"metric_sources": {"loss": "printed", "train/loss": "logger", "val_loss": "printed"},
+                                "metric_via": {}}
+    assert m.observe("info", {"metric_via": {"train/loss": "wandb.log"}}) is None  # the agent's info says it
+    assert m.sources_info()["metric_via"] == {"train/loss": "wandb.log"}
+    # another process's worse source for a metric already given: dropped on the way
+    worse = {"step": 5, "values": {"loss": 7.0, "lr": 0.1}, "sources": {"loss": "backward", "lr": "backward"}}
+    assert m.observe("metrics", worse) == {"step": 5, "values": {"lr": 0.1}}
     assert JobMetrics({"TOKENPULSE_CAPTURE_OFF": "printed"}).printed("loss 2.0") == []
     # printed before the Trainer's callback said the same name: the callback's from then on, and said so
     t = JobMetrics({})
     assert t.printed("{'loss': 2.31, 'grad_norm': 1.2}")[0][1]["values"] == {"loss": 2.31}
     t.observe("metrics", {"step": 1, "values": {"loss": 2.31}})
-    assert t.printed("{'loss': 2.2}") == [] and t.sources_info() == {
-        "metric_sources": {"loss": "tokenpulse.log / Trainer"}}
+    assert t.printed("{'loss': 2.2}") == []
+    assert t.sources_info() == {"metric_sources": {"loss": "api"}, "metric_via": {}}
 
 
 @needs_chromium
 def test_the_job_page_says_where_each_chart_came_from(server_factory, browser, tmp_path):  # noqa: F811
     run = FakeRun(server_factory, browser, tmp_path, "sources")
-    run.post([("info", {"metric_sources": {"loss": "wandb.log", "val_loss": "printed lines"}}, run.t0 + 81),
+    run.post([("info", {"metric_sources": {"loss": "logger", "val_loss": "printed"},
+                        "metric_via": {"loss": "wandb.log"}}, run.t0 + 81),
               ("metrics", {"step": 81, "values": {"loss": 2.0, "val_loss": 2.5}}, run.t0 + 81)])
     note = "return [...document.querySelectorAll('.source-note')].map((e) => e.textContent)"
     until(run.d, 20, lambda d: sorted(d.execute_script(note)) == ["from printed lines", "from wandb.log"],

@@ -426,8 +426,11 @@ def cmd_show(args) -> int:
         job = c.job(args.job)
         job["step_anatomy"] = {str(r): anatomy_view.shares(p) for r, p in _anatomy(c, args.job).items()}
         job["verdicts"] = [a["message"] for a in c.alerts(job_id=args.job, limit=100) if a["state"] != "cleared"]
-        # where each metric read from the script came from: {"loss": "wandb.log", "val_loss": "printed lines"}
-        job["metric_sources"] = (job.get("info") or {}).get("metric_sources", {})
+        # where each metric read from the script came from: {"loss": "logger: wandb.log", "val_loss": "printed"}
+        info = job.get("info") or {}
+        via = info.get("metric_via") or {}
+        job["metric_sources"] = {k: f"{v}: {via[k]}" if k in via else v
+                                 for k, v in (info.get("metric_sources") or {}).items()}
         print(json.dumps(job, indent=2))
     except ApiError as e:
         return report_error(e)

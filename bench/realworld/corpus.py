@@ -24,7 +24,7 @@ class Program:
     name: str
     command: Callable[[Path, Path], list]  # (its directory, a tiny model) -> argv
     loss: str  # the name its training loss is stored under
-    source: str  # where that loss is read from, as the job says it (info metric_sources)
+    source: str  # where that loss is read from, as the job says it (said_source: the logging call, or the source)
     steps: Optional[int] = None  # the optimizer steps it runs (the job's final step)
     eval_loss: Optional[str] = None  # its evaluation's loss, when it evaluates
     lm: bool = True  # a language model: tokens/s expected
@@ -43,6 +43,11 @@ class Program:
     def own_numbers(self, tmp: Path) -> dict[int, float]:
         f = tmp / OWN
         return {int(k): float(v) for k, v in json.loads(f.read_text()).items()} if f.exists() else {}
+
+
+def said_source(info: dict, name: str) -> str:
+    """Where the job says a metric came from: the logging call ('wandb.log'), else its source ('printed')."""
+    return (info.get("metric_via") or {}).get(name) or (info.get("metric_sources") or {}).get(name) or ""
 
 
 def matches(got: dict[int, float], own: dict[int, float], places: int = 4) -> bool:
@@ -81,7 +86,7 @@ PROGRAMS = {p.name: p for p in [
             run_long=LONG_LOOP),
     Program("mlflow loop", styles("mlflow"), "loss", "mlflow.log_metrics", 40, "val_loss"),
     Program("trackio loop", styles("trackio"), "loss", "trackio.log", 40, "val_loss"),
-    Program("print loop (GradScaler, accumulation)", styles("print", "--accum", "2"), "loss", "printed lines", 40,
+    Program("print loop (GradScaler, accumulation)", styles("print", "--accum", "2"), "loss", "printed", 40,
             "val_loss", faults=DATA_FAULTS, run_long=LONG_LOOP),
     Program("Lightning self.log", lambda tmp, model: [PY, HERE / "lightning_module.py", "--steps", "30",
                                                       "--record", tmp / OWN],

@@ -219,9 +219,11 @@
   // is clipped or zoomed away.
   // Where a chart's metrics came from, when the instrumentation read them from the script's own
   // logging calls or printed lines (the job's info metric_sources, worker/agent/printed_metrics.py).
+  const SOURCE_WORDS = { api: "tokenpulse.log / Trainer", logger: "its logging call", backward: ".backward()", printed: "printed lines" };
   function sourceNote(id, spec) {
-    const from = (job && job.info && job.info.metric_sources) || {};
-    const text = spec.keys.filter((k) => from[k]).map((k) => (spec.keys.length > 1 ? `${k} from ${from[k]}` : `from ${from[k]}`)).join(" · ");
+    const info = (job && job.info) || {}, kinds = info.metric_sources || {}, via = info.metric_via || {};
+    const from = (k) => via[k] || SOURCE_WORDS[kinds[k]] || kinds[k];
+    const text = spec.keys.filter((k) => kinds[k]).map((k) => (spec.keys.length > 1 ? `${k} from ${from(k)}` : `from ${from(k)}`)).join(" · ");
     const head = $(id).closest(".chart-box").querySelector(".chart-head");
     let note = head.querySelector(".source-note");
     if (!text) { if (note) note.remove(); return; }
@@ -768,7 +770,7 @@
     }
     const rows = [];
     for (const ev of infoEvents) {
-      const { reason, measured, eval_generations, eval_step, metric_sources, ...rest } = ev.data; // generations have their own panel; sources are by their charts
+      const { reason, measured, eval_generations, eval_step, metric_sources, metric_via, ...rest } = ev.data; // generations have their own panel; sources are by their charts
       if (!Object.keys(rest).length) continue;
       const main = Object.entries(rest).map(([k, v]) => `${k.replaceAll("_", " ")}: ${fmtVal(k, v)}`).join(" · ");
       rows.push(TP.el("li", {}, TP.el("span", { class: "choice", text: main }),

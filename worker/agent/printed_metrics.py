@@ -7,9 +7,11 @@ looks like one (`lossless 3`, `loss of signal 5`) is not. The step is the line's
 one (`iter 10:`, `step 10`, `10/100` in a line that names no epoch), else the step the job has reached.
 A name that a better source reported for this job (its metrics events) is never read from print.
 
-The job's `metric_sources` (name -> label) is kept here too, from the `sources` of its metrics events
-and from print: the agent sends it as the job's info when it grows (the job page and `tokenpulse
-show` say where each metric came from).
+The job's `metric_sources` (name -> source: api, logger, backward, printed) is kept here too, from the
+`sources` of its metrics events and from print, with `metric_via` (name -> the logging call, from its
+processes' info): the agent sends both as the job's info when they change (the job page and
+`tokenpulse show` say where each metric came from). A value from a worse source than one another
+process of the job already gave for that metric is dropped here.
 """
 from __future__ import annotations
 
@@ -53,52 +55,53 @@ def line_step(line: str) -> Optional[int]:
     return int(m["n"]) if m else None
 
 
-DESCRIBE = {"api": "tokenpulse.log / Trainer", "backward": ".backward()", "printed": "printed lines"}
-
-
 class JobMetrics:
-    """One job's printed-loss reading and where each of its metrics came from."""
+    """One job's printed-loss reading and where each of its metrics came from, across its processes."""
 
     def __init__(self, env: Optional[Mapping[str, str]] = None):
         self.printing = PRINTED not in sources.off_sources(dict(env or {}))
-        self.claims = sources.Claims()  # every name's best source so far (no `sources`: the API's)
-        self.shown: dict[str, str] = {}  # name -> where it came from, for people ('wandb.log')
-        self.via: dict[str, str] = {}  # name -> the logging call that said it (the process's info)
+        self.claims = sources.Claims()  # every metric's best source so far (no `sources`: the API's)
+        self.shown: dict[str, str] = {}  # name -> its source (sources.SOURCES), for the names a source was said for
+        self.via: dict[str, str] = {}  # name -> the logging call that said it ('wandb.log', the process's info)
         self.step = 0  # the step the job has reached (its events)
         self.non_finite: set[str] = set()
-        self.changed = False  # shown changed since it was last sent
+        self.changed = False  # shown or via changed since they were last sent
 
     def observe(self, kind: str, data: dict) -> Optional[dict]:
-        """An event from the job's processes; returns it as it goes on (a metrics event without its
-        `sources`, which the job's info carries), or None when nothing of it goes on."""
+        """An event from the job's processes; returns what of it goes on (a metrics event without its
+        `sources`, which the job's info carries, and without a value from a worse source than one
+        another of its processes already gave), or None when nothing of it goes on."""
         if kind == "alive" and isinstance(data.get("step"), int):
             self.step = max(self.step, data["step"])
         if kind == "info" and "metric_via" in data:
             if isinstance(data["metric_via"], dict):
                 self.via.update({str(k): str(v) for k, v in data["metric_via"].items()})
-                for name, source in list(self.shown.items()):
-                    self._show(name, source)
+                self.changed = True
             rest = {k: v for k, v in data.items() if k != "metric_via"}
             return rest or None
         if kind != "metrics":
             return data
         said = data.get("sources") or {}
-        for name in data.get("values", {}):
+        values = {}
+        for name, v in data.get("values", {}).items():
             if name.startswith(("sys/", "anatomy/")):
+                values[name] = v
                 continue
             source = said.get(name, "api")
-            self.claims.allow(name, source)
+            if not self.claims.allow(name, source):
+                continue  # a better source gave it (in another process of the job)
+            values[name] = v
             if name in said or name in self.shown:  # (a name printed before the Trainer's callback said it)
                 self._show(name, source)
         if isinstance(data.get("step"), int) and not said:
             self.step = max(self.step, data["step"])
-        return {k: v for k, v in data.items() if k != "sources"} if "sources" in data else data
+        if not values and data.get("values"):
+            return None
+        return {k: v for k, v in data.items() if k != "sources"} | {"values": values}
 
     def _show(self, name: str, source: str) -> None:
-        words = self.via.get(name) if source == "logger" else None
-        words = words or DESCRIBE.get(source, source)
-        if self.shown.get(name) != words:
-            self.shown[name] = words
+        if self.shown.get(name) != source:
+            self.shown[name] = source
             self.changed = True
 
     def printed(self, line: str) -> list[tuple[str, dict]]:
@@ -131,8 +134,10 @@ class JobMetrics:
         return out
 
     def sources_info(self) -> Optional[dict]:
-        """The job's info update when its metric sources changed since last time, else None."""
+        """The job's info update when its metric sources changed since last time, else None:
+        metric_sources {name: api | logger | backward | printed} and metric_via {name: 'wandb.log'}."""
         if not self.changed:
             return None
         self.changed = False
-        return {"metric_sources": dict(sorted(self.shown.items()))}
+        via = {k: self.via[k] for k in sorted(self.shown) if self.shown[k] == "logger" and k in self.via}
+        return {"metric_sources": dict(sorted(self.shown.items())), "metric_via": via}
