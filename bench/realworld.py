@@ -45,7 +45,7 @@ class Fault:
 
 
 FAULTS = {f.name: f for f in [
-    Fault("data_early", "a hang in the data function within the first 2 s of training", ("--hang-data-at", "0"),
+    Fault("data_early", "a hang in the data function within the first 2 s of training", ("--hang-data-at", "2"),
           ("get_batch", "make_example")),
     Fault("data_late", "a hang in the data function later", ("--hang-data-at", "25"), ("get_batch", "make_example")),
     Fault("sigstop", "the training process frozen by SIGSTOP", (), ("SIGSTOP", "stopped")),
