@@ -88,6 +88,10 @@ class Claims:
     def source_of(self, name: str) -> Optional[str]:
         return self._best.get(metric_key(name))
 
+    def names(self) -> list[str]:
+        """The metrics given so far (every training-loss name as `loss`)."""
+        return list(self._best)
+
     def filter(self, values: dict, source: str) -> dict:
         """The values this source may give (a better source's names left out)."""
         return {k: v for k, v in values.items() if self.allow(k, source)}
