@@ -4,6 +4,7 @@ progress bar. --record writes the script's own numbers at the steps it logs (JSO
 Faults for the benchmark: the data function blocks (--hang-data-at N), the validation blocks."""
 import argparse
 import json
+import time
 
 import fault  # bench/realworld/fault.py, beside this script
 import lightning as L
@@ -27,13 +28,17 @@ collated = [0]
 def collate(rows):
     collated[0] += 1
     if 0 <= args.hang_collate_at < collated[0]:
-        fault.strikes()  # a collate function that never returns
+        fault.mark()  # a collate function that never returns
+        while True:
+            time.sleep(1)
     return torch.stack([x for x, _ in rows]), torch.stack([y for _, y in rows])
 
 
 def make_example(i):
     if 0 <= args.hang_data_at < i // 8:
-        fault.strikes()  # a shard that never arrives
+        fault.mark()  # a shard that never arrives
+        while True:
+            time.sleep(1)
     g = torch.Generator().manual_seed(i)
     ids = torch.randint(0, VOCAB, (CTX + 1,), generator=g)
     return ids[:-1], ids[1:]
@@ -70,7 +75,9 @@ class TinyLM(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         if args.hang_eval:
-            fault.strikes()  # a validation that never ends
+            fault.mark()  # a validation that never ends
+            while True:
+                time.sleep(1)
         x, y = batch
         self.log("val_loss", torch.nn.functional.cross_entropy(self(x).view(-1, VOCAB), y.view(-1)))
 

@@ -41,7 +41,9 @@ calls = [0]
 def get_batch():
     calls[0] += 1
     if 0 <= args.hang_data_at < calls[0] // args.accum:
-        fault.strikes()  # a shard that never arrives
+        fault.mark()  # a shard that never arrives
+        while True:
+            time.sleep(1)
     ix = torch.randint(len(data) - CTX - 1, (BATCH,))
     x = torch.stack([data[i:i + CTX] for i in ix])
     y = torch.stack([data[i + 1:i + 1 + CTX] for i in ix])
@@ -65,7 +67,9 @@ class TinyLM(torch.nn.Module):
 @torch.no_grad()
 def evaluate(model):
     if args.hang_eval:
-        fault.strikes()  # an evaluation that never ends
+        fault.mark()  # an evaluation that never ends
+        while True:
+            time.sleep(1)
     model.eval()
     losses = [model(input_ids=x, targets=y)[1].item() for x, y in (get_batch() for _ in range(4))]
     model.train()
