@@ -33,7 +33,7 @@ from detection import wait_for  # noqa: E402  (poll until truthy, else None)
 from test_instrument import make_tiny_model  # noqa: E402  (the tests' tiny Llama)
 
 OVER = ("completed", "failed", "cancelled")
-TRUE_VERDICTS = ("truncation",)
+TRUE_VERDICTS = ("truncation", "padding")
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Fault:
 
 
 FAULTS = {f.name: f for f in [
-    Fault("data_early", "a hang in the data function within the first 2 s of training", ("--hang-data-at", "2"),
+    Fault("data_early", "a hang in the data function within the first 2 s of training", ("--hang-data-after-s", "1.5"),
           ("get_batch", "make_example")),
     Fault("data_late", "a hang in the data function later", ("--hang-data-at", "25"), ("get_batch", "make_example")),
     Fault("sigstop", "the training process frozen by SIGSTOP", (), ("SIGSTOP", "stopped")),
@@ -79,7 +79,8 @@ class Bench:
 
     def alerts(self, jid: int) -> list[dict]:
         """Its alerts but the informational ones and the data verdicts that are true of the demo data
-        (a fifth of its rows are longer than the 64 tokens the Trainer scripts cut them to)."""
+        (a fifth of its rows are longer than the 64 tokens the Trainer scripts cut them to, and batches
+        padded to their longest row are half padding)."""
         return [a for a in self.c.get("/api/alerts", params={"job_id": jid}).json()
                 if a["severity"] != "info" and a["kind"] not in TRUE_VERDICTS]
 

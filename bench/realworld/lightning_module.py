@@ -18,10 +18,12 @@ p.add_argument("--val-every", type=int, default=10)
 p.add_argument("--record", default="")
 p.add_argument("--hang-data-at", type=int, default=-1)
 p.add_argument("--hang-eval", action="store_true")
+p.add_argument("--hang-data-after-s", type=float, default=-1, help="hang in the data function so long after its start")
 p.add_argument("--hang-collate-at", type=int, default=-1)
 args = p.parse_args()
 VOCAB, CTX = 64, 16
 collated = [0]
+first_call: list[float] = []
 
 
 
@@ -35,7 +37,10 @@ def collate(rows):
 
 
 def make_example(i):
-    if 0 <= args.hang_data_at < i // 8:
+    if not first_call:
+        first_call.append(time.monotonic())
+    late = 0 <= args.hang_data_after_s <= time.monotonic() - first_call[0]
+    if late or 0 <= args.hang_data_at < i // 8:
         fault.mark()  # a shard that never arrives
         while True:
             time.sleep(1)

@@ -26,6 +26,7 @@ p.add_argument("--eval-every", type=int, default=0)
 p.add_argument("--record", default="")
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--hang-data-at", type=int, default=-1)
+p.add_argument("--hang-data-after-s", type=float, default=-1, help="hang in the data function so long after its start")
 p.add_argument("--hang-eval", action="store_true")
 p.add_argument("--nan-at", type=int, default=-1, help="log a NaN loss at this iteration (bad input)")
 p.add_argument("--print-decoys", action="store_true", help="also print another loss and lines that look like one")
@@ -35,12 +36,16 @@ torch.manual_seed(0)
 VOCAB, CTX, BATCH = 64, 32, 8
 data = torch.randint(0, VOCAB, (20_000,))
 calls = [0]
+first_call: list[float] = []
 
 
 
 def get_batch():
     calls[0] += 1
-    if 0 <= args.hang_data_at < calls[0] // args.accum:
+    if not first_call:
+        first_call.append(time.monotonic())
+    late = 0 <= args.hang_data_after_s <= time.monotonic() - first_call[0]
+    if late or 0 <= args.hang_data_at < calls[0] // args.accum:
         fault.mark()  # a shard that never arrives
         while True:
             time.sleep(1)
