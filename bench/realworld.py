@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench" / "realworld"))
 sys.path.insert(0, str(ROOT))
 from conftest import make_server, stop_agents  # noqa: E402  (the tests' real-process fixtures)
-from corpus import PROGRAMS, Program, matches, said_source  # noqa: E402
+from corpus import PROGRAMS, Program, matches, printed_numbers, said_source  # noqa: E402
 from detection import wait_for  # noqa: E402  (poll until truthy, else None)
 from test_instrument import make_tiny_model  # noqa: E402  (the tests' tiny Llama)
 
@@ -97,6 +97,10 @@ class Bench:
         loss = self.series(jid, prog.loss) if prog.loss else {}
         if prog.own:
             equal = "yes" if matches(loss, prog.own_numbers(tmp)) else "no"
+        elif prog.printed_step_offset is not None:  # the numbers it printed, at the same steps
+            lines = [x["line"] for x in self.c.get(f"/api/jobs/{jid}/logs", params={"limit": 100000}).json()["lines"]]
+            own = printed_numbers(prog, lines)
+            equal = "yes" if matches(loss, own, prog.printed_places) else "no"
         elif prog.loss:  # a Trainer's backend got its numbers: the same as its callback's, at the same steps
             callback = self.series(jid, "loss")
             same = loss and all(round(callback.get(s, -1), 4) == round(v, 4) for s, v in loss.items())

@@ -30,6 +30,11 @@ class Program:
     lm: bool = True  # a language model: tokens/s expected
     extra_env: dict = field(default_factory=dict)
     own: bool = True  # it records its own numbers (OWN)
+    # else its own numbers are the ones it prints (`iter 10: loss 4.1234`), read from the job's log:
+    # printed_step_offset is its printed count's distance from the optimizer steps (nanoGPT prints
+    # `iter 0` for the first step: 1), printed_places its print precision
+    printed_step_offset: Optional[int] = None
+    printed_places: int = 4
     faults: tuple = ()  # the faults it can be given (bench/realworld.py FAULTS), by its arguments
     run_long: tuple = ()  # its arguments that keep it training until a fault strikes (they come last: they win)
 
@@ -43,6 +48,17 @@ class Program:
     def own_numbers(self, tmp: Path) -> dict[int, float]:
         f = tmp / OWN
         return {int(k): float(v) for k, v in json.loads(f.read_text()).items()} if f.exists() else {}
+
+
+def printed_numbers(prog: Program, lines: list) -> dict[int, float]:
+    """The training loss a program printed, by optimizer step (its own numbers, when it keeps no record)."""
+    from worker.agent.printed_metrics import parse
+    out = {}
+    for line in lines:
+        values, step = parse(line)
+        if "loss" in values and step is not None and prog.printed_step_offset is not None:
+            out[step + prog.printed_step_offset] = values["loss"]
+    return out
 
 
 def said_source(info: dict, name: str) -> str:
@@ -77,6 +93,8 @@ def trl_sft(tmp: Path, model: Path) -> list:
             "--per_device_train_batch_size", "4", "--max_length", "64", "--save_strategy", "no"]
 
 
+GPT_STYLE = ROOT / "tests" / "scripts" / "gpt_style.py"
+LSTM = ROOT / "tests" / "scripts" / "lstm_by_hand.py"
 DATA_FAULTS = ("data_early", "data_late", "sigstop", "eval_hang")
 LONG_LOOP = ("--iters", "100000", "--step-sleep", "0.02")
 PROGRAMS = {p.name: p for p in [
@@ -97,6 +115,12 @@ PROGRAMS = {p.name: p for p in [
     Program("Trainer report_to=wandb (offline)", trainer("wandb"), "train/loss", "wandb.log", 12, "eval/loss",
             own=False),
     Program("trl sft --report_to tensorboard", trl_sft, "train/loss", "SummaryWriter.add_scalar", 12, own=False),
+    *([Program("GPT-style loop (positional model(X, Y))",  # the scripts branch's (tests/scripts/gpt_style.py)
+               lambda tmp, model: [PY, GPT_STYLE, "--max_iters", "40"], "loss", "backward", 40, "val_loss",
+               own=False, printed_step_offset=1)] if GPT_STYLE.exists() else []),
+    *([Program("LSTM, hand-written SGD update", lambda tmp, model: [PY, LSTM, "--batches", "30"], "loss",
+               "backward", 30, lm=True, own=False, printed_step_offset=0, printed_places=2)]
+      if LSTM.exists() else []),
     Program("accelerate test_sync (shipped)", lambda tmp, model: [PY, "-m", "accelerate.test_utils.scripts.test_sync"],
             "", "", lm=False, own=False),
 ]}
