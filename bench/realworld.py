@@ -9,7 +9,7 @@ max(10 x step, 30 s) + 5 s, naming the function.
 
     python bench/realworld.py                  # every program, every fault it takes
     python bench/realworld.py --quick          # every program healthy; faults on three programs
-    python bench/realworld.py --programs "Lightning self.log" --faults sigstop
+    python bench/realworld.py --programs "Lightning self.log;mlflow loop" --faults sigstop
 """
 from __future__ import annotations
 
@@ -202,11 +202,11 @@ def table(rows: list[dict], cols: list[str]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="faults on three programs only")
-    ap.add_argument("--programs", default="", help="comma-separated program names (default: all)")
+    ap.add_argument("--programs", default="", help="program names separated by ; (default: all)")
     ap.add_argument("--faults", default="", help="comma-separated fault names (default: all each program takes)")
     ap.add_argument("--no-faults", action="store_true")
     a = ap.parse_args()
-    names = [n.strip() for n in a.programs.split(",") if n.strip()] or list(PROGRAMS)
+    names = [n.strip() for n in a.programs.split(";") if n.strip()] or list(PROGRAMS)
     faults = [n.strip() for n in a.faults.split(",") if n.strip()] or list(FAULTS)
     b = Bench(make_tiny_model(Path(tempfile.mkdtemp(prefix="tp-bench-model-")) / "tiny-llama"))
     try:
