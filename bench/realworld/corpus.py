@@ -52,10 +52,12 @@ class Program:
 
 def printed_numbers(prog: Program, lines: list) -> dict[int, float]:
     """The training loss a program printed, by optimizer step (its own numbers, when it keeps no record)."""
-    from worker.agent.printed_metrics import parse
+    from worker.agent.printed_metrics import FRACTION, parse
     out = {}
     for line in lines:
         values, step = parse(line)
+        if step is None and FRACTION.search(line):  # `| epoch 1 | 20/30 batches |`: one epoch here, its count
+            step = int(FRACTION.search(line)["n"])
         if "loss" in values and step is not None and prog.printed_step_offset is not None:
             out[step + prog.printed_step_offset] = values["loss"]
     return out
