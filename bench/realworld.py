@@ -52,7 +52,7 @@ FAULTS = {f.name: f for f in [
     Fault("eval_hang", "a hang in evaluation", ("--hang-eval",), ("evaluate", "validation_step", "evaluation")),
     Fault("collate", "a collate deadlock", ("--hang-collate-at", "12"), ("collate",)),
 ]}
-TRAINER_COLLATE = ("--collator-block-at", "40")  # the Trainer script's own option (tests/scripts/hf_trainer.py): past its first steps
+TRAINER_COLLATE = ("--collator-block-at", "40")  # hf_trainer.py's own option: past its first steps
 QUICK = ("print loop (GradScaler, accumulation)", "Lightning self.log", "Trainer report_to=tensorboard")
 
 
