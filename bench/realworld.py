@@ -50,7 +50,7 @@ FAULTS = {f.name: f for f in [
     Fault("data_late", "a hang in the data function later", ("--hang-data-at", "25"), ("get_batch", "make_example")),
     Fault("sigstop", "the training process frozen by SIGSTOP", (), ("SIGSTOP", "stopped")),
     Fault("eval_hang", "a hang in evaluation", ("--hang-eval",), ("evaluate", "validation_step", "evaluation")),
-    Fault("collate", "a collate deadlock", ("--hang-collate-at", "12"), ("collate",)),
+    Fault("collate", "a collate deadlock", ("--hang-collate-at", "12"), ("collate", "collator")),
 ]}
 TRAINER_COLLATE = ("--collator-block-at", "40")  # hf_trainer.py's own option: past its first steps
 QUICK = ("print loop (GradScaler, accumulation)", "Lightning self.log", "Trainer report_to=tensorboard")
