@@ -115,7 +115,7 @@ class Bench:
             self.typical[prog.name] = statistics.median(steps_t.values())
         tokens = bool(self.series(jid, "tokens_per_s"))
         return {"program": prog.name, "state": j["state"], "seconds": round(time.time() - t0),
-                "steps_from": "Trainer callback" if info.get("trainer") else "optimizer hook",
+                "steps_from": "Trainer callback" if info.get("trainer") else "torch hooks",
                 "loss_from": said_source(info, prog.loss) or ("Trainer" if info.get("trainer") and loss else "–"),
                 "tokens_from": "forward (input ids)" if tokens else "–",
                 "final_step": f"{j.get('step')} of {prog.steps}" if prog.steps else str(j.get("step")),
