@@ -194,6 +194,10 @@ def test_non_finite_and_printed_lines_the_agent_reads():
     worse = {"step": 5, "values": {"loss": 7.0, "lr": 0.1}, "sources": {"loss": "backward", "lr": "backward"}}
     assert m.observe("metrics", worse) == {"step": 5, "values": {"lr": 0.1}}
     assert JobMetrics({"TOKENPULSE_CAPTURE_OFF": "printed"}).printed("loss 2.0") == []
+    # a Trainer's job: its callback gives what the Trainer prints (no second eval_loss beside eval/loss)
+    hf = JobMetrics({})
+    hf.observe("info", {"trainer": "Trainer", "pausable": True})
+    assert hf.printed("{'eval_loss': 2.5, 'epoch': 1.0}") == []
     # printed before the Trainer's callback said the same name: the callback's from then on, and said so
     t = JobMetrics({})
     assert t.printed("{'loss': 2.31, 'grad_norm': 1.2}")[0][1]["values"] == {"loss": 2.31}

@@ -73,6 +73,8 @@ class JobMetrics:
         another of its processes already gave), or None when nothing of it goes on."""
         if kind == "alive" and isinstance(data.get("step"), int):
             self.step = max(self.step, data["step"])
+        if kind == "info" and data.get("trainer"):
+            self.printing = False  # a Trainer's callback gives what its log lines print ({'eval_loss': ...})
         if kind == "info" and "metric_via" in data:
             if isinstance(data["metric_via"], dict):
                 self.via.update({str(k): str(v) for k, v in data["metric_via"].items()})
