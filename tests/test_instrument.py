@@ -75,12 +75,15 @@ class PipeJob:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
+
+
+def make_tiny_model(out: Path) -> Path:
     """A tiny Llama saved like any Hugging Face model directory (weights, config, tokenizer)."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from worker.training.modeling import builtin_config
-    out = tmp_path_factory.mktemp("model") / "tiny-llama"
     tok = AutoTokenizer.from_pretrained(str(DEMO))
     torch.manual_seed(0)
     model = LlamaForCausalLM(builtin_config(len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -79,7 +79,7 @@ def test_a_gpt_loop_ends_at_its_exact_step_however_it_ends_with_its_printed_loss
     endings = {"normal": ("completed", 30), "exit": ("failed", 23), "raise": ("failed", 23), "term": ("failed", 23)}
     jobs = {end: submit(c, tmp_path, [GPT, "--max_iters", 30, "--accum", 3, "--end", end, "--end_at", 23])
             for end in endings}
-    off = submit(c, tmp_path, [GPT, "--max_iters", 12], capture={"backward": False})
+    off = submit(c, tmp_path, [GPT, "--max_iters", 12], capture={"backward": False, "printed": False})
     for end, jid in jobs.items():
         job = srv.wait_job(jid, timeout=180)
         state, steps = endings[end]
@@ -87,14 +87,14 @@ def test_a_gpt_loop_ends_at_its_exact_step_however_it_ends_with_its_printed_loss
         assert_same_loss(c, jid, r"^iter (\d+): loss ([\d.]+)", 1, 4)  # iter 0 is printed after the first step
         assert max(series(c, jid, "loss")) == steps, end  # the last step's loss too
         assert series(c, jid, "tokens_per_s"), end  # from model(X, Y): positional ids
-        assert job["info"]["metric_sources"] == {"loss": "backward"}, job["info"]  # where the loss came from
+        assert job["info"]["metric_sources"]["loss"] == "backward", job["info"]  # where the loss came from
     # how it ended is the script's own: its exit code, its signal
     assert srv.wait_job(jobs["exit"])["exit_code"] == 3
     assert srv.wait_job(jobs["term"])["signal"] == "SIGTERM"
     # the evaluation at iteration 0 runs before any optimizer step: an evaluation, not loading
     names = phases(c, jobs["normal"])
     assert "evaluating" in names and names.index("evaluating") < names.index("training"), names
-    # a source switched off for the job: no loss from its backward calls, steps as before
+    # the sources switched off for the job: no loss from its backward calls nor its prints, steps as before
     job = srv.wait_job(off, timeout=180)
     assert (job["state"], job["step"]) == ("completed", 12) and not series(c, off, "loss"), job
     r = c.post("/api/jobs/command", json={"command": ["python", "x.py"], "capture": {"stdout": False}})

@@ -432,13 +432,19 @@ def _anatomy(c: Client, job_id: int) -> dict:
 
 def cmd_show(args) -> int:
     """The job's record as JSON, with each rank's step anatomy (the share of a step waiting for data,
-    computing, in collectives) and the verdicts still open (slow reasons, stragglers, stalls)."""
+    computing, in collectives), the verdicts still open (slow reasons, stragglers, stalls) and where
+    each captured metric came from (metric_sources)."""
     from tokenpulse import anatomy_view
     c = client(args)
     try:
         job = c.job(args.job)
         job["step_anatomy"] = {str(r): anatomy_view.shares(p) for r, p in _anatomy(c, args.job).items()}
         job["verdicts"] = [a["message"] for a in c.alerts(job_id=args.job, limit=100) if a["state"] != "cleared"]
+        # where each metric read from the script came from: {"loss": "logger: wandb.log", "val_loss": "printed"}
+        info = job.get("info") or {}
+        via = info.get("metric_via") or {}
+        job["metric_sources"] = {k: f"{v}: {via[k]}" if k in via else v
+                                 for k, v in (info.get("metric_sources") or {}).items()}
         print(json.dumps(job, indent=2))
     except ApiError as e:
         return report_error(e)

@@ -4,6 +4,7 @@ The tests run it as a command job's process; the zero-code hook must make it rep
 make the tests' situations: a slow step (pause while training), a step that blocks forever.
 """
 import argparse
+import os
 import time
 
 from datasets import load_dataset
@@ -26,6 +27,7 @@ p.add_argument("--eval-steps", type=int, default=0)
 p.add_argument("--save-steps", type=int, default=0)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--block-at-step", type=int, default=-1)
+p.add_argument("--report-to", default="none", help="the Trainer's own reporting: tensorboard, wandb...")
 p.add_argument("--collator-block-at", type=int, default=-1, help="the collator never returns from this call on")
 args = p.parse_args()
 
@@ -53,7 +55,7 @@ training_args = TrainingArguments(
     output_dir=args.out, max_steps=args.max_steps, per_device_train_batch_size=8, learning_rate=1e-3,
     logging_steps=1, eval_strategy="steps" if args.eval_steps else "no", eval_steps=args.eval_steps or None,
     per_device_eval_batch_size=8, save_strategy="steps" if args.save_steps else "no",
-    save_steps=args.save_steps or None, report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0)
+    save_steps=args.save_steps or None, report_to=args.report_to, use_cpu=True, dataloader_num_workers=0, seed=0)
 collate_lm = DataCollatorForLanguageModeling(tok, mlm=False)
 collated = [0]
 
@@ -61,6 +63,9 @@ collated = [0]
 def deadlocking_collator(features):
     """The test's deadlock: from its Nth call on, the collator waits for something that never comes."""
     collated[0] += 1
+    if args.collator_block_at >= 0 and collated[0] >= args.collator_block_at and os.environ.get("FAULT_MARK"):
+        with open(os.environ["FAULT_MARK"], "w") as f:  # the benchmark's clock: when the deadlock began
+            f.write(str(time.time()))
     while args.collator_block_at >= 0 and collated[0] >= args.collator_block_at:
         time.sleep(1)
     return collate_lm(features)

@@ -35,7 +35,7 @@ def start() -> None:
         argv = " ".join(sys.argv) if sys.argv and sys.argv[0] else "python"
         em.emit_data("phase", {"name": "running", "detail": argv[:1000]})
         em.phase_name = "running"
-    from . import backward, firststeps, lastwords, patch_torch, patch_tqdm, patch_transformers
+    from . import backward, firststeps, lastwords, patch_loggers, patch_torch, patch_tqdm, patch_transformers
     lastwords.install()  # the last step, losses and phase, sent at the process's end
     # torch's own modules, each patched right after it loads (progress and step anatomy, patch_torch.py)
     when_imported("torch.optim.optimizer", patch_torch.install_optimizer)
@@ -50,3 +50,4 @@ def start() -> None:
     when_imported("transformers.modeling_utils", patch_transformers.install_loading)
     # tokenizer calls: padding, max_length, truncation and the lengths they make (firststeps.py)
     when_imported("transformers.tokenization_utils_base", firststeps.install_tokenizer)
+    patch_loggers.register()  # wandb, TensorBoard, MLflow, Lightning, Accelerate, trackio: their logging calls

@@ -217,6 +217,19 @@
 
   // A text alternative for each chart: what it holds, its range, the latest value, and how much of it
   // is clipped or zoomed away.
+  // Where a chart's metrics came from, when the instrumentation read them from the script's own
+  // logging calls or printed lines (the job's info metric_sources, worker/agent/printed_metrics.py).
+  const SOURCE_WORDS = { api: "tokenpulse.log / Trainer", logger: "its logging call", backward: ".backward()", printed: "printed lines" };
+  function sourceNote(id, spec) {
+    const info = (job && job.info) || {}, kinds = info.metric_sources || {}, via = info.metric_via || {};
+    const from = (k) => via[k] || SOURCE_WORDS[kinds[k]] || kinds[k];
+    const text = spec.keys.filter((k) => kinds[k]).map((k) => (spec.keys.length > 1 ? `${k} from ${from(k)}` : `from ${from(k)}`)).join(" · ");
+    const head = $(id).closest(".chart-box").querySelector(".chart-head");
+    let note = head.querySelector(".source-note");
+    if (!text) { if (note) note.remove(); return; }
+    if (!note) head.append(note = TP.el("span", { class: "source-note muted small" }));
+    if (note.textContent !== text) note.textContent = text;
+  }
   function summarize(id, spec, u) {
     const el = $(`${id}-summary`);
     if (!el) return;
@@ -344,6 +357,7 @@
       const idle = job && (job.kind === "command" || job.state === "queued" || TP.FINAL.includes(job.state));
       // "Your panel" keeps its picker while there is any metric to pick
       box.closest(".chart-box").hidden = id === "chart-custom" ? !$("panel-add").options.length || $("panel-add").options.length + spec.keys.length < 2 : !spec.keys.length && !!idle;
+      sourceNote(id, spec);
       if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
       const data = chartData(spec);
       box.dataset.points = data[0].length;
@@ -756,7 +770,7 @@
     }
     const rows = [];
     for (const ev of infoEvents) {
-      const { reason, measured, eval_generations, eval_step, ...rest } = ev.data; // generations have their own panel
+      const { reason, measured, eval_generations, eval_step, metric_sources, metric_via, ...rest } = ev.data; // generations have their own panel; sources are by their charts
       if (!Object.keys(rest).length) continue;
       const main = Object.entries(rest).map(([k, v]) => `${k.replaceAll("_", " ")}: ${fmtVal(k, v)}`).join(" · ");
       rows.push(TP.el("li", {}, TP.el("span", { class: "choice", text: main }),

@@ -36,6 +36,7 @@ from worker.agent.job_stream import JobStream
 from worker.agent.launch import Gang, command, is_distributed, launches_ranks, training_args
 from worker.agent.outbox import Outbox
 from worker.agent.output import Masker
+from worker.agent.printed_metrics import JobMetrics
 from worker.agent.ranks import RankBoard
 from worker.agent.running import Emitter, Requested, RunningJob
 from worker.agent.slow import SlowDetector
@@ -152,7 +153,8 @@ class JobRunner:
                         # padding and step size: judged by the advisor, with the script's own fix
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16, owned=OWNED), cwd=cwd,
                         gang=new_gang(stall) if launcher else None,
-                        mask=mask, advice=Advisor(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16))
+                        mask=mask, advice=Advisor(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16),
+                        sourced=JobMetrics(env))
         self.jobs[claim.job_id] = rj
         how = ("instrumented (startup hook on PYTHONPATH)" if hooks else
                "not instrumented (instrument: false)" if not spec.instrument else

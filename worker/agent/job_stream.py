@@ -59,6 +59,10 @@ class JobStream:
                     elif kind == "state" and rj.claim.node_rank and rj.child_state is None:
                         rj.child_state = data  # another node's end is judged by its own ranks' word
                     continue
+            if rj.sourced is not None:
+                data = self.sourced(rj, kind, data)
+                if data is None:
+                    continue
             recovered = rj.detector.observe(kind, data, now)  # alive events: alive, not progress
             if recovered is not None:  # cleared once it kept moving for alert_clear_s (detect())
                 rj.stall_clear = (now, recovered.message)
@@ -83,10 +87,6 @@ class JobStream:
                     # The instrumentation's promise (a Trainer callback) that SIGUSR2 makes the process
                     # save a checkpoint and exit paused; without it a command job is never sent SIGUSR2.
                     rj.pausable = bool(data["pausable"])
-            if kind == "metrics" and isinstance(data.get("sources"), dict):
-                data = self.best_sources(rj, data)
-                if data is None:
-                    continue
             if kind == "state":
                 rj.child_state = data  # judged together with the exit code, in supervise()
                 continue
@@ -94,19 +94,26 @@ class JobStream:
                 self.emit(rj, "log", {"line": self.checkpoint_words(rj, data, now), "stream": "agent"})
             self.emit(rj, kind, data, t)
 
-    def best_sources(self, rj: RunningJob, data: dict) -> Optional[dict]:
-        """A command's metrics said with their sources: a value from a worse source than one this job's
-        processes already gave for that metric is dropped (a printed loss never overrides a logged
-        one); the job's info says where each metric comes from, sent when that changes."""
-        said = {str(k): str(v) for k, v in data["sources"].items()}
-        before = {k: rj.sources.source_of(k) for k in said}
-        values = {k: v for k, v in data.get("values", {}).items() if k not in said or rj.sources.allow(k, said[k])}
-        changed = {k: said[k] for k in said if k in values and before[k] != said[k]}
-        if changed:
-            self.emit(rj, "info", {"metric_sources": {k: rj.sources.source_of(k) for k in rj.sources.names()}})
-        if not values:
-            return None
-        return {**data, "values": values, "sources": {k: said[k] for k in values if k in said}}
+    def sourced(self, rj: RunningJob, kind: str, data: dict) -> Optional[dict]:
+        """A metrics event's `sources` (and the logging calls the process names in its info) become
+        the job's info `metric_sources`, sent when it changes."""
+        assert rj.sourced is not None
+        out = rj.sourced.observe(kind, data)
+        self.sources_info(rj)
+        return out
+
+    def printed_metrics(self, rj: RunningJob, line: str) -> None:
+        """The last resort for a loss: the job's printed lines (printed_metrics.py)."""
+        assert rj.sourced is not None
+        for kind, data in rj.sourced.printed(line):
+            self.emit(rj, kind, data)
+        self.sources_info(rj)
+
+    def sources_info(self, rj: RunningJob) -> None:
+        assert rj.sourced is not None
+        info = rj.sourced.sources_info()
+        if info is not None:
+            self.emit(rj, "info", info)
 
     @staticmethod
     def checkpoint_words(rj: RunningJob, data: dict, now: float) -> str:
@@ -162,3 +169,5 @@ class JobStream:
             if recovered is not None:
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "message": recovered.message, "clear": True})
         self.emit(rj, "log", {"line": line[:8192], "stream": name})
+        if rj.sourced is not None and rj.stack_lines is None:
+            self.printed_metrics(rj, line)

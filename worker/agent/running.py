@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Optional
 
 from tokenpulse.diagnosis.stall import StallDetector
-from tokenpulse.instrument.sources import Claims
 from tokenpulse.protocol import Claim, CommandSpec
 from worker.agent import gangwatch, sysmetrics
 from worker.agent.advice import Advisor
 from worker.agent.child import Supervised
 from worker.agent.outbox import Outbox
 from worker.agent.output import Masker
+from worker.agent.printed_metrics import JobMetrics
 from worker.agent.slow import SlowDetector
 
 log = logging.getLogger("tokenpulse.agent")
@@ -61,8 +61,8 @@ class RunningJob:
     # its stall, once alerted: {"since", "step", "frame", "headline"} (ended as a hang after kill_after_s)
     hang: Optional[dict] = None
     kill_after_s: float = 0.0  # 0: a stall is never killed
-    # a command job's metric sources: the best seen per metric wins across its processes (sources.py)
-    sources: Claims = field(default_factory=Claims)
+    # a command job's printed loss and where each of its metrics came from (printed_metrics.py)
+    sourced: Optional[JobMetrics] = None
 
     @property
     def command(self) -> Optional[CommandSpec]:
