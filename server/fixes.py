@@ -8,8 +8,9 @@ process) applied to its job, and whether it paid off.
   or queued job gets the change at once.
 - revert(): the newest applied change undone the same way.
 - compare(): before/after from the stored metric series (server/series.py): the attempt's last steps
-  before the change (kept in the row when it is asked for: a fresh start overwrites the steps it
-  repeats) against the new attempt's steps once WARMUP_STEPS are behind it, with a verdict.
+  before the change (kept in the row when it is asked for) against the new attempt's own points (each
+  attempt keeps its points: a fresh start never overwrites the steps it repeats) once WARMUP_STEPS
+  are behind it, with a verdict.
 """
 from __future__ import annotations
 
@@ -171,8 +172,8 @@ def revert(s: Session, job: Job, by: Optional[int]) -> JobChange:
 
 
 def settle_previous(s: Session, job: Job) -> None:
-    """Before a new change: the previous one's comparison kept in its row (a fresh start overwrites
-    the steps it measured)."""
+    """Before a new change: the previous one's comparison kept in its row (its window of steps after
+    ends where the new change begins)."""
     prev = s.scalar(select(JobChange).where(JobChange.job_id == job.id, JobChange.state == "applied",
                                             JobChange.verdict.is_(None)).order_by(JobChange.id.desc()).limit(1))
     if prev is not None:
@@ -181,13 +182,14 @@ def settle_previous(s: Session, job: Job) -> None:
 
 # ---- measuring -----------------------------------------------------------------------------------
 
-def _series(s: Session, job_id: int, after_step: Optional[int], before_step: Optional[int]) -> dict:
-    """Every point of METRICS in (after_step, before_step]: a bounded window, never a whole long run."""
+def _series(s: Session, job_id: int, attempt: int, after_step: Optional[int], before_step: Optional[int]) -> dict:
+    """Every point of METRICS of one attempt in (after_step, before_step]: a bounded window, never a
+    whole long run."""
     keys = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(METRICS))).all())
     cur = raw_cursor(s)
     out = {}
     for name, kid in keys.items():
-        ser = read_series(cur, job_id, kid, 1_000_000, "minmax", after_step, before_step)
+        ser = read_series(cur, job_id, kid, attempt, 1_000_000, "minmax", after_step, before_step)
         if ser is not None:
             out[name] = list(zip(ser["step"], ser["value"], ser["t"]))
     return out
@@ -196,7 +198,7 @@ def _series(s: Session, job_id: int, after_step: Optional[int], before_step: Opt
 def snapshot(s: Session, job: Job) -> dict:
     """The job's pace over its last BEFORE_STEPS steps (warm-up left out), and its losses by step (for
     the loss at equal steps after a fresh start)."""
-    ser = _series(s, job.id, max(0, (job.step or 0) - LOSS_STEPS), None)
+    ser = _series(s, job.id, job.attempt, max(0, (job.step or 0) - LOSS_STEPS), None)
     return summarize(ser, lambda step, t: step > WARMUP_STEPS, BEFORE_STEPS, keep_loss=True,
                      attempt=job.attempt)
 
@@ -230,7 +232,8 @@ def compare(s: Session, change: JobChange, next_applied: Optional[float]) -> dic
     before = json.loads(change.before or "{}")
     first = (change.resume_step or 0) + WARMUP_STEPS
     end = next_applied or float("inf")
-    ser = _series(s, change.job_id, change.resume_step or 0, first + AFTER_STEPS)
+    # the new attempt's own points (to_attempt): an earlier attempt's at the same steps are not "after"
+    ser = _series(s, change.job_id, change.to_attempt or 0, change.resume_step or 0, first + AFTER_STEPS)
     after = summarize(ser, lambda step, t: step > first and change.applied_at <= t < end, None,
                       attempt=change.to_attempt)
     out: dict = {"before": {k: v for k, v in before.items() if k != "loss_by_step"}, "after": after,

@@ -124,10 +124,13 @@ class MetricKey(Base):
 
 class Metric(Base):
     """One number: the table is lean on purpose (WITHOUT ROWID, integer key ids): ~40 bytes a point.
-    The primary key (job, key, step) makes a replayed point overwrite itself: stored exactly once."""
+    The primary key (job, key, attempt, step) makes a replayed point overwrite itself (stored exactly
+    once) while a later attempt's point at the same step is a point of its own (migration 0015): a
+    fix that restarts from step 0 never overwrites the run it is compared with."""
     __tablename__ = "metrics"
     job_id: Mapped[int] = mapped_column(Int, primary_key=True)
     key_id: Mapped[int] = mapped_column(Int, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Int, primary_key=True)
     step: Mapped[int] = mapped_column(Int, primary_key=True)
     t: Mapped[float] = mapped_column(Float)
     value: Mapped[float] = mapped_column(Float)
@@ -135,11 +138,12 @@ class Metric(Base):
 
 
 class MetricRollup(Base):
-    """Per 256 steps of one (job, key): count, first, last, min and max point (step, t, value).
+    """Per 256 steps of one (job, key, attempt): count, first, last, min and max point (step, t, value).
     Kept by ingest, so a chart of a million points reads ~4,000 of these instead of the points."""
     __tablename__ = "metric_rollups"
     job_id: Mapped[int] = mapped_column(Int, primary_key=True)
     key_id: Mapped[int] = mapped_column(Int, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Int, primary_key=True)
     bucket: Mapped[int] = mapped_column(Int, primary_key=True)  # step >> 8
     n: Mapped[int] = mapped_column(Int)
     first_step: Mapped[int] = mapped_column(Int)
@@ -262,7 +266,7 @@ class GangMember(Base):
 
 class JobChange(Base):
     """A fix applied to a job (server/fixes.py): the spec change, who asked, the attempts before and
-    after, the measurements before it (kept: a fresh start overwrites the steps it repeats) and the
+    after, the measurements before it (taken when it was asked for) and the
     verdict once the new attempt has run long enough to compare."""
     __tablename__ = "job_changes"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -276,8 +276,10 @@ class Rules:
                 f"at step {step}" if firing else f"{m} back within {r.sigmas:g} standard deviations at step {step}")
 
     def _series(self, s: Session, metric: str, job_id: int, order: str, limit: int) -> list[tuple]:
+        # the running attempt's points: an earlier attempt's are another run's history
         return s.execute(text("SELECT m.step, m.value FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-                              f"WHERE m.job_id = :j AND k.name = :n ORDER BY {order} LIMIT {int(limit)}"),
+                              "WHERE m.job_id = :j AND k.name = :n AND m.attempt = (SELECT attempt FROM jobs "
+                              f"WHERE id = :j) ORDER BY {order} LIMIT {int(limit)}"),
                          {"j": job_id, "n": metric}).all()
 
     def _rebuild_best(self, s: Session, r: Rule, job_id: int) -> list:

@@ -126,6 +126,7 @@ class Series(Answer):
 
 class MetricsOut(Answer):
     job_id: int
+    attempt: int = Field(description="the attempt whose points these are")
     series: dict[str, Series] = Field(description="by metric name")
 
 

@@ -1,6 +1,7 @@
 """The series reader (server/series.read_series) on a real, migrated SQLite database with points
 stored by ingest (rollups included): short series whole, long ones downsampled through the rollups
-keeping each bucket's first/last/min/max, step ranges, point limits, unknown series."""
+keeping each bucket's first/last/min/max, step ranges, point limits, unknown series, and each
+attempt's points kept apart."""
 from __future__ import annotations
 
 import pytest
@@ -42,7 +43,7 @@ def stored(tmp_path_factory):
 
 def read(stored, key="loss", **kw):
     cur, job_id = stored
-    return read_series(cur, job_id, METRIC_KEYS.ids[key], **kw)
+    return read_series(cur, job_id, METRIC_KEYS.ids[key], 1, **kw)
 
 
 def points(out: dict) -> list[tuple]:
@@ -99,4 +100,28 @@ def test_limits_and_empty_ranges(stored):
     assert read(stored, max_points=100, after_step=N) is None
     assert read(stored, max_points=100, before_step=-1) is None
     cur, job_id = stored
-    assert read_series(cur, job_id + 1, METRIC_KEYS.ids["loss"], 100) is None  # another job
+    assert read_series(cur, job_id + 1, METRIC_KEYS.ids["loss"], 1, 100) is None  # another job
+    assert read_series(cur, job_id, METRIC_KEYS.ids["loss"], 2, 100) is None  # an attempt that logged nothing
+
+
+def test_a_later_attempt_repeating_steps_never_overwrites_an_earlier_one(tmp_path):
+    """A fix that restarts from step 0: the new attempt's steps 0..299 are points of their own; the
+    first attempt's 600 points and its rollups (the chart's fast path) stay as they were."""
+    with migrated_session(tmp_path) as s:
+        agent = add_agent(s)
+        job = store.create_job(s, JobSpec())
+        store.claim(s, agent.id)
+        store.transition(s, job, JobState.running)
+        ingest(s, agent.id, [Ev("metrics", job.id, st, 1e9 + st, {"step": st, "values": {"loss": 1.0}})
+                             for st in range(600)])
+        store.transition(s, job, JobState.queued)
+        assert store.claim(s, agent.id).attempt == 2
+        store.transition(s, job, JobState.running)
+        ingest(s, agent.id, [Ev("metrics", job.id, 600 + st, 2e9 + st, {"step": st, "values": {"loss": 2.0 + st}})
+                             for st in range(300)])
+        cur, kid = raw_cursor(s), METRIC_KEYS.ids["loss"]
+        first, second = (read_series(cur, job.id, kid, a, 10_000) for a in (1, 2))
+        assert first["step"] == list(range(600)) and set(first["value"]) == {1.0}
+        assert second["step"] == list(range(300)) and second["value"][-1] == 301.0
+        down = read_series(cur, job.id, kid, 1, 8)  # through attempt 1's rollups
+        assert down["downsampled"] and down["total_points"] == 600 and set(down["value"]) == {1.0}

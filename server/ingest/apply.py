@@ -160,7 +160,7 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         for e in fresh:
             d = e.data
             if e.kind == "metrics":
-                points.add(s, job_id, d["step"], e.t, d["values"])
+                points.add(s, job_id, job.attempt, d["step"], e.t, d["values"])
                 out.stored_points += len(d["values"])
                 if by_metric:
                     rule_events.append((d["step"], d["values"]))
