@@ -192,7 +192,8 @@ def claim(s: Session, agent_id: int, whole_gangs: bool = False) -> Optional[Job]
                      .with_for_update(skip_locked=True).scalar_subquery())
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
                            .values(state=JobState.starting.value, agent_id=agent_id,
-                                   attempt=Job.attempt + 1, alive_at=time.time(), reason=None)
+                                   attempt=Job.attempt + 1, alive_at=time.time(), reason=None,
+                                   last=None)  # the latest metrics are the new attempt's
                            .returning(Job.id)).scalar()
         if job_id is None:
             return None
