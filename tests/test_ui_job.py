@@ -138,12 +138,53 @@ def test_chart_log_clip_wallclock_keyboard_export_and_text(server_factory, brows
     d.find_element(By.CSS_SELECTOR, "button[aria-label='Loss: save as CSV']").click()
     f = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-loss.csv")), None), 10, "the CSV download")
     rows = list(csv.reader(io.StringIO(f.read_text())))
-    assert rows[0] == ["step", "time", "loss", "loss_smoothed"] and len(rows) == 81, rows[:3]
-    assert rows[40][0] == "40" and float(rows[40][2]) == 1000.0 and rows[40][1].endswith("Z")
+    assert rows[0] == ["attempt", "step", "time", "loss", "loss_smoothed"] and len(rows) == 81, rows[:3]
+    assert rows[40][:2] == ["1", "40"] and float(rows[40][3]) == 1000.0 and rows[40][2].endswith("Z")
     d.find_element(By.CSS_SELECTOR, "button[aria-label='Memory (MiB): save as PNG']").click()
     png = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-mem.png")), None), 10, "the PNG download")
     wait_for(lambda: png.stat().st_size > 1000, 10, "a complete PNG")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not console_errors(d), console_errors(d)
+
+
+def test_a_new_attempt_is_charted_alone_with_the_earlier_one_faded_behind_it(server_factory, browser, tmp_path):
+    """Issue 33 #1-2: attempt 1 logged steps 1-80 at ~2,000 tok/s; it is preempted and attempt 2
+    starts again from step 1 at 20,000 tok/s. The charts hold attempt 2's 30 steps alone (not
+    attempt 2 for steps 1-30 and attempt 1's slow tail for 31-80), attempt 1 is a faded series one
+    click hides, the tiles describe attempt 2, and the API and the CSV say whose points they are."""
+    run = FakeRun(server_factory, browser, tmp_path, "two attempts")
+    d, jid = run.d, run.jid
+    run.post([("state", {"state": "queued", "failure": "preempted", "reason": "preempted by the scheduler"},
+               time.time())])
+    assert run.agent.post(f"/api/agents/{run.aid}/claim").json()["job_id"] == jid
+    t1 = time.time() - 30
+    run.post([("metrics", {"step": s, "values": {"loss": 3 - s / 40, "tokens_per_s": 20000.0,
+                                                 "padded_tokens_per_s": 21000.0, "step_time_s": 0.02,
+                                                 "eta_s": (100 - s) * 0.02}}, t1 + s) for s in range(1, 31)])
+    shown = "return [TPJOB.attempt(), TPJOB.series.loss && TPJOB.series.loss.step.length]"
+    until(d, 20, lambda d: attr(d, "#chart-loss", "data-points") == "30",
+          f"the chart holds attempt 2's 30 steps only (attempt shown, its loss points: {js(d, shown)})")
+    until(d, 10, lambda d: number(text(d, "#tps")) >= 15, "the tokens/s tile is attempt 2's")  # "20 ktok/s"
+    assert "ktok/s" in text(d, "#tps"), text(d, "#tps")
+    labels = lambda: js(d, "return TPJOB.charts['chart-loss'].series.map((s) => s.label)")  # noqa: E731
+    assert "attempt 1: train loss" in labels(), labels()
+    assert js(d, "return TPJOB.charts['chart-loss'].scales.x.max") >= 80  # attempt 1's steps stay in view
+    d.find_element(By.ID, "earlier").click()  # hide the earlier attempt
+    until(d, 5, lambda d: "attempt 1: train loss" not in labels(), "the earlier attempt does not hide")
+    d.find_element(By.ID, "earlier").click()
+    until(d, 5, lambda d: "attempt 1: train loss" in labels(), "the earlier attempt does not come back")
+    cookies = {c["name"]: c["value"] for c in d.get_cookies()}
+    with httpx.Client(base_url=d.current_url.split("/jobs/")[0], cookies=cookies, timeout=30) as c:
+        now, first = (c.get(f"/api/jobs/{jid}/metrics", params={"keys": "loss", **q}).json()
+                      for q in ({}, {"attempt": 1}))
+    assert now["attempt"] == 2 and now["series"]["loss"]["step"] == list(range(1, 31))
+    assert first["attempt"] == 1 and first["series"]["loss"]["step"] == list(range(1, 81))
+    d.find_element(By.CSS_SELECTOR, "button[aria-label='Loss: save as CSV']").click()
+    f = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-loss.csv")), None), 10, "the CSV download")
+    rows = list(csv.reader(io.StringIO(f.read_text())))
+    assert rows[0][:4] == ["attempt", "step", "time", "loss"]
+    assert [r[0] for r in rows[1:]] == ["1"] * 80 + ["2"] * 30, rows[:3]
+    shot(d, "job-two-attempts", full=True)
     assert not console_errors(d), console_errors(d)
 
 

@@ -5,6 +5,11 @@
   const MAX_POINTS = 2000;
   let job = null, lastStep = -1, lastLogSeq = -1, firstChartMarked = false;
   const series = {}; // name -> {step: [], value: [], t: []}: the overview (downsampled by the server) + live points
+  // Each attempt (a retry, a relaunch after a fix) has its own points: `series` holds the current
+  // attempt's (shownAttempt); earlier attempts' overviews are drawn faded behind it (toggle).
+  let shownAttempt = null;
+  const earlier = {}; // attempt -> {name -> {step, value, t}}, fetched once (an ended attempt does not change)
+  const showEarlier = () => $("earlier").checked;
   let detail = null; // {min, max, series} while zoomed into a downsampled range
   let downsampledInfo = {}; // name -> total points on the server
   const charts = {};
@@ -57,10 +62,18 @@
   const clipY = () => $("clip").checked;
 
   // A chart shows only the series that exist for this job (no "CUDA peak" on a CPU run).
-  function activeSpec(spec) {
+  function activeSpec(spec, withEarlier = true) {
     const idx = spec.keys.map((k, i) => i).filter((i) => series[spec.keys[i]] && series[spec.keys[i]].step.length);
     const pick = (a) => (a ? idx.map((i) => a[i]) : a);
-    return { ...spec, keys: pick(spec.keys), labels: pick(spec.labels), colors: spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]), dash: pick(spec.dash), points: pick(spec.points),
+    const labels = pick(spec.labels), colors = spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]);
+    // earlier attempts' points of the same metrics, faded (on the step axis: their steps repeat)
+    const ghosts = [];
+    if (withEarlier && showEarlier() && xMode() !== "time") {
+      for (const a of Object.keys(earlier).map(Number).sort((x, y) => x - y)) {
+        pick(spec.keys).forEach((k, i) => { const g = earlier[a][k]; if (g && g.step.length) ghosts.push({ attempt: a, key: k, label: `attempt ${a}: ${labels[i]}`, color: colors[i] }); });
+      }
+    }
+    return { ...spec, keys: pick(spec.keys), labels, colors, dash: pick(spec.dash), points: pick(spec.points), ghosts,
       smooth: spec.smooth && idx[0] === 0 }; // the smoothed line belongs to the first series only
   }
 
@@ -131,7 +144,8 @@
     return [order.map((i) => when.get(cols[0][i])), ...cols.slice(1).map((c) => order.map((i) => c[i]))];
   }
   function stepData(spec) {
-    const srcs = spec.keys.map(sourceFor);
+    const ghosts = spec.ghosts || [];
+    const srcs = [...spec.keys.map(spec.sourceOf || sourceFor), ...ghosts.map((g) => earlier[g.attempt][g.key])];
     let xs;
     if (srcs.length === 1 || srcs.slice(1).every((s) => !s)) xs = srcs[0] ? srcs[0].step.slice() : [];
     else {
@@ -146,7 +160,7 @@
       const m = new Map(); s.step.forEach((x, i) => m.set(x, s.value[i]));
       cols.push(xs.map((x) => (m.has(x) ? m.get(x) : null)));
     }
-    if (spec.smooth) cols.push(ema(cols[1], Number($("smooth").value)));
+    if (spec.smooth) cols.push(ema(cols[1], Number($("smooth").value))); // last: robust() leaves it out
     return cols;
   }
 
@@ -163,6 +177,7 @@
       ...(spec.dash && spec.dash[i] ? { dash: spec.dash[i] } : {}),
       ...(spec.points && spec.points[i] ? { points: { show: true, size: 6 } } : {}),
       ...(spec.smooth && i === 0 ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
+    for (const g of spec.ghosts || []) s.push({ label: g.label, stroke: fade(g.color), width: 1, spanGaps: true, class: "earlier-attempt", value: (u, v) => spec.value(v) });
     if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v) });
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
@@ -185,10 +200,13 @@
       },
     };
     const u = new uPlot(opts, data, box);
-    u.keys = spec.keys.join(","); u.mode = `${xMode()}|${logY()}`; u.smoothCol = !!spec.smooth;
+    u.keys = chartKeys(spec); u.mode = `${xMode()}|${logY()}`; u.smoothCol = !!spec.smooth;
     u.over.setAttribute("aria-hidden", "true"); // the summary below the chart is its text alternative
     return u;
   }
+
+  const chartKeys = (spec) => [...spec.keys, ...(spec.ghosts || []).map((g) => g.label)].join(",");
+  const fade = (hex) => `rgba(${parseInt(hex.slice(1, 3), 16)},${parseInt(hex.slice(3, 5), 16)},${parseInt(hex.slice(5, 7), 16)},0.3)`;
 
   // The y range: uPlot's own, or with "Clip outliers" the 1st..99th percentile of the points
   // (plus a margin), so one spike does not flatten a long curve. The points beyond stay in the data
@@ -274,7 +292,8 @@
   function fullRange() { // in the x axis' units (steps, or seconds on the wall-clock axis)
     const key = xMode() === "time" ? "t" : "step";
     let lo = Infinity, hi = -Infinity;
-    for (const s of Object.values(series)) for (const x of s[key] || []) if (x !== null && x !== undefined) { if (x < lo) lo = x; if (x > hi) hi = x; }
+    const all = [...Object.values(series), ...(key === "step" && showEarlier() ? Object.values(earlier).flatMap(Object.values) : [])];
+    for (const s of all) for (const x of s[key] || []) if (x !== null && x !== undefined) { if (x < lo) lo = x; if (x > hi) hi = x; }
     return lo <= hi ? [lo, hi] : null;
   }
   function stepsIn(min, max) { // an x range as a step range (for fetching detail)
@@ -338,7 +357,7 @@
       const spec = activeSpec(full);
       const box = $(id);
       // A new series (or a new axis mode) rebuilds the chart: uPlot's series and scales are fixed at creation.
-      if (charts[id] && (charts[id].keys !== spec.keys.join(",") || charts[id].mode !== `${xMode()}|${logY()}`)) { charts[id].destroy(); delete charts[id]; }
+      if (charts[id] && (charts[id].keys !== chartKeys(spec) || charts[id].mode !== `${xMode()}|${logY()}`)) { charts[id].destroy(); delete charts[id]; }
       // A chart with nothing to show: "No points yet" while they may still come; hidden for a command
       // job (it logs what it logs) and once a job is over.
       const idle = job && (job.kind === "command" || job.state === "queued" || TP.FINAL.includes(job.state));
@@ -871,7 +890,13 @@
 
   // ---- REST: first load and every reconnect fill what the websocket missed ----------------------
   let refilling = null;
-  function refill() { refilling = refilling || doRefill().finally(() => { refilling = null; }); return refilling; }
+  // One refill at a time; one asked for meanwhile runs after it (its snapshot may predate the news).
+  let refillAgain = false;
+  function refill() {
+    if (refilling) { refillAgain = true; return refilling; }
+    refilling = doRefill().finally(() => { refilling = null; if (refillAgain) { refillAgain = false; refill(); } });
+    return refilling;
+  }
   async function doRefill() {
     const first = lastStep < 0 && !job;
     const mq = `/api/jobs/${jobId}/metrics?max_points=${MAX_POINTS}${lastStep >= 0 ? `&after_step=${lastStep}` : ""}`;
@@ -882,7 +907,16 @@
       TP.api(`/api/alerts?job_id=${jobId}&limit=50`), TP.api("/api/agents")]);
     agents = new Map(ags.map((a) => [a.id, a]));
     if (j.attempts.length) lastAgent = j.attempts[j.attempts.length - 1].agent_id;
-    for (const [k, s] of Object.entries(m.series)) {
+    let m2 = m;
+    if (shownAttempt !== null && m.attempt > shownAttempt) startAttempt(m.attempt); // a new attempt began
+    if (shownAttempt !== null && m.attempt === shownAttempt && lastStep < 0 && mq.includes("after_step")) {
+      // the points asked for were after the previous attempt's last step: this attempt's all
+      m2 = await TP.api(`/api/jobs/${jobId}/metrics?max_points=${MAX_POINTS}&attempt=${m.attempt}`);
+    }
+    if (m.attempt < (shownAttempt || 0)) return; // an older snapshot than the news already shown
+    shownAttempt = m.attempt;
+    await loadEarlier(j.attempts);
+    for (const [k, s] of Object.entries(m2.series)) {
       if (k.startsWith("sys/")) continue; // keyed by time, not step: the System panels (system.js)
       if (s.t && s.t.length) lastProgress = Math.max(lastProgress || 0, s.t[s.t.length - 1]);
       mergePoints(k, s.step, s.value, s.t);
@@ -906,6 +940,23 @@
     refreshChanges();
   }
 
+  // A new attempt: the points shown so far become a faded earlier attempt; the charts start again.
+  // (the earlier one's overview is fetched anew: live points of the new attempt may have reached
+  // its series before the news of the new attempt did)
+  function startAttempt(attempt) {
+    if (attempt === shownAttempt) return;
+    for (const k of Object.keys(series)) delete series[k];
+    lastStep = -1; detail = null; zoomed = null; downsampledInfo = {};
+    shownAttempt = attempt;
+    for (const id of Object.keys(charts)) { charts[id].destroy(); delete charts[id]; }
+  }
+  async function loadEarlier(attempts) {
+    const want = attempts.map((a) => a.attempt).filter((a) => a < shownAttempt && !earlier[a]);
+    const got = await Promise.all(want.map((a) => TP.api(`/api/jobs/${jobId}/metrics?max_points=500&attempt=${a}`)));
+    got.forEach((r) => { earlier[r.attempt] = Object.fromEntries(Object.entries(r.series).filter(([k]) => !k.startsWith("sys/"))); });
+    $("earlier-box").hidden = !Object.values(earlier).some((e) => Object.keys(e).length);
+  }
+
   TP.live([`job:${jobId}`], (f) => {
     if (f.type === "events" && f.job_id === jobId) {
       if (f.missed) { refill(); return; } // the server dropped events for this (lagging) page: ask REST
@@ -920,7 +971,8 @@
     } else if (f.type === "job" && f.job.id === jobId) {
       const was = job && job.state;
       showSummary(f.job);
-      if (was !== f.job.state) refill();
+      if (shownAttempt !== null && f.job.attempt > shownAttempt) { startAttempt(f.job.attempt); drawCharts(false); refill(); }
+      else if (was !== f.job.state) refill();
     } else if (f.type === "heartbeat" && f.job_id === jobId && job) {
       job.alive_at = f.alive_at;
       const t = $("heartbeat").querySelector("time");
@@ -933,7 +985,7 @@
     const next = [...CHARTS["chart-custom"].keys, k];
     setPanel(next); TP.pref.set(panelPrefKey, next); updatePanelPicker(); scheduleDraw();
   });
-  window.TPJOB = { series, charts, job: () => job, csvFor }; // for tests and bench/ui.py
+  window.TPJOB = { series, charts, job: () => job, csvFor, attempt: () => shownAttempt, earlier }; // for tests and bench/ui.py
   setInterval(() => { if (job) { showHeartbeat(); if (TP.ACTIVE.includes(job.state)) showNumbers(job.last || {}); } }, 1000);
 
   // A requested stack dump is cleared by the server once the worker has taken it, without a frame
@@ -951,6 +1003,8 @@
   }
 
   // ---- chart options and export -----------------------------------------------------------------
+  $("earlier").addEventListener("change", () => { TP.pref.set("tp-chart-earlier", $("earlier").checked); drawCharts(false); });
+  $("earlier").checked = TP.pref.get("tp-chart-earlier", true);
   for (const id of ["logy", "clip", "xaxis"]) $(id).addEventListener("change", () => {
     try { localStorage.setItem(`tp-chart-${id}`, id === "xaxis" ? $(id).value : $(id).checked ? "1" : ""); } catch (e) { /* private mode */ }
     if (id === "xaxis") { zoomed = null; detail = null; }
@@ -967,14 +1021,18 @@
     document.body.append(a); a.click(); a.remove();
     setTimeout(() => URL.revokeObjectURL(a.href), 10e3);
   }
-  function csvFor(id) { // every point the chart holds, by step, with its wall-clock time
-    const spec = activeSpec(CHARTS[id]);
-    const cols = stepData(spec), when = new Map();
-    for (const k of spec.keys) { const s = sourceFor(k); if (s && s.t) s.step.forEach((x, i) => { if (s.t[i]) when.set(x, s.t[i]); }); }
-    const head = ["step", "time", ...spec.keys, ...(spec.smooth ? [`${spec.keys[0]}_smoothed`] : [])];
+  function csvFor(id) { // every point the chart holds, by attempt and step, with its wall-clock time
+    const spec = activeSpec(CHARTS[id], false);
+    const head = ["attempt", "step", "time", ...spec.keys, ...(spec.smooth ? [`${spec.keys[0]}_smoothed`] : [])];
     const rows = [head.join(",")];
-    cols[0].forEach((x, i) => rows.push([x, when.has(x) ? new Date(when.get(x) * 1000).toISOString() : "",
-      ...cols.slice(1).map((c) => (c[i] === null || c[i] === undefined ? "" : c[i]))].join(",")));
+    const shown = showEarlier() ? Object.keys(earlier).map(Number).sort((a, b) => a - b) : [];
+    for (const a of [...shown, shownAttempt]) {
+      const src = a === shownAttempt ? sourceFor : (k) => earlier[a][k];
+      const cols = stepData({ keys: spec.keys, smooth: spec.smooth, sourceOf: src }), when = new Map();
+      for (const k of spec.keys) { const s = src(k); if (s && s.t) s.step.forEach((x, i) => { if (s.t[i]) when.set(x, s.t[i]); }); }
+      cols[0].forEach((x, i) => rows.push([a, x, when.has(x) ? new Date(when.get(x) * 1000).toISOString() : "",
+        ...cols.slice(1).map((c) => (c[i] === null || c[i] === undefined ? "" : c[i]))].join(",")));
+    }
     return rows.join("\n") + "\n";
   }
   function pngFor(id) { // the chart as drawn (axes included), with its title and legend
