@@ -184,6 +184,13 @@ def test_a_new_attempt_is_charted_alone_with_the_earlier_one_faded_behind_it(ser
     assert [r[0] for r in rows[1:]] == ["1"] * 80 + ["2"] * 30, rows[:3]
     shot(d, "job-two-attempts", full=True)
     assert not console_errors(d), console_errors(d)
+    # Compare: "#1 attempt 1" against "#1 attempt 2", picked from the job's own attempts
+    d.get(d.current_url.split("/jobs/")[0] + f"/compare?job={jid}.1&job={jid}.2")
+    loss_labels = "const u = TPCMP.charts['chart-cmp-loss']; return u ? u.series.map((s) => s.label) : []"
+    until(d, 15, lambda d: {f"#{jid} attempt 1 two attempts", f"#{jid} attempt 2 two attempts"}
+          <= set(js(d, loss_labels)), "Compare does not draw the two attempts")
+    assert len(d.find_elements(By.CSS_SELECTOR, f"#compare-pick input[value='{jid}.1']:checked")) == 1
+    assert "preempted" in text(d, "#compare-diff") and "attempt 2" in text(d, "#compare-diff thead")
 
 
 def test_stall_marks_speed_and_eta_stale(server_factory, browser, tmp_path):
