@@ -425,10 +425,30 @@ def cmd_show(args) -> int:
         job = c.job(args.job)
         job["step_anatomy"] = {str(r): anatomy_view.shares(p) for r, p in _anatomy(c, args.job).items()}
         job["verdicts"] = [a["message"] for a in c.alerts(job_id=args.job, limit=100) if a["state"] != "cleared"]
-        print(json.dumps(job, indent=2))
     except ApiError as e:
         return report_error(e)
+    if args.attempts:
+        _console().print(attempts_table(job))
+    else:
+        print(json.dumps(job, indent=2))
     return 0
+
+
+def attempts_table(job: dict):
+    """Each attempt of a job: how it ended, the failure's class, the change made for the next one and
+    why the next was (not) made (the retry policy's account, or a fix's relaunch)."""
+    from rich.table import Table
+    table = Table("#", "agent", "outcome", "class", "change", "decision", title=f"job {job['id']}: attempts",
+                  show_lines=True)
+
+    def change(ch) -> str:
+        return ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, list) and len(v) == 2 else f"{k} {v}"
+                         for k, v in (ch or {}).items()) or "-"
+    for a in job["attempts"]:
+        outcome = a["outcome"] or ("running" if a["ended_at"] is None else "ended")
+        table.add_row(str(a["attempt"]), str(a["agent_id"] or "-"), outcome, a["failure_class"] or "-",
+                      change(a["change"]), a["decision"] or "-")
+    return table
 
 
 def cmd_logs(args) -> int:
@@ -802,6 +822,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     p = sub.add_parser("show", help="a job's full record as JSON, with its step anatomy and open verdicts")
     p.add_argument("job", type=int)
+    p.add_argument("--attempts", action="store_true",
+                   help="a table of its attempts instead: outcome, failure class, change, decision")
     p.set_defaults(fn=cmd_show)
 
     p = sub.add_parser("logs",
