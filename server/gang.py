@@ -95,9 +95,9 @@ def _settle(s: Session, job: Job, agent: Agent, now: float, timeout_s: float):
     gathered = _forming(s, job)
     if len(gathered) >= job.nnodes:
         lead = gathered[0]
-        s.execute(update(Job).where(Job.id == job.id).values(  # last: the latest metrics are the new attempt's
+        s.execute(update(Job).where(Job.id == job.id).values(  # the new attempt's own metrics and phases
             state=JobState.starting.value, agent_id=lead.agent_id, attempt=Job.attempt + 1, alive_at=now, reason=None,
-            last=None))
+            last=None, phase=None))
         s.refresh(job)
         s.add(Attempt(job_id=job.id, attempt=job.attempt, agent_id=lead.agent_id, started_at=now,
                       resumed_from=job.checkpoint))

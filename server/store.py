@@ -193,7 +193,7 @@ def claim(s: Session, agent_id: int, whole_gangs: bool = False) -> Optional[Job]
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
                            .values(state=JobState.starting.value, agent_id=agent_id,
                                    attempt=Job.attempt + 1, alive_at=time.time(), reason=None,
-                                   last=None)  # the latest metrics are the new attempt's
+                                   last=None, phase=None)  # the new attempt's own metrics and phases
                            .returning(Job.id)).scalar()
         if job_id is None:
             return None

@@ -193,6 +193,45 @@ def test_a_new_attempt_is_charted_alone_with_the_earlier_one_faded_behind_it(ser
     assert "preempted" in text(d, "#compare-diff") and "attempt 2" in text(d, "#compare-diff thead")
 
 
+def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_factory, browser, tmp_path):
+    """Issue 33 #5: the Step tile says the training phase's count when it runs ahead of the metrics
+    (one count on the page); #7: "Stuck 30 s in fetch_batch" keeps counting while the alert is open;
+    #4: an Apply fix that restarts from step 0 asks first, saying how many steps would be run again."""
+    run = FakeRun(server_factory, browser, tmp_path, "counts")
+    d, now = run.d, time.time()
+    run.post([("metrics", {"step": 81, "values": {"loss": 2.9}}, now),
+              ("phase", {"name": "training", "done": 83, "total": 100, "unit": "steps"}, now)])
+    until(d, 10, lambda d: "83/100" in text(d, "#phase-text"), "the phase's count")
+    until(d, 10, lambda d: text(d, "#step") == "83 / 100", "the Step tile says the phase's 83, not the metrics' 81")
+    # 14: not hovering, a legend says each series' latest value (not "–", which reads as missing data)
+    legend = lambda: [e.text for e in d.find_elements(By.CSS_SELECTOR, "#chart-loss .u-legend .u-value")]  # noqa: E731
+    until(d, 10, lambda d: legend()[:2] == ["81", "2.9"] and "–" not in legend(), "the legend's latest values")
+    run.post([("alert", {"kind": "stalled", "severity": "critical",
+                         "message": "Stuck 30 s in fetch_batch (train.py:41)\nstalled: no progress for 30 s",
+                         "data": {"stuck_since": time.time() - 30}}, time.time())])
+    head = ".alert.stalled .alert-headline, .alert .alert-headline"
+    until(d, 10, lambda d: text(d, head).startswith("Stuck 3"), "the stall headline")
+    until(d, 15, lambda d: re.match(r"Stuck (3[3-9]|[4-9]\d) s in fetch_batch", text(d, head)),
+          "the headline keeps counting how long it has been stuck")
+    fix = {"kind": "padding", "title": "pack the rows", "changes": {"padding": ["longest", "packed"]},
+           "effect": "up to 3x the real tokens/s", "resume": "fresh", "why_fresh": "the batch layout changes"}
+    run.post([("alert", {"kind": "slow", "severity": "warning", "message": "slow: 90% padding",
+                         "data": {"fixes": [fix], "costs": []}}, time.time())])
+    until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "button.apply-fix"), "the Apply fix button")
+    btn = d.find_element(By.CSS_SELECTOR, "button.apply-fix")
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", btn)
+    btn.click()
+    until(d, 5, lambda d: "Restart from step 0? The 83 steps done" in text(d, ".fix-confirm"),
+          "the confirmation saying what is lost")
+    assert not btn.is_displayed()
+    d.find_element(By.CSS_SELECTOR, ".fix-confirm-no").click()
+    until(d, 5, lambda d: btn.is_displayed() and not d.find_element(By.CSS_SELECTOR, ".fix-confirm").is_displayed(),
+          "Keep running puts the button back")
+    assert btn.text == "Apply fix"  # nothing was asked of the server
+    shot(d, "job-confirm-fix-stuck", full=True)
+    assert not console_errors(d), console_errors(d)
+
+
 def test_stall_marks_speed_and_eta_stale(server_factory, browser, tmp_path):
     """Issue 11 #15: during a stall tokens/s and ETA keep their last values, marked stale with the reason."""
     run = FakeRun(server_factory, browser, tmp_path, "stall")

@@ -179,6 +179,8 @@
       ...(spec.smooth && i === 0 ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
     for (const g of spec.ghosts || []) s.push({ label: g.label, stroke: fade(g.color), width: 1, spanGaps: true, class: "earlier-attempt", value: (u, v) => spec.value(v) });
     if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v) });
+    // Not hovering: each legend entry says its latest value (not "–", which reads as missing data).
+    for (const x of s) { const f = x.value; x.value = (u, v, si, idx) => f(u, idx == null && (v === null || v === undefined) ? latestOf(u, si) : v, si, idx); }
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
       scales: { x: { time }, y: { distr: logY() ? 3 : 1, range: (u, lo, hi) => yRange(u, lo, hi) } },
@@ -205,6 +207,12 @@
     return u;
   }
 
+  function latestOf(u, si) {
+    const col = u.data && u.data[si];
+    if (!col) return null;
+    for (let i = col.length - 1; i >= 0; i--) if (col[i] !== null && col[i] !== undefined) return col[i];
+    return null;
+  }
   const chartKeys = (spec) => [...spec.keys, ...(spec.ghosts || []).map((g) => g.label)].join(",");
   const fade = (hex) => `rgba(${parseInt(hex.slice(1, 3), 16)},${parseInt(hex.slice(3, 5), 16)},${parseInt(hex.slice(5, 7), 16)},0.3)`;
 
@@ -483,9 +491,15 @@
     }
     return w ? m / w : fallback;
   }
+  // the furthest step anyone reported: a checkpoint may be a step past the last metric, and the
+  // training phase's count runs ahead of metrics logged every few steps (one count on the page)
+  function stepNow(last) {
+    const done = job.phase && job.phase.name === "training" ? job.phase.done : undefined;
+    const known = [last.step, job.step, done].filter((x) => x !== null && x !== undefined && isFinite(x));
+    return known.length ? Math.max(...known) : undefined;
+  }
   function showNumbers(last) {
-    const known = [last.step, job.step].filter((x) => x !== null && x !== undefined);
-    const step = known.length ? Math.max(...known) : undefined; // a checkpoint may be a step past the last metric
+    const step = stepNow(last);
     const active = job && TP.ACTIVE.includes(job.state);
     $("step").textContent = step !== null && step !== undefined ? `${TP.num(step)}${job.total_steps ? " / " + TP.num(job.total_steps) : ""}` : "–";
     $("loss").textContent = TP.sig(last.loss);
@@ -646,7 +660,7 @@
       TP.el("div", { class: "alert-head" },
         TP.el("span", { class: `sev ${a.severity}`, text: a.severity }), TP.el("strong", { text: ` ${a.kind}` }),
         TP.el("span", { class: "muted", text: ` · ${a.state}` }), " · ", TP.rel(a.updated_at || a.created_at), TP.el("span", { class: "spacer" }), ack),
-      TP.el("div", { class: "alert-msg alert-headline", text: headline }),
+      TP.el("div", { class: "alert-msg alert-headline" }, TP.headline(headline, a)),
       ...fixes.map((f) => TP.el("div", { class: "alert-msg alert-fix", text: f })),
       ...fixRows(a),
       rest ? TP.el("details", { class: "alert-more" }, TP.el("summary", { text: "Details" }), TP.el("div", { class: "alert-msg", text: rest })) : "",
@@ -660,16 +674,28 @@
     return list.map((f, i) => {
       const where = f.resume === "fresh" ? `restarts from step 0: ${f.why_fresh || "the checkpoint does not fit the change"}` : "resumes from a checkpoint saved now";
       const diff = Object.entries(f.changes || {}).map(([k, v]) => `${k} ${JSON.stringify(v[0])} → ${JSON.stringify(v[1])}`).join(", ");
+      const apply = async () => {
+        btn.disabled = true; btn.hidden = false; confirm.hidden = true; $("action-error").textContent = "";
+        try {
+          await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: { alert_id: a.id, n: i + 1 } });
+          btn.textContent = "Applying…"; refreshChanges();
+        } catch (err) { btn.disabled = false; $("action-error").textContent = err.message; }
+      };
+      // A fix that starts again from step 0 throws the run's progress away: asked first, saying what is lost.
+      const confirm = TP.el("span", { class: "confirm fix-confirm", hidden: true });
       const btn = TP.el("button", { type: "button", class: "small apply-fix", text: "Apply fix", "data-fix": f.kind,
-        title: "Save a checkpoint now, stop, and relaunch this job with the change", onclick: async (e) => {
-          e.target.disabled = true; $("action-error").textContent = "";
-          try {
-            await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: { alert_id: a.id, n: i + 1 } });
-            e.target.textContent = "Applying…"; refreshChanges();
-          } catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
+        title: "Save a checkpoint now, stop, and relaunch this job with the change", onclick: () => {
+          const done = job ? stepNow(job.last || {}) : 0;
+          if (f.resume !== "fresh" || !done) { apply(); return; }
+          const ran = job.started_at ? ` and ${TP.dur(Date.now() / 1000 - job.started_at)} of training` : "";
+          confirm.replaceChildren(`Restart from step 0? The ${TP.num(done)} steps done${ran} are run again. `,
+            TP.el("button", { type: "button", class: "small danger fix-confirm-yes", text: "Restart with the fix", onclick: apply }), " ",
+            TP.el("button", { type: "button", class: "small ghost fix-confirm-no", text: "Keep running",
+              onclick: () => { confirm.hidden = true; btn.hidden = false; btn.focus(); } }));
+          confirm.hidden = false; btn.hidden = true; confirm.querySelector(".fix-confirm-yes").focus();
         } });
       btn.hidden = !(job && FIXABLE.includes(job.state));
-      return TP.el("div", { class: "fix-row" }, btn, " ",
+      return TP.el("div", { class: "fix-row" }, btn, confirm, " ",
         TP.el("strong", { text: f.title || f.kind }), TP.el("span", { class: "muted", text: ` · ${diff}` }),
         f.argv ? TP.el("pre", { class: "fix-argv", text: `- ${f.argv[0].join(" ")}\n+ ${f.argv[1].join(" ")}` }) : "",
         TP.el("div", { class: "fix-effect", text: `${f.effect || ""}${f.effect ? "; " : ""}${where}` }));
