@@ -66,10 +66,25 @@ def test_alerts_page_filters_badge_and_a_rule_added_in_the_browser(server, brows
     d.find_element(By.ID, "f-job").send_keys(str(jobs[1]))
     until(d, 10, lambda d: alert_rows(d) == ["stalled"], "job filter")
     assert f"job_id={jobs[1]}" in d.current_url  # the filters live in the URL
+    # issue 33 #8: the open rule alert keeps what it fired on and says the latest value beside it
+    Select(d.find_element(By.ID, "f-severity")).select_by_value("critical")
+    d.find_element(By.ID, "f-job").clear()
+    seq = 1
+
+    def one_more_point(loss: float) -> None:
+        nonlocal seq
+        agent.post(f"/api/agents/{aid}/events", json={"events": [
+            {"kind": "metrics", "job_id": jobs[0], "seq": seq, "t": 1.0 + seq,
+             "data": {"step": seq + 1, "values": {"loss": loss}}}]}).raise_for_status()
+        seq += 1
+
+    def says_now(d) -> bool:
+        one_more_point(7.25)  # still above 5; the message is brought up to date every few seconds
+        return "; now 7.25 at step" in text(d, "#alerts-body")
+    until(d, 30, says_now, "the rule alert's latest value")
+    assert "loss too high: loss = 9.5 > 5 since step 1; now 7.25 at step" in text(d, "#alerts-body")
     # the header badge opens the open alerts; clearing the rule's condition clears its alert
-    agent.post(f"/api/agents/{aid}/events", json={"events": [
-        {"kind": "metrics", "job_id": jobs[0], "seq": 1, "t": 2.0,
-         "data": {"step": 2, "values": {"loss": 1.0}}}]}).raise_for_status()
+    one_more_point(1.0)
     d.get(server.url + "/")
     until(d, 15, lambda d: text(d, "#alert-count") == "⚠ 1", "the badge counts the stall only")
     d.find_element(By.ID, "alert-count").click()

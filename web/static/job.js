@@ -213,6 +213,11 @@
     for (let i = col.length - 1; i >= 0; i--) if (col[i] !== null && col[i] !== undefined) return col[i];
     return null;
   }
+  function ownSteps(spec) {
+    const steps = new Set();
+    for (const k of spec.keys) { const src = sourceFor(k); if (src) for (const x of src.step) steps.add(x); }
+    return steps.size;
+  }
   const chartKeys = (spec) => [...spec.keys, ...(spec.ghosts || []).map((g) => g.label)].join(",");
   const fade = (hex) => `rgba(${parseInt(hex.slice(1, 3), 16)},${parseInt(hex.slice(3, 5), 16)},${parseInt(hex.slice(5, 7), 16)},0.3)`;
 
@@ -373,7 +378,7 @@
       box.closest(".chart-box").hidden = id === "chart-custom" ? !$("panel-add").options.length || $("panel-add").options.length + spec.keys.length < 2 : !spec.keys.length && !!idle;
       if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
       const data = chartData(spec);
-      box.dataset.points = data[0].length;
+      box.dataset.points = spec.ghosts.length ? ownSteps(spec) : data[0].length; // the current attempt's
       box.dataset.series = spec.labels.join(",");
       if (!charts[id]) { box.replaceChildren(); syncing = true; try { charts[id] = makeChart(id, spec, data); if (tx) charts[id].setScale("x", tx); } finally { syncing = false; } summarize(id, spec, charts[id]); continue; }
       // Data updates never count as a user's zoom: only a drag (or a double-click, or a key) does.
