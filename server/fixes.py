@@ -171,6 +171,16 @@ def revert(s: Session, job: Job, by: Optional[int]) -> JobChange:
     return request(s, job, back, None, by, kind=FixKind.REVERT, reverts=last.id)
 
 
+def clear_reason(s: Session, job: Job, d: dict) -> dict:
+    """An alert cleared because its attempt stopped for a fix says so: the process ended (paused) for
+    the fix, and the new attempt is judged afresh."""
+    change = s.scalar(select(JobChange).where(JobChange.job_id == job.id, JobChange.state == "pending"))
+    if change is None:
+        return d
+    title = json.loads(change.fix).get("title") or change.kind
+    return {**d, "message": f"fix #{change.id} applied ({title}); the new attempt is judged afresh"}
+
+
 def settle_previous(s: Session, job: Job) -> None:
     """Before a new change: the previous one's comparison kept in its row (its window of steps after
     ends where the new change begins)."""

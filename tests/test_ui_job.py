@@ -206,6 +206,11 @@ def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_
     # 14: not hovering, a legend says each series' latest value (not "–", which reads as missing data)
     legend = lambda: [e.text for e in d.find_elements(By.CSS_SELECTOR, "#chart-loss .u-legend .u-value")]  # noqa: E731
     until(d, 10, lambda d: legend()[:2] == ["81", "2.9"] and "–" not in legend(), "the legend's latest values")
+    # 12: scrolled, the sticky section links sit below the dark site header, not over it
+    gap = js(d, "window.scrollTo(0, 1200); return document.getElementById('jump').getBoundingClientRect().top - "
+                "document.querySelector('header.top').getBoundingClientRect().bottom")
+    assert gap >= 0, gap
+    js(d, "window.scrollTo(0, 0)")
     run.post([("alert", {"kind": "stalled", "severity": "critical",
                          "message": "Stuck 30 s in fetch_batch (train.py:41)\nstalled: no progress for 30 s",
                          "data": {"stuck_since": time.time() - 30}}, time.time())])
@@ -213,7 +218,7 @@ def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_
     until(d, 10, lambda d: text(d, head).startswith("Stuck 3"), "the stall headline")
     until(d, 15, lambda d: re.match(r"Stuck (3[3-9]|[4-9]\d) s in fetch_batch", text(d, head)),
           "the headline keeps counting how long it has been stuck")
-    fix = {"kind": "padding", "title": "pack the rows", "changes": {"padding": ["longest", "packed"]},
+    fix = {"kind": "padding", "title": "pack the rows", "changes": {"padding": ["auto", "pack"]},
            "effect": "up to 3x the real tokens/s", "resume": "fresh", "why_fresh": "the batch layout changes"}
     run.post([("alert", {"kind": "slow", "severity": "warning", "message": "slow: 90% padding",
                          "data": {"fixes": [fix], "costs": []}}, time.time())])
@@ -229,6 +234,17 @@ def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_
           "Keep running puts the button back")
     assert btn.text == "Apply fix"  # nothing was asked of the server
     shot(d, "job-confirm-fix-stuck", full=True)
+    # confirmed: the fix is asked for; the attempt pauses for it (the stand-in agent says so), and the
+    # slow alert it closes says "fix #1 applied" (#20), not "the training process ended (paused)"
+    btn.click()
+    d.find_element(By.CSS_SELECTOR, ".fix-confirm-yes").click()
+    until(d, 10, lambda d: btn.text == "Applying…", "the fix asked for")
+    run.post([("alert", {"kind": "slow", "message": "the training process ended (paused)", "clear": True}, time.time()),
+              ("state", {"state": "paused", "reason": "paused as asked"}, time.time())])
+    cleared = "return [...document.querySelectorAll('#alerts-old-list .alert')].map((e) => e.textContent).join(' ')"
+    until(d, 15, lambda d: "Cleared: fix #1 applied (pack the rows)" in js(d, cleared),
+          "the slow alert cleared by the fix")
+    assert "training process ended" not in js(d, cleared)
     assert not console_errors(d), console_errors(d)
 
 
