@@ -246,6 +246,12 @@ def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_
           "the slow alert cleared by the fix")
     assert "training process ended" not in js(d, cleared)
     assert not console_errors(d), console_errors(d)
+    # 10: Compare says what the job was asked with: attempt 1 ran padding auto; the job now runs pack
+    d.get(d.current_url.split("/jobs/")[0] + f"/compare?job={run.jid}.1&job={run.jid}")
+    until(d, 15, lambda d: "padding" in text(d, "#compare-diff"), "the settings that differ")
+    rows = d.find_elements(By.CSS_SELECTOR, "#compare-diff tbody tr.diff")
+    row = [r.text for r in rows if r.text.startswith("padding")]
+    assert row and "auto" in row[0] and "pack (asked auto; fix #1)" in row[0], row
 
 
 def test_stall_marks_speed_and_eta_stale(server_factory, browser, tmp_path):

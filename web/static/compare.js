@@ -58,11 +58,13 @@
   async function load(key) {
     if (!cache.has(key)) {
       const id = jobOf(key), a = attemptOf(key);
-      const [detail, metrics] = await Promise.all([TP.api(`/api/jobs/${id}`),
-        TP.api(`/api/jobs/${id}/metrics?max_points=1500${a !== null ? `&attempt=${a}` : ""}`)]);
+      const [detail, metrics, changes] = await Promise.all([TP.api(`/api/jobs/${id}`),
+        TP.api(`/api/jobs/${id}/metrics?max_points=1500${a !== null ? `&attempt=${a}` : ""}`),
+        TP.api(`/api/jobs/${id}/changes`).catch(() => [])]);
       // an earlier attempt does not change; a job's current one does until the job is over
       const done = TP.FINAL.includes(detail.state) || (a !== null && a < detail.attempt);
-      if (done) cache.set(key, { key, detail, metrics }); else return { key, detail, metrics };
+      const g = { key, detail, metrics, changes: changes.filter((c) => c.state === "applied") };
+      if (done) cache.set(key, g); else return g;
     }
     return cache.get(key);
   }
@@ -158,6 +160,19 @@
     return out;
   }
 
+  // A run's settings as it ran them: an attempt before a fix ran the values the fix changed; the
+  // job's current settings say what a fix changed ("asked": the value it was submitted with).
+  function settingsOf(g) {
+    const spec = flat(g.detail.spec), asked = {}, a = attemptOf(g.key);
+    for (const c of [...g.changes].reverse()) { // newest first: an attempt ends at the oldest fix's old value
+      for (const [k, pair] of Object.entries(c.changes || {})) {
+        if (!Array.isArray(pair)) continue;
+        if (a !== null && c.to_attempt > a) spec[k] = pair[0];
+        else if (a === null || c.to_attempt <= a) asked[k] = { value: pair[0], fix: c.id };
+      }
+    }
+    return { spec, asked };
+  }
   function diffTable(got) {
     // a run of one attempt: that attempt's own figures (its outcome, its last logged values)
     const details = got.map((g) => {
@@ -171,10 +186,14 @@
     });
     const table = $("compare-diff");
     if (!details.length) { table.replaceChildren(); $("compare-same").textContent = ""; return; }
-    const specs = details.map((d) => flat(d.spec));
+    const settings = got.map(settingsOf), specs = settings.map((x) => x.spec);
     const infos = details.map((d) => d.info || {});
     const keys = new Set(); specs.forEach((s) => Object.keys(s).forEach((k) => keys.add(k)));
-    const differ = [...keys].filter((k) => k !== "name" && new Set(specs.map((s) => JSON.stringify(s[k] ?? null))).size > 1).sort();
+    // runs of different kinds (a training job, a command job) share few settings: only those compare
+    const kinds = new Set(details.map((d) => d.kind || "train"));
+    const shared = [...keys].filter((k) => kinds.size < 2 || specs.every((s) => s[k] !== undefined));
+    const oneKind = keys.size - shared.length;
+    const differ = shared.filter((k) => k !== "name" && new Set(specs.map((s) => JSON.stringify(s[k] ?? null))).size > 1).sort();
     const chosenKeys = ["device", "precision", "padding", "max_seq_length", "batch_size", "grad_accum", "tokens_per_batch"];
     const infoDiff = chosenKeys.filter((k) => new Set(infos.map((i) => JSON.stringify(i[k] ?? null))).size > 1);
     const fmt = (v) => (v === undefined || v === null ? "–" : typeof v === "object" ? JSON.stringify(v) : String(v));
@@ -191,11 +210,12 @@
         row("eval loss (last)", details.map((d) => TP.sig((d.last || {})["eval/loss"]))),
         row("eval perplexity (last)", details.map((d) => TP.sig((d.last || {})["eval/ppl"])))] : []),
       row("duration", details.map((d) => (d.started_at ? TP.dur((d.finished_at || Date.now() / 1000) - d.started_at) : "–"))),
-      ...differ.map((k) => row(k, specs.map((s) => fmt(s[k])), "diff")),
+      ...differ.map((k) => row(k, specs.map((s, i) => fmt(s[k]) + (settings[i].asked[k] ? ` (asked ${fmt(settings[i].asked[k].value)}; fix #${settings[i].asked[k].fix})` : "")), "diff")),
       ...infoDiff.map((k) => row(`${k} (chosen)`, infos.map((i) => fmt(i[k])), "diff")),
     ];
     table.replaceChildren(TP.el("thead", {}, head), TP.el("tbody", {}, ...rows));
-    $("compare-same").textContent = details.length > 1 ? (differ.length ? `${differ.length} setting${differ.length > 1 ? "s" : ""} differ; all other settings are the same.` : "All settings are the same.") : "Pick another job to see what differs.";
+    const kindNote = oneKind ? ` (${oneKind} setting${oneKind > 1 ? "s" : ""} of one kind of job only, ${[...kinds].join(" and ")}, not compared)` : "";
+    $("compare-same").textContent = details.length > 1 ? (differ.length ? `${differ.length} setting${differ.length > 1 ? "s" : ""} differ; all other shared settings are the same${kindNote}.` : `All shared settings are the same${kindNote}.`) : "Pick another job to see what differs.";
   }
 
   let rt = null;
