@@ -260,6 +260,26 @@ def test_cli_fix_list_and_revert(c, srv):
 
 # ---- the builders: verdicts whose conditions need a GPU or a Trainer script ---------------------
 
+def test_padding_judged_by_the_training_process_is_not_a_second_verdict():
+    """Issue 33 #3: padding=max_length raises the training process's own padding alert (its fix, the
+    data's recommended length); the slow alert then names neither the padding nor a second fix."""
+    from tokenpulse.diagnosis.stall import StallConfig
+    from worker.agent import fixes
+    from worker.agent.slow import SlowDetector
+
+    det = SlowDetector(StallConfig(slow_min_samples=1))
+    det.observe("info", {"device": "cpu", "padding": "max_length", "max_seq_length": 512,
+                         "recommended_max_seq_length": 224}, 0.0)
+    det.observe("alert", {"kind": "padding", "severity": "warning", "message": "padding every example ...",
+                          "data": {"fixes": [{"kind": "padding", "changes": {"max_seq_length": [512, 240]}}]}}, 0.5)
+    for i in range(1, 6):
+        det.observe("metrics", {"step": i, "values": {"step_time_s": 1.0, "tokens_per_s": 100.0,
+                                                      "padding_frac": 0.9, "eta_s": 3600.0}}, float(i))
+    reasons = det.reasons()
+    assert "padding" not in {k for k, _ in reasons}, reasons
+    assert not [f for f in fixes.for_slow(reasons, det, {"eval_every": None})["fixes"] if f["kind"] == "padding"]
+
+
 def test_fix_builders_precision_device_and_command_flags():
     from tokenpulse.diagnosis.stall import StallConfig
     from worker.agent import fixes
