@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from server import store
 from server.dialect import raw_cursor
 from server.models import Alert, Job, JobChange, MetricKey
-from server.series import read_series
+from server.series import read_run, read_series
 from server.store import TransitionError
 from tokenpulse.errors import SpecError
 from tokenpulse.protocol import ACTIVE_STATES, COMMAND, LAYOUT_FIELDS, LAYOUT_FRESH, FixKind, JobState, load_spec
@@ -192,14 +192,16 @@ def settle_previous(s: Session, job: Job) -> None:
 
 # ---- measuring -----------------------------------------------------------------------------------
 
-def _series(s: Session, job_id: int, attempt: int, after_step: Optional[int], before_step: Optional[int]) -> dict:
-    """Every point of METRICS of one attempt in (after_step, before_step]: a bounded window, never a
-    whole long run."""
+def _series(s: Session, job_id: int, attempt: int, after_step: Optional[int], before_step: Optional[int],
+            own: bool = False) -> dict:
+    """Every point of METRICS in (after_step, before_step]: a bounded window, never a whole long run;
+    as the attempt ran it (with the steps it resumed after), or own: its own points alone."""
     keys = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(METRICS))).all())
     cur = raw_cursor(s)
     out = {}
     for name, kid in keys.items():
-        ser = read_series(cur, job_id, kid, attempt, 1_000_000, "minmax", after_step, before_step)
+        read = read_series if own else read_run
+        ser = read(cur, job_id, kid, attempt, 1_000_000, "minmax", after_step, before_step)
         if ser is not None:
             out[name] = list(zip(ser["step"], ser["value"], ser["t"]))
     return out
@@ -243,7 +245,7 @@ def compare(s: Session, change: JobChange, next_applied: Optional[float]) -> dic
     first = (change.resume_step or 0) + WARMUP_STEPS
     end = next_applied or float("inf")
     # the new attempt's own points (to_attempt): an earlier attempt's at the same steps are not "after"
-    ser = _series(s, change.job_id, change.to_attempt or 0, change.resume_step or 0, first + AFTER_STEPS)
+    ser = _series(s, change.job_id, change.to_attempt or 0, change.resume_step or 0, first + AFTER_STEPS, own=True)
     after = summarize(ser, lambda step, t: step > first and change.applied_at <= t < end, None,
                       attempt=change.to_attempt)
     out: dict = {"before": {k: v for k, v in before.items() if k != "loss_by_step"}, "after": after,

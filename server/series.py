@@ -45,6 +45,47 @@ def read_series(cur, job_id: int, key_id: int, attempt: int, max_points: int, mo
     return downsample(rows, max_points, mode)
 
 
+def read_run(cur, job_id: int, key_id: int, attempt: int, max_points: int, mode: str = "minmax",
+             after_step: Optional[int] = None, before_step: Optional[int] = None,
+             by_time: bool = False) -> Optional[dict]:
+    """One metric of a job as attempt `attempt` ran it: the attempt's own points and, before its first
+    step, the points of the attempt it resumed from (and so on back): a checkpoint resume continues
+    the run, a fresh start (from step 0) shows its own points alone. by_time: a series keyed by time
+    (the sys/ samples), where each attempt simply follows the one before."""
+    parts: list[dict] = []
+    hi = before_step
+    for a in range(attempt, -1, -1):
+        if hi is not None and after_step is not None and hi <= after_step:
+            break
+        ser = read_series(cur, job_id, key_id, a, max_points, mode, after_step, hi)
+        if ser is not None:
+            parts.append(ser)
+        start = ser["step"][0] if ser is not None and (by_time or ser["step"][0] <= 0) else \
+            None if by_time else first_step(cur, job_id, a)
+        if start is None:
+            continue  # the attempt logged nothing: the one before it is still the run
+        if start <= 0:
+            break
+        hi = start - 1 if hi is None else min(hi, start - 1)
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    parts.reverse()  # oldest first: steps ascending
+    rows = [p for part in parts for p in zip(part["step"], part["t"], part["value"])]
+    total = sum(part.get("total_points", len(part["step"])) for part in parts)
+    out = downsample(rows, max_points, mode)
+    if total > len(rows) or out["downsampled"]:
+        out["downsampled"], out["total_points"] = True, total
+    return out
+
+
+def first_step(cur, job_id: int, attempt: int) -> Optional[int]:
+    """The first step an attempt logged (any metric but the sys/ samples, keyed by time): where it
+    started, from step 0 or from a checkpoint. From the rollups: a few thousand rows at most."""
+    return cur.execute("SELECT MIN(r.first_step) FROM metric_rollups r JOIN metric_keys k ON k.id = r.key_id "
+                       "WHERE r.job_id = ? AND r.attempt = ? AND k.name NOT LIKE 'sys/%'",
+                       (job_id, attempt)).fetchone()[0]
+
+
 # A rollup row as read (ROLLUP_COLS order: n, then the first, last, min and max point's step, t,
 # value): plain tuples and itemgetters, no object per row, as a chart of a million points reads ~4,000.
 _n, _min_value, _max_value = itemgetter(0), itemgetter(9), itemgetter(12)

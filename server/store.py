@@ -9,7 +9,7 @@ import json
 import time
 from typing import Optional, Union
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from server import ranks
@@ -193,7 +193,7 @@ def claim(s: Session, agent_id: int, whole_gangs: bool = False) -> Optional[Job]
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
                            .values(state=JobState.starting.value, agent_id=agent_id,
                                    attempt=Job.attempt + 1, alive_at=time.time(), reason=None,
-                                   last=None, phase=None)  # the new attempt's own metrics and phases
+                                   last=None, phase=None, step=NEW_ATTEMPT_STEP)  # the new attempt's own
                            .returning(Job.id)).scalar()
         if job_id is None:
             return None
@@ -209,6 +209,11 @@ def claim(s: Session, agent_id: int, whole_gangs: bool = False) -> Optional[Job]
         job.failure = attempt.failure = Failure.SPEC
         _final(s, job, JobState.failed, f"the stored job spec is not valid ({problem}); clone the job "
                "and fix the named field", attempt, time.time())
+
+
+# A new attempt's summary: its own metrics and phases (none yet), and its step: the checkpoint's
+# (kept) where it resumes from one, none yet where it starts from step 0.
+NEW_ATTEMPT_STEP = case((Job.checkpoint.is_(None), None), else_=Job.step)
 
 
 def unusable_spec(job: Job) -> Optional[str]:

@@ -11,7 +11,7 @@ from server.dialect import raw_cursor
 from server.ingest.apply import ingest
 from server.ingest.metrics import METRIC_KEYS, ROLLUP_SHIFT
 from server.ingest.parse import Ev
-from server.series import read_series
+from server.series import read_run, read_series
 from tests.realdb import add_agent, migrated_session
 from tokenpulse.protocol import JobSpec, JobState
 
@@ -125,3 +125,31 @@ def test_a_later_attempt_repeating_steps_never_overwrites_an_earlier_one(tmp_pat
         assert second["step"] == list(range(300)) and second["value"][-1] == 301.0
         down = read_series(cur, job.id, kid, 1, 8)  # through attempt 1's rollups
         assert down["downsampled"] and down["total_points"] == 600 and set(down["value"]) == {1.0}
+        # the run as attempt 2 ran it: a fresh start (from step 0) is its own points alone
+        assert read_run(cur, job.id, kid, 2, 10_000)["step"] == list(range(300))
+
+
+def test_a_resumed_attempt_continues_the_run_it_resumed(tmp_path):
+    """Attempt 2 resumes from a checkpoint at step 400 (attempt 1 had logged up to 599): the run as
+    attempt 2 ran it is attempt 1's steps 0-400, then attempt 2's own from 401; attempt 1's 401-599
+    stay its own."""
+    with migrated_session(tmp_path) as s:
+        agent = add_agent(s)
+        job = store.create_job(s, JobSpec())
+        store.claim(s, agent.id)
+        store.transition(s, job, JobState.running)
+        ingest(s, agent.id, [Ev("metrics", job.id, st, 1e9 + st, {"step": st, "values": {"loss": 1.0}})
+                             for st in range(600)])
+        store.transition(s, job, JobState.queued)
+        store.claim(s, agent.id)
+        store.transition(s, job, JobState.running)
+        ingest(s, agent.id, [Ev("metrics", job.id, 600 + i, 2e9 + i, {"step": st, "values": {"loss": 2.0}})
+                             for i, st in enumerate(range(401, 701))])
+        cur, kid = raw_cursor(s), METRIC_KEYS.ids["loss"]
+        run = read_run(cur, job.id, kid, 2, 10_000)
+        assert run["step"] == list(range(701)) and run["downsampled"] is False
+        assert set(run["value"][:401]) == {1.0} and set(run["value"][401:]) == {2.0}
+        down = read_run(cur, job.id, kid, 2, 40)
+        assert down["downsampled"] and down["total_points"] == 701 and len(down["step"]) <= 40
+        assert read_run(cur, job.id, kid, 2, 10_000, after_step=500)["step"] == list(range(501, 701))
+        assert read_series(cur, job.id, kid, 1, 10_000)["step"] == list(range(600))
