@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, case, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # 64-bit integers on both stores: SQLite's INTEGER is 64-bit already (and must stay INTEGER for rowid
@@ -55,6 +55,11 @@ class Job(Base):
     report_hash: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (Index("ix_jobs_queue", "state", "priority", "id"),)
+
+
+# A new attempt's summary (a claim): its step is the checkpoint's (kept) where it resumes from one,
+# none yet where it starts from step 0.
+NEW_ATTEMPT_STEP = case((Job.checkpoint.is_(None), None), else_=Job.step)
 
 
 class Agent(Base):

@@ -9,11 +9,11 @@ import json
 import time
 from typing import Optional, Union
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from server import ranks
-from server.models import Agent, Alert, Attempt, Job, JobChange
+from server.models import NEW_ATTEMPT_STEP, Agent, Alert, Attempt, Job, JobChange
 from tokenpulse.protocol import (
     ACTIVE_STATES,
     COMMAND,
@@ -209,11 +209,6 @@ def claim(s: Session, agent_id: int, whole_gangs: bool = False) -> Optional[Job]
         job.failure = attempt.failure = Failure.SPEC
         _final(s, job, JobState.failed, f"the stored job spec is not valid ({problem}); clone the job "
                "and fix the named field", attempt, time.time())
-
-
-# A new attempt's summary: its own metrics and phases (none yet), and its step: the checkpoint's
-# (kept) where it resumes from one, none yet where it starts from step 0.
-NEW_ATTEMPT_STEP = case((Job.checkpoint.is_(None), None), else_=Job.step)
 
 
 def unusable_spec(job: Job) -> Optional[str]:
