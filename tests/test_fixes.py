@@ -60,9 +60,11 @@ def changes(c, jid: int) -> list[dict]:
 
 
 def stored_steps(srv, jid: int, metric: str = "loss") -> list[int]:
-    rows = srv.query("SELECT m.step FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-                     "WHERE m.job_id = ? AND k.name = ? ORDER BY m.step", (jid, metric))
-    return [r[0] for r in rows]
+    """The metric's steps as the job's current attempt ran it (each attempt keeps its own points: a
+    fresh start's alone, a resume's after the steps it resumed from), as the API serves them."""
+    with srv.client() as c:
+        r = c.get(f"/api/jobs/{jid}/metrics", params={"keys": metric, "max_points": 1_000_000})
+    return r.json()["series"].get(metric, {}).get("step", [])
 
 
 def submit(c, srv, name: str, sleep_s: float = 0.15, **spec) -> int:
