@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from server import store
 from server.dialect import raw_cursor
-from server.models import Alert, Job, JobChange, MetricKey
+from server.models import Alert, Job, JobChange, MetricKey, Token
 from server.series import read_run, read_series
 from server.store import TransitionError
 from tokenpulse.errors import SpecError
@@ -293,12 +293,12 @@ def compare(s: Session, change: JobChange, next_applied: Optional[float]) -> dic
     return out
 
 
-def change_dict(c: JobChange, comparison: Optional[dict]) -> dict:
+def change_dict(c: JobChange, comparison: Optional[dict], by_name: Optional[str] = None) -> dict:
     fix = json.loads(c.fix)
     return {"id": c.id, "job_id": c.job_id, "kind": c.kind, "state": c.state, "alert_id": c.alert_id,
             "reverts": c.reverts, "title": fix.get("title"), "changes": json.loads(c.changes),
             "argv": fix.get("argv"), "effect": fix.get("effect"), "resume": c.resume,
-            "why_fresh": fix.get("why_fresh"), "by": c.by_token_id, "created_at": c.created_at,
+            "why_fresh": fix.get("why_fresh"), "by": c.by_token_id, "by_name": by_name, "created_at": c.created_at,
             "applied_at": c.applied_at, "from_attempt": c.from_attempt, "to_attempt": c.to_attempt,
             "resume_step": c.resume_step, "comparison": comparison}
 
@@ -307,6 +307,8 @@ def history(s: Session, job_id: int) -> list[dict]:
     """Every change of the job, oldest first, each with its comparison (live for the newest applied;
     as kept for the earlier ones)."""
     rows = list(s.scalars(select(JobChange).where(JobChange.job_id == job_id).order_by(JobChange.id)))
+    who = {c.by_token_id for c in rows if c.by_token_id is not None}  # "by ci-bot", not "by token 3"
+    names = dict(s.execute(select(Token.id, Token.name).where(Token.id.in_(who))).all()) if who else {}
     out = []
     for i, c in enumerate(rows):
         later = [r.applied_at for r in rows[i + 1:] if r.applied_at]
@@ -316,5 +318,5 @@ def history(s: Session, job_id: int) -> list[dict]:
             cmp = json.loads(c.verdict)
         else:
             cmp = compare(s, c, later[0] if later else None)
-        out.append(change_dict(c, cmp))
+        out.append(change_dict(c, cmp, names.get(c.by_token_id)))
     return out

@@ -245,6 +245,10 @@ def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_
     until(d, 15, lambda d: "Cleared: fix #1 applied (pack the rows)" in js(d, cleared),
           "the slow alert cleared by the fix")
     assert "training process ended" not in js(d, cleared)
+    me = js(d, "return Promise.all(['/api/tokens/me', '/api/tokens'].map((u) => fetch(u).then((r) => r.json())))"
+               ".then(([me, all]) => all.find((t) => t.id === me.id).name)")
+    until(d, 10, lambda d: f"· by {me} ·" in text(d, "#changes"), "who applied the fix, by name (#19)")
+    assert "by token" not in text(d, "#changes")
     assert not console_errors(d), console_errors(d)
     # 10: Compare says what the job was asked with: attempt 1 ran padding auto; the job now runs pack
     d.get(d.current_url.split("/jobs/")[0] + f"/compare?job={run.jid}.1&job={run.jid}")

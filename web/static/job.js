@@ -745,7 +745,7 @@
       const when = c.resume === "fresh" ? "from step 0" : `from step ${c.resume_step ?? "?"}`;
       return TP.el("div", { class: "change", "data-change": c.id },
         TP.el("div", { class: "change-head" }, TP.el("strong", { text: `#${c.id} ${c.title || c.kind}` }),
-          TP.el("span", { class: "muted", text: ` · ${diff} · attempt ${c.from_attempt ?? "?"} → ${c.to_attempt ?? "?"} (${when}) · by token ${c.by ?? "?"} · ` }),
+          TP.el("span", { class: "muted", text: ` · ${diff} · attempt ${c.from_attempt ?? "?"} → ${c.to_attempt ?? "?"} (${when}) · by ${c.by_name || (c.by != null ? `token ${c.by}` : "?")} · ` }),
           TP.rel(c.applied_at || c.created_at), TP.el("span", { class: "spacer" }), revert),
         cmp.before ? TP.el("table", { class: "small before-after" },
           TP.el("thead", {}, TP.el("tr", {}, TP.el("th", {}), TP.el("th", { class: "r", text: `Before (attempt ${c.from_attempt ?? "?"})` }),
