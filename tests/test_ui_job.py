@@ -191,6 +191,14 @@ def test_a_new_attempt_is_charted_alone_with_the_earlier_one_faded_behind_it(ser
           <= set(js(d, loss_labels)), "Compare does not draw the two attempts")
     assert len(d.find_elements(By.CSS_SELECTOR, f"#compare-pick input[value='{jid}.1']:checked")) == 1
     assert "preempted" in text(d, "#compare-diff") and "attempt 2" in text(d, "#compare-diff thead")
+    # 22: one legend entry per run (attempt 1's faint raw curve is not listed), and a run with no point
+    # of a metric is named: attempt 2 never logged lr
+    rows = d.find_elements(By.CSS_SELECTOR, "#chart-cmp-loss .u-legend .u-series")
+    shown = [e.text for e in rows if e.is_displayed()]
+    assert len(shown) == 3, shown  # step, attempt 1, attempt 2
+    d.find_element(By.CSS_SELECTOR, "#compare-metrics input[value='lr']").click()
+    until(d, 10, lambda d: f"No lr points: #{jid} attempt 2 two attempts." in text(d, "#chart-cmp-lr"),
+          "the run without lr named")
 
 
 def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_factory, browser, tmp_path):

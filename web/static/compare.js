@@ -110,6 +110,11 @@
       charts[id] = new uPlot({ width: Math.max(280, box.clientWidth || 600), height: 260, scales: { x: { time: false } }, series: ser,
         axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18, ...(byTime ? {} : { incrs: TP.STEP_INCRS }), values: (u, v) => TP.ticks(v) }, { size: 56, label: fmt.unit ? `${key} (${fmt.unit})` : key, labelSize: 18, values: (u, v) => TP.ticks(v, fmt.axis) }],
         cursor: { sync: { key: "cmp" }, drag: { x: true, y: false } } }, cols, box);
+      // one legend entry per run: its faint raw curve is drawn, not listed beside its smoothed one
+      box.querySelectorAll(".u-legend .u-series").forEach((row, i) => { if (ser[i] && / \(raw\)$/.test(ser[i].label)) row.hidden = true; });
+      // a run with no point of this metric is named, not silently missing
+      const none = got.filter((g) => !(g.metrics.series[key] && g.metrics.series[key].step.length));
+      if (none.length) box.append(TP.el("p", { class: "muted no-data", text: `No ${key} points: ${none.map((g) => runLabel(g.key, g.detail.name)).join(", ")}.` }));
     }
     diffTable(got);
   }
