@@ -257,6 +257,19 @@ def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_
                ".then(([me, all]) => all.find((t) => t.id === me.id).name)")
     until(d, 10, lambda d: f"· by {me} ·" in text(d, "#changes"), "who applied the fix, by name (#19)")
     assert "by token" not in text(d, "#changes")
+    # the relaunched attempt (fresh, from step 1) at 10x the pace: the before/after panel verifies it,
+    # and the tiles beside it describe the new attempt, not the old one's higher-numbered steps (#1-2)
+    assert run.agent.post(f"/api/agents/{run.aid}/claim").json()["job_id"] == run.jid
+    t2 = time.time()  # after the fix was applied: the comparison's "after" steps
+    fast = {"tokens_per_s": 20000.0, "padded_tokens_per_s": 20500.0, "step_time_s": 0.02}
+    run.post([e for s in range(1, 13) for e in (
+        ("metrics", {"step": s, "values": {"loss": 4.0 - s / 40, **fast, "eta_s": (100 - s) * 0.02}}, t2 + s / 100),
+        ("phase", {"name": "training", "done": s, "total": 100, "unit": "steps"}, t2 + s / 100))])
+    until(d, 20, lambda d: "verified" in text(d, "#changes"), "the fix verified")
+    until(d, 10, lambda d: text(d, "#step") == "12 / 100" and number(text(d, "#tps")) >= 15,
+          "the tiles describe the new attempt")
+    assert "ktok/s" in text(d, "#tps")
+    shot(d, "job-after-fix", full=True)
     assert not console_errors(d), console_errors(d)
     # 10: Compare says what the job was asked with: attempt 1 ran padding auto; the job now runs pack
     d.get(d.current_url.split("/jobs/")[0] + f"/compare?job={run.jid}.1&job={run.jid}")

@@ -207,10 +207,10 @@
     return u;
   }
 
-  function latestOf(u, si) {
-    const col = u.data && u.data[si];
+  function latestOf(u, si) { // the x legend: the step of the current attempt's latest point (column 1)
+    const col = u.data && u.data[si === 0 ? 1 : si];
     if (!col) return null;
-    for (let i = col.length - 1; i >= 0; i--) if (col[i] !== null && col[i] !== undefined) return col[i];
+    for (let i = col.length - 1; i >= 0; i--) if (col[i] !== null && col[i] !== undefined) return si === 0 ? u.data[0][i] : col[i];
     return null;
   }
   function ownSteps(spec) {
