@@ -202,6 +202,7 @@
       },
     };
     const u = new uPlot(opts, data, box);
+    u.minSpan = spec.unit === "MiB" ? 0.02 : 0; // memory: the y axis spans at least 2% of the value
     u.keys = chartKeys(spec); u.mode = `${xMode()}|${logY()}`; u.smoothCol = !!spec.smooth;
     u.over.setAttribute("aria-hidden", "true"); // the summary below the chart is its text alternative
     return u;
@@ -231,6 +232,10 @@
       if (r) { lo = Math.max(lo, r[0]); hi = Math.min(hi, r[1]); }
     }
     if (lo === null || hi === null) return [lo, hi];
+    if (u.minSpan && !log && hi - lo < u.minSpan * Math.abs(hi)) { // a 0.03 MiB wobble is not a climb
+      const mid = (hi + lo) / 2, half = (u.minSpan * Math.abs(hi)) / 2;
+      lo = mid - half; hi = mid + half;
+    }
     return log ? uPlot.rangeLog(lo, hi, 10, true) : uPlot.rangeNum(lo, hi, 0.1, true);
   }
   function robust(u) {
