@@ -350,6 +350,9 @@ def test_browser_apply_fix_and_before_after_panel(c, srv):
         d.set_window_size(1280, 560)
         shot(d, "fix-alert")  # docs/screenshots/fix-alert.png
         d.find_element(By.CSS_SELECTOR, "#alerts .apply-fix").click()
+        # it restarts from step 0: asked first, saying how many steps would be run again (issue 33 #4)
+        until(d, 10, lambda d: "Restart from step 0?" in text(d, "#alerts .fix-confirm"), "the confirmation")
+        d.find_element(By.CSS_SELECTOR, "#alerts .fix-confirm-yes").click()
         until(d, 30, lambda d: "#" in text(d, "#changes-list"), "the change listed")
         until(d, 240, lambda d: "verified: " in text(d, "#changes-list") or "no better: " in text(d, "#changes-list"),
               "the before/after verdict")
