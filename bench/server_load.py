@@ -589,11 +589,12 @@ class Bench:
         self.res["jobs_list"]["jobs"] = njobs
         log("reads", {k: self.res[k] for k in ("read_full", "read_down", "read_down_lttb", "jobs_list")})
         plans = {
-            "full history": ("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? ORDER BY step",
-                             (job, 1)),
-            "range ends": ("SELECT MIN(step) FROM metrics WHERE job_id = ? AND key_id = ? AND step > ?", (job, 1, 5)),
-            "rollups": ("SELECT * FROM metric_rollups WHERE job_id = ? AND key_id = ? AND bucket BETWEEN ? AND ? "
-                        "ORDER BY bucket", (job, 1, 0, 9)),
+            "full history": ("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND attempt = ? "
+                             "ORDER BY step", (job, 1, 1)),
+            "range ends": ("SELECT MIN(step) FROM metrics WHERE job_id = ? AND key_id = ? AND attempt = ? AND step > ?",
+                           (job, 1, 1, 5)),
+            "rollups": ("SELECT * FROM metric_rollups WHERE job_id = ? AND key_id = ? AND attempt = ? AND bucket "
+                        "BETWEEN ? AND ? ORDER BY bucket", (job, 1, 1, 0, 9)),
             "jobs list": ("SELECT * FROM jobs ORDER BY id DESC LIMIT 50", ()),
             "jobs by state": ("SELECT * FROM jobs WHERE state IN ('running') ORDER BY id DESC LIMIT 50", ()),
             "agent's jobs": ("SELECT id FROM jobs WHERE agent_id = ? AND requested_action IS NOT NULL", (1,)),

@@ -54,6 +54,9 @@ from server.webhooks import Webhooks
 log = logging.getLogger("tokenpulse")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 GZIP_MIN_BYTES = 1024
+# Level 1: a 100k-point history (4 MB of JSON) compresses in ~25 ms to 1.32 MB; level 5 took ~90 ms
+# for 1.25 MB, most of the read's time (bench/server_load.py).
+GZIP_LEVEL = 1
 
 
 class BodyLimit:
@@ -154,8 +157,8 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     # Answers over a few KB are gzipped for clients that accept it: a long job's metrics JSON shrinks
-    # to about a third (710 KB -> 271 KB for 1,500 steps), pages and scripts likewise.
-    app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=5)
+    # to about a third, pages and scripts likewise.
+    app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=GZIP_LEVEL)
 
     for r in (external.router, logs_api.router, jobs.router, fixes_api.router, ranks_api.router, preflight_api.router,
               agents.router, agent_ws.router, alerts.router,

@@ -8,8 +8,9 @@ process) applied to its job, and whether it paid off.
   or queued job gets the change at once.
 - revert(): the newest applied change undone the same way.
 - compare(): before/after from the stored metric series (server/series.py): the attempt's last steps
-  before the change (kept in the row when it is asked for: a fresh start overwrites the steps it
-  repeats) against the new attempt's steps once WARMUP_STEPS are behind it, with a verdict.
+  before the change (kept in the row when it is asked for) against the new attempt's own points (each
+  attempt keeps its points: a fresh start never overwrites the steps it repeats) once WARMUP_STEPS
+  are behind it, with a verdict.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from sqlalchemy.orm import Session
 
 from server import store
 from server.dialect import raw_cursor
-from server.models import Alert, Job, JobChange, MetricKey
-from server.series import read_series
+from server.models import Alert, Job, JobChange, MetricKey, Token
+from server.series import read_run, read_series
 from server.store import TransitionError
 from server.validate import check_spec_async
 from tokenpulse.errors import SpecError
@@ -192,9 +193,19 @@ def revert(s: Session, job: Job, by: Optional[int]) -> JobChange:
     return request(s, job, back, None, by, kind=FixKind.REVERT, reverts=last.id)
 
 
+def clear_reason(s: Session, job: Job, d: dict) -> dict:
+    """An alert cleared because its attempt stopped for a fix says so: the process ended (paused) for
+    the fix, and the new attempt is judged afresh."""
+    change = s.scalar(select(JobChange).where(JobChange.job_id == job.id, JobChange.state == "pending"))
+    if change is None:
+        return d
+    title = json.loads(change.fix).get("title") or change.kind
+    return {**d, "message": f"fix #{change.id} applied ({title}); the new attempt is judged afresh"}
+
+
 def settle_previous(s: Session, job: Job) -> None:
-    """Before a new change: the previous one's comparison kept in its row (a fresh start overwrites
-    the steps it measured)."""
+    """Before a new change: the previous one's comparison kept in its row (its window of steps after
+    ends where the new change begins)."""
     prev = s.scalar(select(JobChange).where(JobChange.job_id == job.id, JobChange.state == "applied",
                                             JobChange.verdict.is_(None)).order_by(JobChange.id.desc()).limit(1))
     if prev is not None:
@@ -203,13 +214,16 @@ def settle_previous(s: Session, job: Job) -> None:
 
 # ---- measuring -----------------------------------------------------------------------------------
 
-def _series(s: Session, job_id: int, after_step: Optional[int], before_step: Optional[int]) -> dict:
-    """Every point of METRICS in (after_step, before_step]: a bounded window, never a whole long run."""
+def _series(s: Session, job_id: int, attempt: int, after_step: Optional[int], before_step: Optional[int],
+            own: bool = False) -> dict:
+    """Every point of METRICS in (after_step, before_step]: a bounded window, never a whole long run;
+    as the attempt ran it (with the steps it resumed after), or own: its own points alone."""
     keys = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(METRICS))).all())
     cur = raw_cursor(s)
     out = {}
     for name, kid in keys.items():
-        ser = read_series(cur, job_id, kid, 1_000_000, "minmax", after_step, before_step)
+        read = read_series if own else read_run
+        ser = read(cur, job_id, kid, attempt, 1_000_000, "minmax", after_step, before_step)
         if ser is not None:
             out[name] = list(zip(ser["step"], ser["value"], ser["t"]))
     return out
@@ -218,7 +232,7 @@ def _series(s: Session, job_id: int, after_step: Optional[int], before_step: Opt
 def snapshot(s: Session, job: Job) -> dict:
     """The job's pace over its last BEFORE_STEPS steps (warm-up left out), and its losses by step (for
     the loss at equal steps after a fresh start)."""
-    ser = _series(s, job.id, max(0, (job.step or 0) - LOSS_STEPS), None)
+    ser = _series(s, job.id, job.attempt, max(0, (job.step or 0) - LOSS_STEPS), None)
     return summarize(ser, lambda step, t: step > WARMUP_STEPS, BEFORE_STEPS, keep_loss=True,
                      attempt=job.attempt)
 
@@ -252,7 +266,8 @@ def compare(s: Session, change: JobChange, next_applied: Optional[float]) -> dic
     before = json.loads(change.before or "{}")
     first = (change.resume_step or 0) + WARMUP_STEPS
     end = next_applied or float("inf")
-    ser = _series(s, change.job_id, change.resume_step or 0, first + AFTER_STEPS)
+    # the new attempt's own points (to_attempt): an earlier attempt's at the same steps are not "after"
+    ser = _series(s, change.job_id, change.to_attempt or 0, change.resume_step or 0, first + AFTER_STEPS, own=True)
     after = summarize(ser, lambda step, t: step > first and change.applied_at <= t < end, None,
                       attempt=change.to_attempt)
     out: dict = {"before": {k: v for k, v in before.items() if k != "loss_by_step"}, "after": after,
@@ -300,12 +315,12 @@ def compare(s: Session, change: JobChange, next_applied: Optional[float]) -> dic
     return out
 
 
-def change_dict(c: JobChange, comparison: Optional[dict]) -> dict:
+def change_dict(c: JobChange, comparison: Optional[dict], by_name: Optional[str] = None) -> dict:
     fix = json.loads(c.fix)
     return {"id": c.id, "job_id": c.job_id, "kind": c.kind, "state": c.state, "alert_id": c.alert_id,
             "reverts": c.reverts, "title": fix.get("title"), "changes": json.loads(c.changes),
             "argv": fix.get("argv"), "effect": fix.get("effect"), "resume": c.resume,
-            "why_fresh": fix.get("why_fresh"), "by": c.by_token_id, "created_at": c.created_at,
+            "why_fresh": fix.get("why_fresh"), "by": c.by_token_id, "by_name": by_name, "created_at": c.created_at,
             "applied_at": c.applied_at, "from_attempt": c.from_attempt, "to_attempt": c.to_attempt,
             "resume_step": c.resume_step, "comparison": comparison}
 
@@ -314,6 +329,8 @@ def history(s: Session, job_id: int) -> list[dict]:
     """Every change of the job, oldest first, each with its comparison (live for the newest applied;
     as kept for the earlier ones)."""
     rows = list(s.scalars(select(JobChange).where(JobChange.job_id == job_id).order_by(JobChange.id)))
+    who = {c.by_token_id for c in rows if c.by_token_id is not None}  # "by ci-bot", not "by token 3"
+    names = dict(s.execute(select(Token.id, Token.name).where(Token.id.in_(who))).all()) if who else {}
     out = []
     for i, c in enumerate(rows):
         later = [r.applied_at for r in rows[i + 1:] if r.applied_at]
@@ -323,5 +340,5 @@ def history(s: Session, job_id: int) -> list[dict]:
             cmp = json.loads(c.verdict)
         else:
             cmp = compare(s, c, later[0] if later else None)
-        out.append(change_dict(c, cmp))
+        out.append(change_dict(c, cmp, names.get(c.by_token_id)))
     return out

@@ -17,7 +17,7 @@ from typing import Optional
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from server.models import Agent, Attempt, GangMember, Job, Token
+from server.models import NEW_ATTEMPT_STEP, Agent, Attempt, GangMember, Job, Token
 from tokenpulse.protocol import ACTIVE_STATES, TRAIN, JobState
 
 
@@ -95,8 +95,9 @@ def _settle(s: Session, job: Job, agent: Agent, now: float, timeout_s: float):
     gathered = _forming(s, job)
     if len(gathered) >= job.nnodes:
         lead = gathered[0]
-        s.execute(update(Job).where(Job.id == job.id).values(
-            state=JobState.starting.value, agent_id=lead.agent_id, attempt=Job.attempt + 1, alive_at=now, reason=None))
+        s.execute(update(Job).where(Job.id == job.id).values(  # the new attempt's own metrics, phases, step
+            state=JobState.starting.value, agent_id=lead.agent_id, attempt=Job.attempt + 1, alive_at=now, reason=None,
+            last=None, phase=None, step=NEW_ATTEMPT_STEP))
         s.refresh(job)
         s.add(Attempt(job_id=job.id, attempt=job.attempt, agent_id=lead.agent_id, started_at=now,
                       resumed_from=job.checkpoint))

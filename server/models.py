@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, case, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # 64-bit integers on both stores: SQLite's INTEGER is 64-bit already (and must stay INTEGER for rowid
@@ -61,6 +61,11 @@ class Job(Base):
     sweep_id: Mapped[Optional[int]] = mapped_column(Integer, nullable=True, index=True)
 
     __table_args__ = (Index("ix_jobs_queue", "state", "priority", "id"),)
+
+
+# A new attempt's summary (a claim): its step is the checkpoint's (kept) where it resumes from one,
+# none yet where it starts from step 0.
+NEW_ATTEMPT_STEP = case((Job.checkpoint.is_(None), None), else_=Job.step)
 
 
 class Agent(Base):
@@ -130,10 +135,13 @@ class MetricKey(Base):
 
 class Metric(Base):
     """One number: the table is lean on purpose (WITHOUT ROWID, integer key ids): ~40 bytes a point.
-    The primary key (job, key, step) makes a replayed point overwrite itself: stored exactly once."""
+    The primary key (job, key, attempt, step) makes a replayed point overwrite itself (stored exactly
+    once) while a later attempt's point at the same step is a point of its own (migration 0015): a
+    fix that restarts from step 0 never overwrites the run it is compared with."""
     __tablename__ = "metrics"
     job_id: Mapped[int] = mapped_column(Int, primary_key=True)
     key_id: Mapped[int] = mapped_column(Int, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Int, primary_key=True)
     step: Mapped[int] = mapped_column(Int, primary_key=True)
     t: Mapped[float] = mapped_column(Float)
     value: Mapped[float] = mapped_column(Float)
@@ -141,11 +149,12 @@ class Metric(Base):
 
 
 class MetricRollup(Base):
-    """Per 256 steps of one (job, key): count, first, last, min and max point (step, t, value).
+    """Per 256 steps of one (job, key, attempt): count, first, last, min and max point (step, t, value).
     Kept by ingest, so a chart of a million points reads ~4,000 of these instead of the points."""
     __tablename__ = "metric_rollups"
     job_id: Mapped[int] = mapped_column(Int, primary_key=True)
     key_id: Mapped[int] = mapped_column(Int, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Int, primary_key=True)
     bucket: Mapped[int] = mapped_column(Int, primary_key=True)  # step >> 8
     n: Mapped[int] = mapped_column(Int)
     first_step: Mapped[int] = mapped_column(Int)
@@ -268,7 +277,7 @@ class GangMember(Base):
 
 class JobChange(Base):
     """A fix applied to a job (server/fixes.py): the spec change, who asked, the attempts before and
-    after, the measurements before it (kept: a fresh start overwrites the steps it repeats) and the
+    after, the measurements before it (taken when it was asked for) and the
     verdict once the new attempt has run long enough to compare."""
     __tablename__ = "job_changes"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

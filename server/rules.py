@@ -35,13 +35,15 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from server.ingest.alerts import alert_dict, upsert_alert
-from server.models import AlertRule
+from server.models import Alert, AlertRule
 from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
 
 REFRESH_S = 5.0  # another server process's rule change is seen within this
 JUMP_WINDOW = 50  # values a jump is measured against
 JUMP_MIN = 10  # values needed before a jump can be judged
 MAX_MEMORY = 100_000  # (rule, job) memories kept; the least recently made go first (rebuilt if needed)
+NOW_SEP = "; now "
+NOW_EVERY_S = 5.0  # an open rule alert's "now <value> at step <n>" is brought up to date at most this often
 KIND_PREFIX = "rule:"
 CONDITIONS = ("above", "below", "no_improvement", "jump", "nonfinite", "state")
 STATES = ("failed", "completed", "cancelled", "stalled")
@@ -101,6 +103,7 @@ class Rules:
         self.memory: dict[tuple[int, int], object] = {}  # (rule, job) -> best [value, step] or a Window
         self.open: set[tuple[int, int]] = set()  # (rule, job) with an alert not cleared
         self.admins: frozenset = frozenset()  # admin token ids: their rules act on every job
+        self.now_at: dict[tuple[int, int], float] = {}  # (rule, job) -> when its open alert's "now" was written
 
     # ---- the rule set ----------------------------------------------------------------------------
     def changed(self) -> None:
@@ -163,6 +166,27 @@ class Rules:
                         continue
                     for firing, step, v in self._changes(s, r, job_id, series):
                         self._fire(s, r, job, firing, self._message(r, job_id, firing, step, v), out)
+                if rules and any((r.id, job_id) in self.open for r in rules):
+                    self._now(s, rules, job_id, series[-1], out)
+
+    def _now(self, s: Session, rules: list, job_id: int, latest: tuple[int, float], out) -> None:
+        """An open alert keeps what it fired on ("loss = 7.63 > 5 since step 1") and says the latest
+        value beside it ("; now 6.3 at step 100"), so it never reads as if the run stood still. Written
+        at most every NOW_EVERY_S; a live frame, no webhook (nothing opened or cleared)."""
+        now = time.time()
+        step, v = latest
+        for r in rules:
+            key = (r.id, job_id)
+            if key not in self.open or now - self.now_at.get(key, 0.0) < NOW_EVERY_S:
+                continue
+            alert = s.scalar(select(Alert).where(Alert.job_id == job_id, Alert.kind == r.kind,
+                                                 Alert.state != "cleared").order_by(Alert.id.desc()).limit(1))
+            if alert is None:
+                continue
+            self.now_at[key] = now
+            head, _, _ = alert.message.partition(NOW_SEP)
+            alert.message = f"{head}{NOW_SEP}{v:.6g} at step {step}"[:2000]
+            out.frames.append((ALERTS_TOPIC, alert_frame(alert_dict(alert)), True))
 
     def bound_memory(self) -> None:
         """At most MAX_MEMORY (rule, job) memories (a window of values or a best each): the oldest
@@ -288,7 +312,7 @@ class Rules:
         if c == "nonfinite":
             return f"{r.name}: {m} = {v} at step {step}" if firing else f"{m} finite again at step {step}"
         if c in ("above", "below"):
-            return (f"{r.name}: {m} = {v:.6g} {'>' if c == 'above' else '<'} {r.threshold:g} at step {step}"
+            return (f"{r.name}: {m} = {v:.6g} {'>' if c == 'above' else '<'} {r.threshold:g} since step {step}"
                     if firing else f"{m} = {v:.6g} at step {step}")
         memory = self.memory.get((r.id, job_id))
         if c == "no_improvement":
@@ -300,8 +324,10 @@ class Rules:
                 f"at step {step}" if firing else f"{m} back within {r.sigmas:g} standard deviations at step {step}")
 
     def _series(self, s: Session, metric: str, job_id: int, order: str, limit: int) -> list[tuple]:
+        # the running attempt's points: an earlier attempt's are another run's history
         return s.execute(text("SELECT m.step, m.value FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-                              f"WHERE m.job_id = :j AND k.name = :n ORDER BY {order} LIMIT {int(limit)}"),
+                              "WHERE m.job_id = :j AND k.name = :n AND m.attempt = (SELECT attempt FROM jobs "
+                              f"WHERE id = :j) ORDER BY {order} LIMIT {int(limit)}"),
                          {"j": job_id, "n": metric}).all()
 
     def _rebuild_best(self, s: Session, r: Rule, job_id: int) -> list:
@@ -322,8 +348,10 @@ class Rules:
         d = {"kind": r.kind, "severity": r.severity, "message": message[:2000]}
         if firing:
             self.open.add(key)
+            self.now_at[key] = time.time()  # its message says the value it fired on: "now" comes later
         else:
             self.open.discard(key)
+            self.now_at.pop(key, None)
             d["clear"] = True
         if getattr(out, "deferred", False):  # judged beside ingest: written after, in a write of its own
             out.changes.append((job.id, job.agent_id, d))

@@ -134,6 +134,7 @@ class Series(Answer):
 
 class MetricsOut(Answer):
     job_id: int
+    attempt: int = Field(description="the attempt whose points these are")
     series: dict[str, Series] = Field(description="by metric name")
 
 
@@ -165,6 +166,8 @@ class AlertOut(Answer):
                                            "command change with its predicted effect, applied by POST "
                                            "/api/jobs/{id}/fix) and `costs` (each cause's share of the step "
                                            "time and the hours it costs of the remaining ETA)")
+    job_name: Optional[str] = Field(None, description="the job's name (the alerts list)")
+    rule_name: Optional[str] = Field(None, description="a rule's alert (kind rule:<id>): the rule's name")
 
 
 class TokenOut(Answer):

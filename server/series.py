@@ -14,11 +14,12 @@ from typing import Optional, Sequence
 from server.ingest.metrics import ROLLUP_COLS, ROLLUP_SHIFT, Rollup
 
 
-def read_series(cur, job_id: int, key_id: int, max_points: int, mode: str = "minmax",
+def read_series(cur, job_id: int, key_id: int, attempt: int, max_points: int, mode: str = "minmax",
                 after_step: Optional[int] = None, before_step: Optional[int] = None) -> Optional[dict]:
-    """One metric of one job, downsampled above max_points. cur: a raw DBAPI cursor (dialect.raw_cursor;
-    the metrics primary key (job_id, key_id, step) serves every query here: see EXPLAIN in the bench)."""
-    where, params = "job_id = ? AND key_id = ?", [job_id, key_id]
+    """One metric of one attempt of one job, downsampled above max_points. cur: a raw DBAPI cursor
+    (dialect.raw_cursor; the metrics primary key (job_id, key_id, attempt, step) serves every query
+    here: see EXPLAIN in the bench)."""
+    where, params = "job_id = ? AND key_id = ? AND attempt = ?", [job_id, key_id, attempt]
     if after_step is not None:
         where += " AND step > ?"
         params.append(after_step)
@@ -32,8 +33,8 @@ def read_series(cur, job_id: int, key_id: int, max_points: int, mode: str = "min
     hi = cur.execute(f"SELECT MAX(step) FROM metrics WHERE {where}", params).fetchone()[0]
     buckets = max(1, max_points // 4)
     if (hi - lo + 1) >> ROLLUP_SHIFT >= buckets:  # at least one rollup per chart bucket
-        rolls = rollups(cur, job_id, key_id, lo, hi)
-        total = sum(r.n for r in rolls)
+        rolls = rollups(cur, job_id, key_id, attempt, lo, hi)
+        total = sum(map(_n, rolls))
         if total > max_points:
             picked = from_rollups(rolls, buckets) if mode != "lttb" else lttb(rollup_points(rolls), max_points)
             out = columns(picked)
@@ -44,40 +45,105 @@ def read_series(cur, job_id: int, key_id: int, max_points: int, mode: str = "min
     return downsample(rows, max_points, mode)
 
 
-def rollups(cur, job_id: int, key_id: int, lo: int, hi: int) -> list[Rollup]:
-    """The rollups covering steps lo..hi; a rollup cut by lo or hi (an after_step/before_step range)
-    is recomputed from its points inside the range."""
-    rolls = [Rollup(*row) for row in cur.execute(
-        f"SELECT {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? AND bucket BETWEEN ? AND ? "
-        "ORDER BY bucket", (job_id, key_id, lo >> ROLLUP_SHIFT, hi >> ROLLUP_SHIFT)).fetchall()]
+def read_run(cur, job_id: int, key_id: int, attempt: int, max_points: int, mode: str = "minmax",
+             after_step: Optional[int] = None, before_step: Optional[int] = None,
+             by_time: bool = False) -> Optional[dict]:
+    """One metric of a job as attempt `attempt` ran it: the attempt's own points and, before its first
+    step, the points of the attempt it resumed from (and so on back): a checkpoint resume continues
+    the run, a fresh start (from step 0) shows its own points alone. by_time: a series keyed by time
+    (the sys/ samples), where each attempt simply follows the one before."""
+    parts: list[dict] = []
+    hi = before_step
+    for a in range(attempt, -1, -1):
+        if hi is not None and after_step is not None and hi <= after_step:
+            break
+        ser = read_series(cur, job_id, key_id, a, max_points, mode, after_step, hi)
+        if ser is not None:
+            parts.append(ser)
+        start = ser["step"][0] if ser is not None and (by_time or ser["step"][0] <= 0) else \
+            None if by_time else first_step(cur, job_id, a)
+        if start is None:
+            continue  # the attempt logged nothing: the one before it is still the run
+        if start <= 0:
+            break
+        hi = start - 1 if hi is None else min(hi, start - 1)
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    parts.reverse()  # oldest first: steps ascending
+    rows = [p for part in parts for p in zip(part["step"], part["t"], part["value"])]
+    total = sum(part.get("total_points", len(part["step"])) for part in parts)
+    out = downsample(rows, max_points, mode)
+    if total > len(rows) or out["downsampled"]:
+        out["downsampled"], out["total_points"] = True, total
+    return out
+
+
+def first_step(cur, job_id: int, attempt: int) -> Optional[int]:
+    """The first step an attempt logged (any metric but the sys/ samples, keyed by time): where it
+    started, from step 0 or from a checkpoint. From the rollups: a few thousand rows at most."""
+    return cur.execute("SELECT MIN(r.first_step) FROM metric_rollups r JOIN metric_keys k ON k.id = r.key_id "
+                       "WHERE r.job_id = ? AND r.attempt = ? AND k.name NOT LIKE 'sys/%'",
+                       (job_id, attempt)).fetchone()[0]
+
+
+# A rollup row as read (ROLLUP_COLS order: n, then the first, last, min and max point's step, t,
+# value): plain tuples and itemgetters, no object per row, as a chart of a million points reads ~4,000.
+_n, _min_value, _max_value = itemgetter(0), itemgetter(9), itemgetter(12)
+
+
+def _first(r: tuple) -> tuple:
+    return r[1:4]
+
+
+def _last(r: tuple) -> tuple:
+    return r[4:7]
+
+
+def _low(r: tuple) -> tuple:
+    return r[7:10]
+
+
+def _high(r: tuple) -> tuple:
+    return r[10:13]
+
+
+def rollups(cur, job_id: int, key_id: int, attempt: int, lo: int, hi: int) -> list[tuple]:
+    """The rollup rows covering steps lo..hi; a rollup cut by lo or hi (an after_step/before_step
+    range) is recomputed from its points inside the range."""
+    rolls = cur.execute(
+        f"SELECT {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? AND attempt = ? "
+        "AND bucket BETWEEN ? AND ? ORDER BY bucket",
+        (job_id, key_id, attempt, lo >> ROLLUP_SHIFT, hi >> ROLLUP_SHIFT)).fetchall()
     for i in {0, len(rolls) - 1} if rolls else ():
         r = rolls[i]
-        if r.first_step < lo or r.last_step > hi:
-            pts = cur.execute("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND step "
-                              "BETWEEN ? AND ? ORDER BY step",
-                              (job_id, key_id, max(lo, r.first_step), min(hi, r.last_step))).fetchall()
-            rolls[i] = Rollup.of_points(pts)
+        if r[1] < lo or r[4] > hi:  # its first step before lo, or its last after hi
+            pts = cur.execute("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND attempt = ? "
+                              "AND step BETWEEN ? AND ? ORDER BY step",
+                              (job_id, key_id, attempt, max(lo, r[1]), min(hi, r[4]))).fetchall()
+            rolls[i] = Rollup.of_points(pts).row()
     return rolls
 
 
-def from_rollups(rolls: list[Rollup], buckets: int) -> list[tuple]:
+def from_rollups(rolls: list[tuple], buckets: int) -> list[tuple]:
     """minmax over whole rollups: each chart bucket merges k consecutive rollups."""
     k = -(-len(rolls) // buckets)
     out: list[tuple] = []
     for b in range(0, len(rolls), k):
         group = rolls[b:b + k]
-        first, last = group[0].first, group[-1].last
-        mn = min(group, key=lambda r: r.min_value).low
-        mx = max(group, key=lambda r: r.max_value).high
-        out.extend(sorted({first, mn, mx, last}, key=lambda p: p[0]))
+        first, last = _first(group[0]), _last(group[-1])
+        mn, mx = _low(min(group, key=_min_value)), _high(max(group, key=_max_value))
+        out.extend(sorted({first, mn, mx, last}, key=_step))
     return out
 
 
-def rollup_points(rolls: list[Rollup]) -> list[tuple]:
+def rollup_points(rolls: list[tuple]) -> list[tuple]:
     out: list[tuple] = []
     for r in rolls:
-        out.extend(sorted({r.first, r.last, r.low, r.high}, key=lambda p: p[0]))
+        out.extend(sorted({_first(r), _last(r), _low(r), _high(r)}, key=_step))
     return out
+
+
+_step = itemgetter(0)
 
 
 def columns(rows: Sequence[tuple]) -> dict:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from server import ranks
 from server.attempt_outcomes import CURES, Ending, Next, Outcome, choose, sizes
-from server.models import Agent, Alert, Attempt, Job, JobChange
+from server.models import NEW_ATTEMPT_STEP, Agent, Alert, Attempt, Job, JobChange
 from tokenpulse.protocol import (
     ACTIVE_STATES,
     COMMAND,
@@ -177,7 +177,8 @@ def claim(s: Session, agent_id: int, whole_gangs: bool = False) -> Optional[Job]
                      .with_for_update(skip_locked=True).scalar_subquery())
         job_id = s.execute(update(Job).where(Job.id == candidate, Job.state == JobState.queued.value)
                            .values(state=JobState.starting.value, agent_id=agent_id,
-                                   attempt=Job.attempt + 1, alive_at=time.time(), reason=None)
+                                   attempt=Job.attempt + 1, alive_at=time.time(), reason=None,
+                                   last=None, phase=None, step=NEW_ATTEMPT_STEP)  # the new attempt's own
                            .returning(Job.id)).scalar()
         if job_id is None:
             return None

@@ -88,6 +88,8 @@ def test_jobs_show_pause_resume_cancel_clone_watch(agent_server):
     assert "job 1: queued" in ok(cli(s, "resume", "1"))
     wait_for(lambda: job_of(s, 1)["state"] == "running" and len(job_of(s, 1)["attempts"]) == 2, 180,
              "job 1 running again")
+    attempts = ok(cli(s, "show", "1", "--attempts"))  # issue 33: the attempts, each with its decision
+    assert "job 1: attempts" in attempts and "paused" in attempts and "running" in attempts, attempts
     assert "cancel requested" in ok(cli(s, "cancel", "1"))
     wait_for(lambda: job_of(s, 1)["state"] == "cancelled", 120, "job 1 cancelled")
     r = cli(s, "cancel", "1")  # a finished job: a clear refusal, not a silent success

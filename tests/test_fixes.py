@@ -56,9 +56,11 @@ def changes(c, jid: int) -> list[dict]:
 
 
 def stored_steps(srv, jid: int, metric: str = "loss") -> list[int]:
-    rows = srv.query("SELECT m.step FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-                     "WHERE m.job_id = ? AND k.name = ? ORDER BY m.step", (jid, metric))
-    return [r[0] for r in rows]
+    """The metric's steps as the job's current attempt ran it (each attempt keeps its own points: a
+    fresh start's alone, a resume's after the steps it resumed from), as the API serves them."""
+    with srv.client() as c:
+        r = c.get(f"/api/jobs/{jid}/metrics", params={"keys": metric, "max_points": 1_000_000})
+    return r.json()["series"].get(metric, {}).get("step", [])
 
 
 def submit(c, srv, name: str, sleep_s: float = 0.15, **spec) -> int:
@@ -256,6 +258,26 @@ def test_cli_fix_list_and_revert(c, srv):
 
 # ---- the builders: verdicts whose conditions need a GPU or a Trainer script ---------------------
 
+def test_padding_judged_by_the_training_process_is_not_a_second_verdict():
+    """Issue 33 #3: padding=max_length raises the training process's own padding alert (its fix, the
+    data's recommended length); the slow alert then names neither the padding nor a second fix."""
+    from tokenpulse.diagnosis.stall import StallConfig
+    from worker.agent import fixes
+    from worker.agent.slow import SlowDetector
+
+    det = SlowDetector(StallConfig(slow_min_samples=1))
+    det.observe("info", {"device": "cpu", "padding": "max_length", "max_seq_length": 512,
+                         "recommended_max_seq_length": 224}, 0.0)
+    det.observe("alert", {"kind": "padding", "severity": "warning", "message": "padding every example ...",
+                          "data": {"fixes": [{"kind": "padding", "changes": {"max_seq_length": [512, 240]}}]}}, 0.5)
+    for i in range(1, 6):
+        det.observe("metrics", {"step": i, "values": {"step_time_s": 1.0, "tokens_per_s": 100.0,
+                                                      "padding_frac": 0.9, "eta_s": 3600.0}}, float(i))
+    reasons = det.reasons()
+    assert "padding" not in {k for k, _ in reasons}, reasons
+    assert not [f for f in fixes.for_slow(reasons, det, {"eval_every": None})["fixes"] if f["kind"] == "padding"]
+
+
 def test_fix_builders_precision_device_and_command_flags():
     from tokenpulse.diagnosis.stall import StallConfig
     from worker.agent import fixes
@@ -324,6 +346,9 @@ def test_browser_apply_fix_and_before_after_panel(c, srv):
         d.set_window_size(1280, 560)
         shot(d, "fix-alert")  # docs/screenshots/fix-alert.png
         d.find_element(By.CSS_SELECTOR, "#alerts .apply-fix").click()
+        # it restarts from step 0: asked first, saying how many steps would be run again (issue 33 #4)
+        until(d, 10, lambda d: "Restart from step 0?" in text(d, "#alerts .fix-confirm"), "the confirmation")
+        d.find_element(By.CSS_SELECTOR, "#alerts .fix-confirm-yes").click()
         until(d, 30, lambda d: "#" in text(d, "#changes-list"), "the change listed")
         until(d, 240, lambda d: "verified: " in text(d, "#changes-list") or "no better: " in text(d, "#changes-list"),
               "the before/after verdict")

@@ -82,9 +82,11 @@ def script_pid(srv):
 
 
 def stored_losses(srv, jid: int) -> list[int]:
-    rows = srv.query("SELECT m.step FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-                     "WHERE m.job_id = ? AND k.name = 'loss' ORDER BY m.step", (jid,))
-    return [r[0] for r in rows]
+    """The loss's steps as the job's current attempt ran it (a resume: after the steps it resumed
+    from; each attempt keeps its own points), as the API serves them."""
+    with srv.client() as c:
+        r = c.get(f"/api/jobs/{jid}/metrics", params={"keys": "loss", "max_points": 1_000_000})
+    return r.json()["series"].get("loss", {}).get("step", [])
 
 
 def log_lines(c, jid: int) -> str:

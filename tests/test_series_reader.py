@@ -1,7 +1,10 @@
 """The series reader (server/series.read_series) on a real, migrated SQLite database with points
 stored by ingest (rollups included): short series whole, long ones downsampled through the rollups
-keeping each bucket's first/last/min/max, step ranges, point limits, unknown series."""
+keeping each bucket's first/last/min/max, step ranges, point limits, unknown series, and each
+attempt's points kept apart."""
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import pytest
 
@@ -10,7 +13,7 @@ from server.dialect import raw_cursor
 from server.ingest.apply import ingest
 from server.ingest.metrics import METRIC_KEYS, ROLLUP_SHIFT
 from server.ingest.parse import Ev
-from server.series import read_series
+from server.series import read_run, read_series
 from tests.realdb import add_agent, migrated_session
 from tokenpulse.protocol import JobSpec, JobState
 
@@ -42,7 +45,7 @@ def stored(tmp_path_factory):
 
 def read(stored, key="loss", **kw):
     cur, job_id = stored
-    return read_series(cur, job_id, METRIC_KEYS.ids[key], **kw)
+    return read_series(cur, job_id, METRIC_KEYS.ids[key], 1, **kw)
 
 
 def points(out: dict) -> list[tuple]:
@@ -99,4 +102,49 @@ def test_limits_and_empty_ranges(stored):
     assert read(stored, max_points=100, after_step=N) is None
     assert read(stored, max_points=100, before_step=-1) is None
     cur, job_id = stored
-    assert read_series(cur, job_id + 1, METRIC_KEYS.ids["loss"], 100) is None  # another job
+    assert read_series(cur, job_id + 1, METRIC_KEYS.ids["loss"], 1, 100) is None  # another job
+    assert read_series(cur, job_id, METRIC_KEYS.ids["loss"], 2, 100) is None  # an attempt that logged nothing
+
+
+@contextmanager
+def two_attempts(tmp_path, second: dict):
+    """A job whose attempt 1 logged loss 1.0 at steps 0-599 and whose attempt 2 logged `second`
+    ({step: loss}); yields (cursor, job id, the loss key id)."""
+    with migrated_session(tmp_path) as s:
+        agent = add_agent(s)
+        job = store.create_job(s, JobSpec())
+        for attempt, points in ((1, {st: 1.0 for st in range(600)}), (2, second)):
+            assert store.claim(s, agent.id).attempt == attempt
+            store.transition(s, job, JobState.running)
+            seq = 600 * (attempt - 1)
+            ingest(s, agent.id, [Ev("metrics", job.id, seq + i, attempt * 1e9 + i, {"step": st, "values": {"loss": v}})
+                                 for i, (st, v) in enumerate(points.items())])
+            store.transition(s, job, JobState.queued)
+        yield raw_cursor(s), job.id, METRIC_KEYS.ids["loss"]
+
+
+def test_a_later_attempt_repeating_steps_never_overwrites_an_earlier_one(tmp_path):
+    """A fix that restarts from step 0: the new attempt's steps 0..299 are points of their own; the
+    first attempt's 600 points and its rollups (the chart's fast path) stay as they were."""
+    with two_attempts(tmp_path, {st: 2.0 + st for st in range(300)}) as (cur, job_id, kid):
+        first, second = (read_series(cur, job_id, kid, a, 10_000) for a in (1, 2))
+        assert first["step"] == list(range(600)) and set(first["value"]) == {1.0}
+        assert second["step"] == list(range(300)) and second["value"][-1] == 301.0
+        down = read_series(cur, job_id, kid, 1, 8)  # through attempt 1's rollups
+        assert down["downsampled"] and down["total_points"] == 600 and set(down["value"]) == {1.0}
+        # the run as attempt 2 ran it: a fresh start (from step 0) is its own points alone
+        assert read_run(cur, job_id, kid, 2, 10_000)["step"] == list(range(300))
+
+
+def test_a_resumed_attempt_continues_the_run_it_resumed(tmp_path):
+    """Attempt 2 resumes from a checkpoint at step 400 (attempt 1 had logged up to 599): the run as
+    attempt 2 ran it is attempt 1's steps 0-400, then attempt 2's own from 401; attempt 1's 401-599
+    stay its own."""
+    with two_attempts(tmp_path, {st: 2.0 for st in range(401, 701)}) as (cur, job_id, kid):
+        run = read_run(cur, job_id, kid, 2, 10_000)
+        assert run["step"] == list(range(701)) and run["downsampled"] is False
+        assert set(run["value"][:401]) == {1.0} and set(run["value"][401:]) == {2.0}
+        down = read_run(cur, job_id, kid, 2, 40)
+        assert down["downsampled"] and down["total_points"] == 701 and len(down["step"]) <= 40
+        assert read_run(cur, job_id, kid, 2, 10_000, after_step=500)["step"] == list(range(501, 701))
+        assert read_series(cur, job_id, kid, 1, 10_000)["step"] == list(range(600))

@@ -138,13 +138,149 @@ def test_chart_log_clip_wallclock_keyboard_export_and_text(server_factory, brows
     d.find_element(By.CSS_SELECTOR, "button[aria-label='Loss: save as CSV']").click()
     f = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-loss.csv")), None), 10, "the CSV download")
     rows = list(csv.reader(io.StringIO(f.read_text())))
-    assert rows[0] == ["step", "time", "loss", "loss_smoothed"] and len(rows) == 81, rows[:3]
-    assert rows[40][0] == "40" and float(rows[40][2]) == 1000.0 and rows[40][1].endswith("Z")
+    assert rows[0] == ["attempt", "step", "time", "loss", "loss_smoothed"] and len(rows) == 81, rows[:3]
+    assert rows[40][:2] == ["1", "40"] and float(rows[40][3]) == 1000.0 and rows[40][2].endswith("Z")
     d.find_element(By.CSS_SELECTOR, "button[aria-label='Memory (MiB): save as PNG']").click()
     png = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-mem.png")), None), 10, "the PNG download")
     wait_for(lambda: png.stat().st_size > 1000, 10, "a complete PNG")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not console_errors(d), console_errors(d)
+
+
+def test_a_new_attempt_is_charted_alone_with_the_earlier_one_faded_behind_it(server_factory, browser, tmp_path):
+    """Issue 33 #1-2: attempt 1 logged steps 1-80 at ~2,000 tok/s; it is preempted and attempt 2
+    starts again from step 1 at 20,000 tok/s. The charts hold attempt 2's 30 steps alone (not
+    attempt 2 for steps 1-30 and attempt 1's slow tail for 31-80), attempt 1 is a faded series one
+    click hides, the tiles describe attempt 2, and the API and the CSV say whose points they are."""
+    run = FakeRun(server_factory, browser, tmp_path, "two attempts")
+    d, jid = run.d, run.jid
+    run.post([("state", {"state": "queued", "failure": "preempted", "reason": "preempted by the scheduler"},
+               time.time())])
+    assert run.agent.post(f"/api/agents/{run.aid}/claim").json()["job_id"] == jid
+    t1 = time.time() - 30
+    run.post([("metrics", {"step": s, "values": {"loss": 3 - s / 40, "tokens_per_s": 20000.0,
+                                                 "padded_tokens_per_s": 21000.0, "step_time_s": 0.02,
+                                                 "rss_mb": 315.61 + 0.01 * (s % 4),
+                                                 "eta_s": (100 - s) * 0.02}}, t1 + s) for s in range(1, 31)])
+    until(d, 20, lambda d: attr(d, "#chart-loss", "data-points") == "30", "the chart holds attempt 2's 30 steps only")
+    until(d, 10, lambda d: number(text(d, "#tps")) >= 15, "the tokens/s tile is attempt 2's")  # "20 ktok/s"
+    assert "ktok/s" in text(d, "#tps"), text(d, "#tps")
+    labels = lambda: js(d, "return TPJOB.charts['chart-loss'].series.map((s) => s.label)")  # noqa: E731
+    assert "attempt 1: train loss" in labels(), labels()
+    assert js(d, "return TPJOB.charts['chart-loss'].scales.x.max") >= 80  # attempt 1's steps stay in view
+    d.find_element(By.ID, "earlier").click()  # hide the earlier attempt
+    until(d, 5, lambda d: "attempt 1: train loss" not in labels(), "the earlier attempt does not hide")
+    # 16: attempt 2's memory wobbles by 0.03 MiB around 315.6: the axis does not make it a climb
+    span = js(d, "const y = TPJOB.charts['chart-mem'].scales.y; return y.max - y.min")
+    assert span >= 0.02 * 315, span
+    d.find_element(By.ID, "earlier").click()
+    until(d, 5, lambda d: "attempt 1: train loss" in labels(), "the earlier attempt does not come back")
+    cookies = {c["name"]: c["value"] for c in d.get_cookies()}
+    with httpx.Client(base_url=d.current_url.split("/jobs/")[0], cookies=cookies, timeout=30) as c:
+        now, first = (c.get(f"/api/jobs/{jid}/metrics", params={"keys": "loss", **q}).json()
+                      for q in ({}, {"attempt": 1}))
+    assert now["attempt"] == 2 and now["series"]["loss"]["step"] == list(range(1, 31))
+    assert first["attempt"] == 1 and first["series"]["loss"]["step"] == list(range(1, 81))
+    d.find_element(By.CSS_SELECTOR, "button[aria-label='Loss: save as CSV']").click()
+    f = wait_for(lambda: next(iter(tmp_path.glob(f"job-{jid}-loss.csv")), None), 10, "the CSV download")
+    rows = list(csv.reader(io.StringIO(f.read_text())))
+    assert rows[0][:4] == ["attempt", "step", "time", "loss"]
+    assert [r[0] for r in rows[1:]] == ["1"] * 80 + ["2"] * 30, rows[:3]
+    shot(d, "job-two-attempts", full=True)
+    assert not console_errors(d), console_errors(d)
+    # Compare: "#1 attempt 1" against "#1 attempt 2", picked from the job's own attempts
+    d.get(d.current_url.split("/jobs/")[0] + f"/compare?job={jid}.1&job={jid}.2")
+    loss_labels = "const u = TPCMP.charts['chart-cmp-loss']; return u ? u.series.map((s) => s.label) : []"
+    until(d, 15, lambda d: {f"#{jid} attempt 1 two attempts", f"#{jid} attempt 2 two attempts"}
+          <= set(js(d, loss_labels)), "Compare does not draw the two attempts")
+    assert len(d.find_elements(By.CSS_SELECTOR, f"#compare-pick input[value='{jid}.1']:checked")) == 1
+    assert "preempted" in text(d, "#compare-diff") and "attempt 2" in text(d, "#compare-diff thead")
+    # 22: one legend entry per run (attempt 1's faint raw curve is not listed), and a run with no point
+    # of a metric is named: attempt 2 never logged lr
+    rows = d.find_elements(By.CSS_SELECTOR, "#chart-cmp-loss .u-legend .u-series")
+    shown = [e.text for e in rows if e.is_displayed()]
+    assert len(shown) == 3, shown  # step, attempt 1, attempt 2
+    d.find_element(By.CSS_SELECTOR, "#compare-metrics input[value='lr']").click()
+    until(d, 10, lambda d: f"No lr points: #{jid} attempt 2 two attempts." in text(d, "#chart-cmp-lr"),
+          "the run without lr named")
+
+
+def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_factory, browser, tmp_path):
+    """Issue 33 #5: the Step tile says the training phase's count when it runs ahead of the metrics
+    (one count on the page); #7: "Stuck 30 s in fetch_batch" keeps counting while the alert is open;
+    #4: an Apply fix that restarts from step 0 asks first, saying how many steps would be run again."""
+    run = FakeRun(server_factory, browser, tmp_path, "counts")
+    d, now = run.d, time.time()
+    run.post([("metrics", {"step": 81, "values": {"loss": 2.9}}, now),
+              ("phase", {"name": "training", "done": 83, "total": 100, "unit": "steps"}, now)])
+    until(d, 10, lambda d: "83/100" in text(d, "#phase-text"), "the phase's count")
+    until(d, 10, lambda d: text(d, "#step") == "83 / 100", "the Step tile says the phase's 83, not the metrics' 81")
+    # 14: not hovering, a legend says each series' latest value (not "–", which reads as missing data)
+    legend = lambda: [e.text for e in d.find_elements(By.CSS_SELECTOR, "#chart-loss .u-legend .u-value")]  # noqa: E731
+    until(d, 10, lambda d: legend()[:2] == ["81", "2.9"] and "–" not in legend(), "the legend's latest values")
+    # 12: scrolled, the sticky section links sit below the dark site header, not over it
+    gap = js(d, "window.scrollTo(0, 1200); return document.getElementById('jump').getBoundingClientRect().top - "
+                "document.querySelector('header.top').getBoundingClientRect().bottom")
+    assert gap >= 0, gap
+    js(d, "window.scrollTo(0, 0)")
+    run.post([("alert", {"kind": "stalled", "severity": "critical",
+                         "message": "Stuck 30 s in fetch_batch (train.py:41)\nstalled: no progress for 30 s",
+                         "data": {"stuck_since": time.time() - 30}}, time.time())])
+    head = ".alert.stalled .alert-headline, .alert .alert-headline"
+    until(d, 10, lambda d: text(d, head).startswith("Stuck 3"), "the stall headline")
+    until(d, 15, lambda d: re.match(r"Stuck (3[3-9]|[4-9]\d) s in fetch_batch", text(d, head)),
+          "the headline keeps counting how long it has been stuck")
+    fix = {"kind": "padding", "title": "pack the rows", "changes": {"padding": ["auto", "pack"]},
+           "effect": "up to 3x the real tokens/s", "resume": "fresh", "why_fresh": "the batch layout changes"}
+    run.post([("alert", {"kind": "slow", "severity": "warning", "message": "slow: 90% padding",
+                         "data": {"fixes": [fix], "costs": []}}, time.time())])
+    until(d, 10, lambda d: d.find_elements(By.CSS_SELECTOR, "button.apply-fix"), "the Apply fix button")
+    btn = d.find_element(By.CSS_SELECTOR, "button.apply-fix")
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", btn)
+    btn.click()
+    until(d, 5, lambda d: "Restart from step 0? The 83 steps done" in text(d, ".fix-confirm"),
+          "the confirmation saying what is lost")
+    assert not btn.is_displayed()
+    d.find_element(By.CSS_SELECTOR, ".fix-confirm-no").click()
+    until(d, 5, lambda d: btn.is_displayed() and not d.find_element(By.CSS_SELECTOR, ".fix-confirm").is_displayed(),
+          "Keep running puts the button back")
+    assert btn.text == "Apply fix"  # nothing was asked of the server
+    shot(d, "job-confirm-fix-stuck", full=True)
+    # confirmed: the fix is asked for; the attempt pauses for it (the stand-in agent says so), and the
+    # slow alert it closes says "fix #1 applied" (#20), not "the training process ended (paused)"
+    btn.click()
+    d.find_element(By.CSS_SELECTOR, ".fix-confirm-yes").click()
+    until(d, 10, lambda d: btn.text == "Applying…", "the fix asked for")
+    run.post([("alert", {"kind": "slow", "message": "the training process ended (paused)", "clear": True}, time.time()),
+              ("state", {"state": "paused", "reason": "paused as asked"}, time.time())])
+    cleared = "return [...document.querySelectorAll('#alerts-old-list .alert')].map((e) => e.textContent).join(' ')"
+    until(d, 15, lambda d: "Cleared: fix #1 applied (pack the rows)" in js(d, cleared),
+          "the slow alert cleared by the fix")
+    assert "training process ended" not in js(d, cleared)
+    me = js(d, "return Promise.all(['/api/tokens/me', '/api/tokens'].map((u) => fetch(u).then((r) => r.json())))"
+               ".then(([me, all]) => all.find((t) => t.id === me.id).name)")
+    until(d, 10, lambda d: f"· by {me} ·" in text(d, "#changes"), "who applied the fix, by name (#19)")
+    assert "by token" not in text(d, "#changes")
+    # the relaunched attempt (fresh, from step 1) at 10x the pace: the before/after panel verifies it,
+    # and the tiles beside it describe the new attempt, not the old one's higher-numbered steps (#1-2)
+    assert run.agent.post(f"/api/agents/{run.aid}/claim").json()["job_id"] == run.jid
+    t2 = time.time()  # after the fix was applied: the comparison's "after" steps
+    fast = {"tokens_per_s": 20000.0, "padded_tokens_per_s": 20500.0, "step_time_s": 0.02}
+    run.post([e for s in range(1, 13) for e in (
+        ("metrics", {"step": s, "values": {"loss": 4.0 - s / 40, **fast, "eta_s": (100 - s) * 0.02}}, t2 + s / 100),
+        ("phase", {"name": "training", "done": s, "total": 100, "unit": "steps"}, t2 + s / 100))])
+    until(d, 20, lambda d: "verified" in text(d, "#changes"), "the fix verified")
+    until(d, 10, lambda d: text(d, "#step") == "12 / 100" and number(text(d, "#tps")) >= 15,
+          "the tiles describe the new attempt")
+    assert "ktok/s" in text(d, "#tps")
+    shot(d, "job-after-fix", full=True)
+    assert not console_errors(d), console_errors(d)
+    # 10: Compare says what the job was asked with: attempt 1 ran padding auto; the job now runs pack
+    d.get(d.current_url.split("/jobs/")[0] + f"/compare?job={run.jid}.1&job={run.jid}")
+    until(d, 15, lambda d: "padding" in text(d, "#compare-diff"), "the settings that differ")
+    rows = d.find_elements(By.CSS_SELECTOR, "#compare-diff tbody tr.diff")
+    row = [r.text for r in rows if r.text.startswith("padding")]
+    assert row and "auto" in row[0] and "pack (asked auto; fix #1)" in row[0], row
 
 
 def test_stall_marks_speed_and_eta_stale(server_factory, browser, tmp_path):

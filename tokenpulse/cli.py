@@ -445,10 +445,30 @@ def cmd_show(args) -> int:
         via = info.get("metric_via") or {}
         job["metric_sources"] = {k: f"{v}: {via[k]}" if k in via else v
                                  for k, v in (info.get("metric_sources") or {}).items()}
-        print(json.dumps(job, indent=2))
     except ApiError as e:
         return report_error(e)
+    if args.attempts:
+        _console().print(attempts_table(job))
+    else:
+        print(json.dumps(job, indent=2))
     return 0
+
+
+def attempts_table(job: dict):
+    """Each attempt of a job: how it ended, the failure's class, the change made for the next one and
+    why the next was (not) made (the retry policy's account, or a fix's relaunch)."""
+    from rich.table import Table
+    table = Table("#", "agent", "outcome", "class", "change", "decision", title=f"job {job['id']}: attempts",
+                  show_lines=True)
+
+    def change(ch) -> str:
+        return ", ".join(f"{k} {v[0]} -> {v[1]}" if isinstance(v, list) and len(v) == 2 else f"{k} {v}"
+                         for k, v in (ch or {}).items()) or "-"
+    for a in job["attempts"]:
+        outcome = a["outcome"] or ("running" if a["ended_at"] is None else "ended")
+        table.add_row(str(a["attempt"]), str(a["agent_id"] or "-"), outcome, a["failure_class"] or "-",
+                      change(a["change"]), a["decision"] or "-")
+    return table
 
 
 def cmd_logs(args) -> int:
@@ -828,6 +848,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     p = sub.add_parser("show", help="a job's full record as JSON, with its step anatomy and open verdicts")
     p.add_argument("job", type=int)
+    p.add_argument("--attempts", action="store_true",
+                   help="a table of its attempts instead: outcome, failure class, change, decision")
     p.set_defaults(fn=cmd_show)
 
     p = sub.add_parser("logs",

@@ -605,7 +605,8 @@ class AlertData(BaseModel):
     stack: Optional[str] = Field(None, max_length=200_000)
     clear: bool = False  # the condition is over (job recovered)
     # structured: `fixes` (each a spec or command change with its predicted effect, server/fixes.py
-    # applies one), `costs` (each cause's share of the step time, priced against the ETA)
+    # applies one), `costs` (each cause's share of the step time, priced against the ETA); a stall's
+    # `stuck_since` (when progress stopped: the page keeps "Stuck 2 min" current)
     data: Optional[dict[str, Any]] = None
 
 

@@ -14,7 +14,7 @@ from alembic import op
 
 revision = '0016'
 # 0015 lands in parallel; the lead re-chains this one onto it at merge (nothing here depends on it)
-down_revision = '0014'
+down_revision = '0015'
 branch_labels = None
 depends_on = None
 

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from server.context import AppDep
 from server.ingest.alerts import alert_dict
-from server.models import Alert, Job
+from server.models import Alert, AlertRule, Job
 from server.schemas import AlertOut
 from server.security import UserDep
 from tokenpulse.protocol import ALERTS_TOPIC, alert_frame
@@ -33,7 +33,18 @@ def list_alerts(tp: AppDep, _: UserDep, job_id: Optional[int] = None,
             where.append(Alert.kind.startswith(kind) if kind.endswith(":") else Alert.kind == kind)
         if severity is not None:
             where.append(Alert.severity == severity)
-        return [alert_dict(a) for a in s.scalars(select(Alert).where(*where).order_by(Alert.id.desc()).limit(limit))]
+        rows = [alert_dict(a) for a in s.scalars(select(Alert).where(*where).order_by(Alert.id.desc()).limit(limit))]
+        # names beside the ids: "#4 sft-a", "rule: loss too high" read better than "#4", "rule:1"
+        jobs = {r["job_id"] for r in rows if r["job_id"] is not None}
+        names = dict(s.execute(select(Job.id, Job.name).where(Job.id.in_(jobs))).all()) if jobs else {}
+        rules = {int(k[5:]) for k in {r["kind"] for r in rows} if k.startswith("rule:") and k[5:].isdigit()}
+        rule_names = dict(s.execute(select(AlertRule.id, AlertRule.name).where(AlertRule.id.in_(rules))).all()) \
+            if rules else {}
+        for r in rows:
+            r["job_name"] = names.get(r["job_id"])
+            tail = r["kind"][5:]
+            r["rule_name"] = rule_names.get(int(tail)) if r["kind"].startswith("rule:") and tail.isdigit() else None
+        return rows
 
 
 @router.post("/{alert_id}/ack")

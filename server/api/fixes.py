@@ -36,6 +36,7 @@ class ChangeOut(Answer):
     resume: str = Field(description="checkpoint (resumes where it paused) or fresh (from step 0)")
     why_fresh: Optional[str]
     by: Optional[int] = Field(description="the token that asked")
+    by_name: Optional[str] = Field(None, description="that token's name (in a job's history of changes)")
     created_at: float
     applied_at: Optional[float]
     from_attempt: Optional[int]

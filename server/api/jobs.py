@@ -21,7 +21,7 @@ from server.preflight import preflight
 from server.rules import RULES, Fired
 from server.schemas import EventsOut, JobDetail, JobList, JobSummary, MetricsOut, Submitted
 from server.security import CommandsDep, UserDep, not_yours, require_command_rights
-from server.series import read_series
+from server.series import read_run
 from server.validate import check_spec_async
 from tokenpulse.protocol import (
     COMMAND,
@@ -292,11 +292,18 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
                 max_points: int = Query(1000, ge=2, le=1_000_000, description="downsample above this"),
                 after_step: Optional[int] = Query(None, description="only points after this step"),
                 before_step: Optional[int] = Query(None, description="only points up to this step (zoom)"),
-                mode: Literal["minmax", "lttb"] = "minmax") -> Response:
-    """Series by metric name: {"loss": {"step": [...], "value": [...], "t": [...]}}. Long series are
-    downsampled server-side, keeping each bucket's first, last, min and max points."""
+                mode: Literal["minmax", "lttb"] = "minmax",
+                attempt: Optional[int] = Query(None, ge=0, le=2**62, description=(
+                    "whose run: each attempt (a retry, a relaunch after a fix) keeps its own points; "
+                    "default: the job's current attempt"))) -> Response:
+    """Series by metric name: {"loss": {"step": [...], "value": [...], "t": [...]}}, as one attempt
+    ran it (`attempt` in the answer): its own points, and before its first step those of the attempt
+    it resumed from (a fresh start from step 0: its own alone). Long series are downsampled
+    server-side, keeping each bucket's first, last, min and max points."""
     with tp.db.read() as s:
-        get_job_or_404(s, job_id)
+        job = get_job_or_404(s, job_id)
+        if attempt is None:
+            attempt = job.attempt
         # this job's own names only (never every job's: a read proportional to what is shown)
         if keys:
             names = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(keys))).all())
@@ -310,11 +317,12 @@ def get_metrics(job_id: int, tp: AppDep, _: UserDep,
             kid = names.get(name)
             if kid is None:
                 continue
-            series = read_series(cur, job_id, kid, max_points, mode, after_step, before_step)
+            series = read_run(cur, job_id, kid, attempt, max_points, mode, after_step, before_step,
+                              by_time=name.startswith("sys/"))
             if series is not None:
                 out[name] = series
     # orjson straight to bytes: FastAPI's jsonable_encoder walks every number (~0.3 s for 100k points).
-    return Response(orjson.dumps({"job_id": job_id, "series": out}), media_type="application/json")
+    return Response(orjson.dumps({"job_id": job_id, "attempt": attempt, "series": out}), media_type="application/json")
 
 
 @router.get("/{job_id}/events")

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from server import store
+from server import fixes, store
 from server.dialect import dialect_name, raw_cursor
 from server.hub import Frame
 from server.ingest.alerts import alert_dict, upsert_alert
@@ -168,7 +168,7 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                 values, refused = NAMES.admit(s, job_id, d["values"])
                 if refused:
                     too_many_names(s, job, out)
-                points.add(s, job_id, d["step"], e.t, values)
+                points.add(s, job_id, job.attempt, d["step"], e.t, values)
                 out.stored_points += len(values)
                 if by_metric:
                     rule_events.append((d["step"], values))
@@ -273,6 +273,8 @@ def apply_event(s: Session, job: Job, e: Ev, out: Outcome) -> None:
             RULES.on_non_finite_alert(s, job, d["kind"][len(NON_FINITE_ALERT):], bool(d.get("clear")), out)
         if job.kind == EXTERNAL and "data" in d:  # a script's own word: no fix or cost (an agent's only)
             d = {k: v for k, v in d.items() if k != "data"}
+        if d.get("clear"):
+            d = fixes.clear_reason(s, job, d)  # "fix #1 applied", not "the training process ended (paused)"
         alert = upsert_alert(s, job.id, job.agent_id, d)
         if alert is not None:
             payload = alert_dict(alert)

@@ -1,6 +1,7 @@
-"""Metric points -> the lean metrics table (one row per job, key, step) plus a rollup row per 256
-steps keeping the first, last, min and max point, so a chart of a million points reads a few
-thousand rows (server/series.py)."""
+"""Metric points -> the lean metrics table (one row per job, key, attempt, step) plus a rollup row per
+256 steps keeping the first, last, min and max point, so a chart of a million points reads a few
+thousand rows (server/series.py). Every point belongs to the attempt that logged it: a later attempt
+repeating a step (a fresh start after a fix, a resume before the last logged step) stores its own."""
 from __future__ import annotations
 
 import math
@@ -15,12 +16,12 @@ from sqlalchemy.orm import Session
 from server.dialect import dialect_name, raw_cursor
 from server.models import MetricKey
 
-ROLLUP_SHIFT = 8  # a rollup row covers 2**8 = 256 steps of one (job, key)
+ROLLUP_SHIFT = 8  # a rollup row covers 2**8 = 256 steps of one (job, key, attempt)
 
 
 @dataclass(slots=True)
 class Rollup:
-    """One (job, key, 256-step bucket)'s aggregate: how many points, and its first, last, lowest and
+    """One (job, key, attempt, 256-step bucket)'s aggregate: how many points, and its first, last, lowest and
     highest point, each a step, t and value. The fields are metric_rollups' columns in their stored
     order (ROLLUP_COLS). Mutable: ingest updates one per point while a batch goes by."""
     n: int
@@ -103,19 +104,23 @@ class MetricKeys:
 
 METRIC_KEYS = MetricKeys()
 
-INSERT_METRIC = "INSERT OR REPLACE INTO metrics (job_id, key_id, step, t, value) VALUES "
-ROWS_PER_INSERT = 500  # 2,500 parameters a statement; SQLite allows 32,766
-INSERT_ROWS = INSERT_METRIC + ", ".join(["(?, ?, ?, ?, ?)"] * ROWS_PER_INSERT)
-INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, bucket, {ROLLUP_COLS}) "
-                 f"VALUES ({', '.join('?' * 16)})")
+INSERT_METRIC = "INSERT OR REPLACE INTO metrics (job_id, key_id, attempt, step, t, value) VALUES "
+ROW = "(?, ?, ?, ?, ?, ?)"
+ROWS_PER_INSERT = 500  # 3,000 parameters a statement; SQLite allows 32,766
+INSERT_ROWS = INSERT_METRIC + ", ".join([ROW] * ROWS_PER_INSERT)
+INSERT_ROLLUP = (f"INSERT OR REPLACE INTO metric_rollups (job_id, key_id, attempt, bucket, {ROLLUP_COLS}) "
+                 f"VALUES ({', '.join('?' * 17)})")
 # PostgreSQL spells upserts ON CONFLICT (placeholders are rewritten by dialect.raw_cursor).
-PG_METRIC_CONFLICT = " ON CONFLICT (job_id, key_id, step) DO UPDATE SET t = EXCLUDED.t, value = EXCLUDED.value"
-# One statement and five array parameters for any number of rows: psycopg parses a query's
+PG_METRIC_CONFLICT = (" ON CONFLICT (job_id, key_id, attempt, step) DO UPDATE SET t = EXCLUDED.t, "
+                      "value = EXCLUDED.value")
+# One statement and six array parameters for any number of rows: psycopg parses a query's
 # placeholders anew when the query is long (not cached), which for 500-row VALUES was most of the
 # ingest's CPU on PostgreSQL.
-PG_INSERT_ARRAYS = ("INSERT INTO metrics (job_id, key_id, step, t, value) SELECT * FROM "
-                    "unnest(?::bigint[], ?::bigint[], ?::bigint[], ?::float8[], ?::float8[])" + PG_METRIC_CONFLICT)
-PG_INSERT_ROLLUP = (INSERT_ROLLUP.replace(" OR REPLACE", "") + " ON CONFLICT (job_id, key_id, bucket) DO UPDATE SET "
+PG_INSERT_ARRAYS = ("INSERT INTO metrics (job_id, key_id, attempt, step, t, value) SELECT * FROM "
+                    "unnest(?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::float8[], ?::float8[])"
+                    + PG_METRIC_CONFLICT)
+PG_INSERT_ROLLUP = (INSERT_ROLLUP.replace(" OR REPLACE", "") + " ON CONFLICT (job_id, key_id, attempt, bucket) "
+                    "DO UPDATE SET "
                     + ", ".join(f"{c} = EXCLUDED.{c}" for c in ROLLUP_COLS.split(", ")))
 
 
@@ -125,27 +130,27 @@ class PointBatch:
 
     def __init__(self):
         self.rows: list[tuple] = []
-        self.rollups: dict[tuple, Rollup] = {}  # (job, key, bucket) -> aggregate of this batch's points
+        self.rollups: dict[tuple, Rollup] = {}  # (job, key, attempt, bucket) -> this batch's points' aggregate
         self.dirty: set[tuple] = set()  # buckets with a repeated or out-of-order step: recomputed from rows
 
-    def add(self, s: Session, job_id: int, step: int, t: float, values: dict) -> None:
+    def add(self, s: Session, job_id: int, attempt: int, step: int, t: float, values: dict) -> None:
         key_ids, rows, rollups = METRIC_KEYS.ids, self.rows, self.rollups
         bucket = step >> ROLLUP_SHIFT
         for name, v in values.items():
             if not math.isfinite(v):
                 continue  # SQLite would store NaN as NULL; JSON cannot carry it either
             kid = key_ids.get(name) or METRIC_KEYS.id_for(s, name)
-            rows.append((job_id, kid, step, t, v))
+            rows.append((job_id, kid, attempt, step, t, v))
             # The rollup of this bucket, kept while the rows go by (one dict hit a point).
-            g = rollups.get((job_id, kid, bucket))
+            g = rollups.get((job_id, kid, attempt, bucket))
             if g is None:
-                rollups[(job_id, kid, bucket)] = Rollup(1, step, t, v, step, t, v, step, t, v, step, t, v)
+                rollups[(job_id, kid, attempt, bucket)] = Rollup(1, step, t, v, step, t, v, step, t, v, step, t, v)
                 continue
             g.n += 1
             if step > g.last_step:
                 g.last_step, g.last_t, g.last_value = step, t, v
             else:
-                self.dirty.add((job_id, kid, bucket))
+                self.dirty.add((job_id, kid, attempt, bucket))
             if v < g.min_value:
                 g.min_step, g.min_t, g.min_value = step, t, v
             if v > g.max_value:
@@ -163,18 +168,18 @@ class PointBatch:
         pg = dialect_name(s) == "postgresql"
         if pg:
             # One statement may not upsert a row twice on PostgreSQL: the last value of a repeated
-            # (job, key, step) wins, as SQLite's REPLACE in order would.
-            rows = list({r[:3]: r for r in rows}.values())
-            jobs, keys, steps, ts, values = zip(*rows)
-            cur.execute(PG_INSERT_ARRAYS, [pg_array(jobs, int), pg_array(keys, int), pg_array(steps, int),
-                                           pg_array(ts, float), pg_array(values, float)])
+            # (job, key, attempt, step) wins, as SQLite's REPLACE in order would.
+            rows = list({r[:4]: r for r in rows}.values())
+            jobs, keys, attempts, steps, ts, values = zip(*rows)
+            cur.execute(PG_INSERT_ARRAYS, [pg_array(jobs, int), pg_array(keys, int), pg_array(attempts, int),
+                                           pg_array(steps, int), pg_array(ts, float), pg_array(values, float)])
             store_rollups(cur, self.rollups, self.dirty, PG_INSERT_ROLLUP)
             return
         full = len(rows) - len(rows) % ROWS_PER_INSERT
         for i in range(0, full, ROWS_PER_INSERT):
             cur.execute(INSERT_ROWS, [x for row in rows[i:i + ROWS_PER_INSERT] for x in row])
         if full < len(rows):
-            cur.executemany(INSERT_METRIC + "(?, ?, ?, ?, ?)", rows[full:])
+            cur.executemany(INSERT_METRIC + ROW, rows[full:])
         store_rollups(cur, self.rollups, self.dirty)
 
 
@@ -189,17 +194,17 @@ def store_rollups(cur, batch: dict[tuple, Rollup], dirty: set[tuple], upsert: st
     A bucket that got a step at or before one it already had (a resumed job re-logging steps, a
     repeat) is recomputed from its rows, so an overwritten value never lingers as a min or max."""
     rows = []
-    for (job_id, kid, bucket), g in batch.items():
+    for key, g in batch.items():
         row = cur.execute(f"SELECT {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? "
-                          "AND bucket = ?", (job_id, kid, bucket)).fetchone()
+                          "AND attempt = ? AND bucket = ?", key).fetchone()
         old: Optional[Rollup] = Rollup(*row) if row is not None else None
-        if (job_id, kid, bucket) in dirty or (old is not None and g.first_step <= old.last_step):
-            lo = bucket << ROLLUP_SHIFT
-            pts = cur.execute("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND step "
-                              "BETWEEN ? AND ? ORDER BY step", (job_id, kid, lo, lo + (1 << ROLLUP_SHIFT) - 1)
-                              ).fetchall()
+        if key in dirty or (old is not None and g.first_step <= old.last_step):
+            lo = key[3] << ROLLUP_SHIFT
+            pts = cur.execute("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND attempt = ? "
+                              "AND step BETWEEN ? AND ? ORDER BY step",
+                              (*key[:3], lo, lo + (1 << ROLLUP_SHIFT) - 1)).fetchall()
             g = Rollup.of_points(pts)
         elif old is not None:
             g = old.followed_by(g)  # appending after the stored points
-        rows.append((job_id, kid, bucket, *g.row()))
+        rows.append((*key, *g.row()))
     cur.executemany(upsert, rows)

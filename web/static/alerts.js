@@ -28,15 +28,25 @@
     kinds.replaceChildren(...[...new Set(["rule:", ...alerts.map((a) => a.kind)])].map((k) => TP.el("option", { value: k })));
     if (!alerts.length) { body.replaceChildren(TP.el("tr", {}, TP.el("td", { colspan: 8, class: "empty", text: "No alerts match." }))); return; }
     body.replaceChildren(...alerts.map((a) => TP.el("tr", { "data-alert": a.id, class: `sev-${a.severity} st-${a.state}` },
-      TP.el("td", { "data-label": "Job" }, a.job_id ? TP.el("a", { href: `/jobs/${a.job_id}#alerts`, text: `#${a.job_id}` }) : "–"),
-      TP.el("td", { "data-label": "Kind", class: "kind", text: a.kind }),
+      TP.el("td", { "data-label": "Job" }, a.job_id ? TP.el("a", { href: `/jobs/${a.job_id}#alerts`, text: `#${a.job_id}${a.job_name ? " " + a.job_name : ""}` }) : "–"),
+      TP.el("td", { "data-label": "Kind", class: "kind", "data-kind": a.kind, title: a.kind, text: a.rule_name ? `rule: ${a.rule_name}` : a.kind }),
       TP.el("td", { "data-label": "Severity" }, TP.el("span", { class: `badge sev-${a.severity}`, text: a.severity })),
       TP.el("td", { "data-label": "State", class: "state", text: a.state }),
-      TP.el("td", { "data-label": "Message", class: "wrap msg", text: a.message }),
+      TP.el("td", { "data-label": "Message", class: "wrap msg" }, ...message(a.message, a)),
       TP.el("td", { "data-label": "Opened" }, TP.rel(a.created_at)),
       TP.el("td", { "data-label": "Updated" }, TP.rel(a.updated_at)),
       TP.el("td", {}, a.state === "open" ? TP.el("button", { class: "ghost small", type: "button", text: "Acknowledge",
         onclick: async () => { await TP.api(`/api/alerts/${a.id}/ack`, { method: "POST" }); load(); } }) : ""))));
+  }
+  // The headline in one line; the detail (timeout arithmetic, library paths, a traceback) folded below it.
+  function message(text, a) {
+    let { head, rest } = TP.reasonParts(text);
+    if (head.length > 160) { // one long line: its first sentence or clause is the headline
+      const cut = head.slice(40).search(/[.;] /);
+      if (cut >= 0) { rest = `${head.slice(41 + cut).trim()}${rest ? "\n" + rest : ""}`; head = head.slice(0, 41 + cut); }
+    }
+    return [TP.headline(head, a, { class: "msg-head" }),
+      rest ? TP.el("details", { class: "msg-detail" }, TP.el("summary", { text: "Details" }), TP.el("pre", { text: rest })) : ""];
   }
   form.addEventListener("input", () => load());
   form.addEventListener("change", () => load());

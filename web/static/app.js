@@ -241,6 +241,21 @@ const TP = (() => {
       if (e.textContent !== text) e.textContent = text;
       if (e.dataset.hb) e.className = `rel hb ${heartbeatClass(t)}`;
     }
+    for (const e of document.querySelectorAll("[data-stuck-since]")) {
+      const text = `Stuck ${dur(Date.now() / 1000 - Number(e.dataset.stuckSince))}${e.dataset.stuckRest}`;
+      if (e.textContent !== text) e.textContent = text;
+    }
+  }
+  // A stall's headline ("Stuck 30 s in fetch_batch ...") as written when the alert opened, kept
+  // current while it is open: an element whose text the ticker above rewrites every second.
+  const STUCK = /^Stuck (\d+(?:\.\d+)?) (s|min|h)\b/;
+  function headline(text, a, attrs = {}) {
+    const m = STUCK.exec(text);
+    if (!m || a.state === "cleared") return el("span", { ...attrs, text });
+    // the agent says since when (data.stuck_since); else the headline's figure, as of its last update
+    const since = (a.data && a.data.stuck_since) || (a.updated_at || a.created_at || Date.now() / 1000) - Number(m[1]) * { s: 1, min: 60, h: 3600 }[m[2]];
+    const rest = text.slice(m[0].length);
+    return el("span", { ...attrs, "data-stuck-since": since, "data-stuck-rest": rest, text: `Stuck ${dur(Date.now() / 1000 - since)}${rest}` });
   }
   setInterval(tick, 1000);
 
@@ -290,7 +305,7 @@ const TP = (() => {
   }
   document.addEventListener("DOMContentLoaded", askNotifications);
   if (document.readyState !== "loading") askNotifications();
-  return { api, formErrors, live, onAlert, openAlerts, num, sig, compact, small, axis, ticks, metricFormat, stallOf, reasonParts, STEP_INCRS, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
+  return { api, formErrors, live, onAlert, openAlerts, num, sig, compact, small, axis, ticks, metricFormat, stallOf, headline, reasonParts, STEP_INCRS, bytesMB, dur, ago, abs, rel, phaseText, el, heartbeatClass, tick, ACTIVE, FINAL };
 })();
 // Terminal control codes (colours, tqdm's cursor-up ESC[A) out of a log line stored before the agent
 // dropped them (tokenpulse/terminal.py, the same rule).

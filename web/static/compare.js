@@ -2,7 +2,11 @@
 (() => {
   const $ = (id) => document.getElementById(id);
   const pick = $("compare-pick");
-  const chosen = new Set(new URLSearchParams(location.search).getAll("job").map(Number).filter(Boolean));
+  // A run: "12" (job 12's current attempt) or "12.1" (its attempt 1: each attempt keeps its own points).
+  const chosen = new Set(new URLSearchParams(location.search).getAll("job").filter((k) => /^[1-9]\d*(\.\d+)?$/.test(k)));
+  const jobOf = (key) => Number(key.split(".")[0]);
+  const attemptOf = (key) => (key.includes(".") ? Number(key.split(".")[1]) : null);
+  const runLabel = (key, name) => `#${jobOf(key)}${attemptOf(key) !== null ? ` attempt ${attemptOf(key)}` : ""} ${name}`;
   const charts = {};
   // The metrics to overlay: any the chosen runs log, kept per browser; loss and eval loss at first.
   let metrics = TP.pref.get("tp-compare-metrics", ["loss", "eval/loss", "tokens_per_s"]);
@@ -21,7 +25,7 @@
 
   async function init() {
     const [data, sel] = await Promise.all([TP.api("/api/jobs?limit=200"),
-      Promise.all([...chosen].map((id) => TP.api(`/api/jobs/${id}`).catch(() => null)))]);
+      Promise.all([...new Set([...chosen].map(jobOf))].map((id) => TP.api(`/api/jobs/${id}`).catch(() => null)))]);
     jobs = data.jobs;
     for (const j of sel) if (j && !jobs.some((x) => x.id === j.id)) jobs.push(j);
     renderPicker(); draw();
@@ -32,26 +36,38 @@
     const byId = /^#\s*\d+$/.test(q); // "#4" is job 4 only; "4" also matches names with a 4
     const hit = (j) => (byId ? String(j.id) === q.slice(1).trim()
       : j.name.includes(q) || String(j.id) === q || j.project === q || (j.tags || []).includes(q)); // a project or a tag picks its jobs
-    pick.replaceChildren(...jobs.filter((j) => !q || hit(j) || chosen.has(j.id)).sort((a, b) => b.id - a.id).map((j) => {
-      const i = [...chosen].indexOf(j.id);
-      return TP.el("label", { class: "check pick" },
-        TP.el("input", { type: "checkbox", value: j.id, checked: chosen.has(j.id),
-          onchange: (e) => { e.target.checked ? chosen.add(j.id) : chosen.delete(j.id); syncUrl(); renderPicker(); draw(); } }),
-        TP.el("span", { class: "swatch", style: i >= 0 ? `background:${TP.jobColor(j.id)}` : "" }),
-        TP.el("span", { class: "pick-name", title: `${j.name} #${j.id} · ${j.project || "default"}${(j.tags || []).length ? " · " + j.tags.join(", ") : ""}` },
-          j.name, TP.el("span", { class: "muted", text: ` #${j.id}` })),
-        TP.el("span", { class: `badge ${j.state}`, text: j.state }));
+    const box = (key, ...label) => TP.el("input", { type: "checkbox", value: key, checked: chosen.has(key), "aria-label": label.join(""),
+      onchange: (e) => { e.target.checked ? chosen.add(key) : chosen.delete(key); syncUrl(); renderPicker(); draw(); } });
+    const swatch = (key) => TP.el("span", { class: "swatch", style: chosen.has(key) ? `background:${TP.jobColor(key)}` : "" });
+    const picked = (j) => [...chosen].some((k) => jobOf(k) === j.id);
+    pick.replaceChildren(...jobs.filter((j) => !q || hit(j) || picked(j)).sort((a, b) => b.id - a.id).flatMap((j) => {
+      const key = String(j.id);
+      const rows = [TP.el("label", { class: "check pick" }, box(key, `#${j.id} ${j.name}`), swatch(key),
+        TP.el("span", { class: "pick-name", title: `${j.name} #${j.id} · ${j.project || "default"}${(j.tags || []).length ? " · " + j.tags.join(", ") : ""}` }, j.name, TP.el("span", { class: "muted", text: ` #${j.id}` })),
+        TP.el("span", { class: `badge ${j.state}`, text: j.state }))];
+      // a job run more than once (a retry, a fix's relaunch): each attempt can be compared on its own
+      for (let a = 1; a <= (j.attempt || 0) && j.attempt > 1; a++) {
+        const k = `${j.id}.${a}`;
+        rows.push(TP.el("label", { class: "check pick pick-attempt" }, box(k, `#${j.id} attempt ${a}`), swatch(k),
+          TP.el("span", { class: "pick-name", text: `#${j.id} attempt ${a}` })));
+      }
+      return rows;
     }));
   }
-  function syncUrl() { history.replaceState(null, "", `/compare${chosen.size ? "?" + [...chosen].map((id) => `job=${id}`).join("&") : ""}`); }
+  function syncUrl() { history.replaceState(null, "", `/compare${chosen.size ? "?" + [...chosen].map((k) => `job=${k}`).join("&") : ""}`); }
 
-  async function load(id) {
-    if (!cache.has(id)) {
-      const [detail, metrics] = await Promise.all([TP.api(`/api/jobs/${id}`),
-        TP.api(`/api/jobs/${id}/metrics?max_points=1500`)]);
-      if (TP.FINAL.includes(detail.state)) cache.set(id, { detail, metrics }); else return { detail, metrics };
+  async function load(key) {
+    if (!cache.has(key)) {
+      const id = jobOf(key), a = attemptOf(key);
+      const [detail, metrics, changes] = await Promise.all([TP.api(`/api/jobs/${id}`),
+        TP.api(`/api/jobs/${id}/metrics?max_points=1500${a !== null ? `&attempt=${a}` : ""}`),
+        TP.api(`/api/jobs/${id}/changes`).catch(() => [])]);
+      // an earlier attempt does not change; a job's current one does until the job is over
+      const done = TP.FINAL.includes(detail.state) || (a !== null && a < detail.attempt);
+      const g = { key, detail, metrics, changes: changes.filter((c) => c.state === "applied") };
+      if (done) cache.set(key, g); else return g;
     }
-    return cache.get(id);
+    return cache.get(key);
   }
 
   async function draw() {
@@ -59,7 +75,7 @@
     $("compare-empty").hidden = ids.length > 0;
     // One id that does not exist (a typo, a deleted job) must not blank the page: draw the runs that
     // exist and name the missing ones.
-    const all = await Promise.all(ids.map((id, i) => load(id).then((g) => ({ ...g, i }), (e) => ({ id, error: e }))));
+    const all = await Promise.all(ids.map((id, i) => load(id).then((g) => ({ ...g, i }), (e) => ({ id: jobOf(id), key: id, error: e }))));
     const got = all.filter((g) => !g.error);
     showMissing(all.filter((g) => g.error));
     const a = Number($("smooth").value), byTime = $("xaxis").value === "time";
@@ -76,10 +92,10 @@
         const s = g.metrics.series[key]; const mp = new Map();
         if (s) xsOf(g).forEach((x, k) => mp.set(x, s.value[k]));
         const raw = xs.map((x) => (mp.has(x) ? mp.get(x) : null));
-        const color = TP.jobColor(g.detail.id), label = `#${g.detail.id} ${g.detail.name}`;
+        const color = TP.jobColor(g.key), label = runLabel(g.key, g.detail.name);
         const sparse = s && s.step.length < 60; // eval points: few, drawn as dots on a line
         if (smoothable && !sparse && a > 0) {
-          cols.push(raw); ser.push({ label: `${label} (raw)`, stroke: TP.jobColorA(g.detail.id, 0.25), width: 1, spanGaps: true, value: (u, v) => fmt.value(v) });
+          cols.push(raw); ser.push({ label: `${label} (raw)`, stroke: TP.jobColorA(g.key, 0.25), width: 1, spanGaps: true, value: (u, v) => fmt.value(v) });
           // smooth over the job's own points only, then spread onto the shared x axis
           const own = s ? ema(s.value, a) : []; const sm = new Map(); if (s) xsOf(g).forEach((x, k) => sm.set(x, own[k]));
           cols.push(xs.map((x) => (sm.has(x) ? sm.get(x) : null)));
@@ -95,8 +111,13 @@
       charts[id] = new uPlot({ width: Math.max(280, box.clientWidth || 600), height: 260, scales: { x: { time: false } }, series: ser,
         axes: [{ label: byTime ? "seconds since start" : "step", labelSize: 18, ...(byTime ? {} : { incrs: TP.STEP_INCRS }), values: (u, v) => TP.ticks(v) }, { size: 56, label: fmt.unit ? `${key} (${fmt.unit})` : key, labelSize: 18, values: (u, v) => TP.ticks(v, fmt.axis) }],
         cursor: { sync: { key: "cmp" }, drag: { x: true, y: false } } }, cols, box);
+      // one legend entry per run: its faint raw curve is drawn, not listed beside its smoothed one
+      box.querySelectorAll(".u-legend .u-series").forEach((row, i) => { if (ser[i] && / \(raw\)$/.test(ser[i].label)) row.hidden = true; });
+      // a run with no point of this metric is named, not silently missing
+      const none = got.filter((g) => !(g.metrics.series[key] && g.metrics.series[key].step.length));
+      if (none.length) box.append(TP.el("p", { class: "muted no-data", text: `No ${key} points: ${none.map((g) => runLabel(g.key, g.detail.name)).join(", ")}.` }));
     }
-    diffTable(got.map((g) => g.detail), got.map((g) => g.i));
+    diffTable(got);
   }
 
   const chartIdOf = (k) => `chart-cmp-${k.replace(/[^A-Za-z0-9_-]/g, "_")}`;
@@ -131,7 +152,7 @@
     box.replaceChildren(...(bad.length ? [
       `Not shown: ${bad.map((g) => (g.error.status === 404 ? `job #${g.id} does not exist` : `job #${g.id} (${g.error.message})`)).join("; ")}. `,
       TP.el("button", { type: "button", class: "small ghost", text: "Remove from the comparison", onclick: () => {
-        for (const g of bad) chosen.delete(g.id);
+        for (const g of bad) chosen.delete(g.key);
         syncUrl(); renderPicker(); draw();
       } })] : []));
   }
@@ -145,18 +166,45 @@
     return out;
   }
 
-  function diffTable(details, colorIdx) {
+  // A run's settings as it ran them: an attempt before a fix ran the values the fix changed; the
+  // job's current settings say what a fix changed ("asked": the value it was submitted with).
+  function settingsOf(g) {
+    const spec = flat(g.detail.spec), asked = {}, a = attemptOf(g.key);
+    for (const c of [...g.changes].reverse()) { // newest first: an attempt ends at the oldest fix's old value
+      for (const [k, pair] of Object.entries(c.changes || {})) {
+        if (!Array.isArray(pair)) continue;
+        if (a !== null && c.to_attempt > a) spec[k] = pair[0];
+        else if (a === null || c.to_attempt <= a) asked[k] = { value: pair[0], fix: c.id };
+      }
+    }
+    return { spec, asked };
+  }
+  function diffTable(got) {
+    // a run of one attempt: that attempt's own figures (its outcome, its last logged values)
+    const details = got.map((g) => {
+      const a = attemptOf(g.key), d = g.detail;
+      if (a === null) return { ...d, key: g.key };
+      const row = (d.attempts || []).find((x) => x.attempt === a) || {};
+      const last = {}; let step = null;
+      for (const [k, s] of Object.entries(g.metrics.series)) if (s.value.length) { last[k] = s.value[s.value.length - 1]; step = Math.max(step || 0, s.step[s.step.length - 1]); }
+      return { ...d, key: g.key, state: row.outcome || (row.ended_at ? "ended" : d.state), step, last,
+        started_at: row.started_at, finished_at: row.ended_at || (a === d.attempt ? d.finished_at : null) };
+    });
     const table = $("compare-diff");
     if (!details.length) { table.replaceChildren(); $("compare-same").textContent = ""; return; }
-    const specs = details.map((d) => flat(d.spec));
+    const settings = got.map(settingsOf), specs = settings.map((x) => x.spec);
     const infos = details.map((d) => d.info || {});
     const keys = new Set(); specs.forEach((s) => Object.keys(s).forEach((k) => keys.add(k)));
-    const differ = [...keys].filter((k) => k !== "name" && new Set(specs.map((s) => JSON.stringify(s[k] ?? null))).size > 1).sort();
+    // runs of different kinds (a training job, a command job) share few settings: only those compare
+    const kinds = new Set(details.map((d) => d.kind || "train"));
+    const shared = [...keys].filter((k) => kinds.size < 2 || specs.every((s) => s[k] !== undefined));
+    const oneKind = keys.size - shared.length;
+    const differ = shared.filter((k) => k !== "name" && new Set(specs.map((s) => JSON.stringify(s[k] ?? null))).size > 1).sort();
     const chosenKeys = ["device", "precision", "padding", "max_seq_length", "batch_size", "grad_accum", "tokens_per_batch"];
     const infoDiff = chosenKeys.filter((k) => new Set(infos.map((i) => JSON.stringify(i[k] ?? null))).size > 1);
     const fmt = (v) => (v === undefined || v === null ? "–" : typeof v === "object" ? JSON.stringify(v) : String(v));
     const head = TP.el("tr", {}, TP.el("th", { text: "" }), ...details.map((d, i) => TP.el("th", {},
-      TP.el("span", { class: "swatch", style: `background:${TP.jobColor(d.id)}` }), TP.el("a", { href: `/jobs/${d.id}`, text: `#${d.id} ${d.name}` }))));
+      TP.el("span", { class: "swatch", style: `background:${TP.jobColor(d.key)}` }), TP.el("a", { href: `/jobs/${d.id}`, text: runLabel(d.key, d.name) }))));
     const row = (label, vals, cls = "") => TP.el("tr", { class: cls }, TP.el("th", { scope: "row", text: label }), ...vals.map((v) => TP.el("td", { text: v })));
     const rows = [
       row("state", details.map((d) => d.state)),
@@ -169,11 +217,12 @@
         row("eval loss (last)", details.map((d) => TP.sig((d.last || {})["eval/loss"]))),
         row("eval perplexity (last)", details.map((d) => TP.sig((d.last || {})["eval/ppl"])))] : []),
       row("duration", details.map((d) => (d.started_at ? TP.dur((d.finished_at || Date.now() / 1000) - d.started_at) : "–"))),
-      ...differ.map((k) => row(k, specs.map((s) => fmt(s[k])), "diff")),
+      ...differ.map((k) => row(k, specs.map((s, i) => fmt(s[k]) + (settings[i].asked[k] ? ` (asked ${fmt(settings[i].asked[k].value)}; fix #${settings[i].asked[k].fix})` : "")), "diff")),
       ...infoDiff.map((k) => row(`${k} (chosen)`, infos.map((i) => fmt(i[k])), "diff")),
     ];
     table.replaceChildren(TP.el("thead", {}, head), TP.el("tbody", {}, ...rows));
-    $("compare-same").textContent = details.length > 1 ? (differ.length ? `${differ.length} setting${differ.length > 1 ? "s" : ""} differ; all other settings are the same.` : "All settings are the same.") : "Pick another job to see what differs.";
+    const kindNote = oneKind ? ` (${oneKind} setting${oneKind > 1 ? "s" : ""} of one kind of job only, ${[...kinds].join(" and ")}, not compared)` : "";
+    $("compare-same").textContent = details.length > 1 ? (differ.length ? `${differ.length} setting${differ.length > 1 ? "s" : ""} differ; all other shared settings are the same${kindNote}.` : `All shared settings are the same${kindNote}.`) : "Pick another job to see what differs.";
   }
 
   let rt = null;
@@ -199,7 +248,7 @@
     if (f.type === "job") {
       const i = jobs.findIndex((j) => j.id === f.job.id);
       if (i >= 0) jobs[i] = { ...jobs[i], ...f.job }; else jobs.unshift(f.job);
-      if (chosen.has(f.job.id) && TP.FINAL.includes(f.job.state)) { cache.delete(f.job.id); draw(); }
+      if (chosen.has(String(f.job.id)) && TP.FINAL.includes(f.job.state)) { cache.delete(String(f.job.id)); draw(); }
       renderPicker();
     }
   }, null);

@@ -5,6 +5,11 @@
   const MAX_POINTS = 2000;
   let job = null, lastStep = -1, lastLogSeq = -1, firstChartMarked = false;
   const series = {}; // name -> {step: [], value: [], t: []}: the overview (downsampled by the server) + live points
+  // Each attempt (a retry, a relaunch after a fix) has its own points: `series` holds the current
+  // attempt's (shownAttempt); earlier attempts' overviews are drawn faded behind it (toggle).
+  let shownAttempt = null;
+  const earlier = {}; // attempt -> {name -> {step, value, t}}, fetched once (an ended attempt does not change)
+  const showEarlier = () => $("earlier").checked;
   let detail = null; // {min, max, series} while zoomed into a downsampled range
   let downsampledInfo = {}; // name -> total points on the server
   const charts = {};
@@ -57,10 +62,18 @@
   const clipY = () => $("clip").checked;
 
   // A chart shows only the series that exist for this job (no "CUDA peak" on a CPU run).
-  function activeSpec(spec) {
+  function activeSpec(spec, withEarlier = true) {
     const idx = spec.keys.map((k, i) => i).filter((i) => series[spec.keys[i]] && series[spec.keys[i]].step.length);
     const pick = (a) => (a ? idx.map((i) => a[i]) : a);
-    return { ...spec, keys: pick(spec.keys), labels: pick(spec.labels), colors: spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]), dash: pick(spec.dash), points: pick(spec.points),
+    const labels = pick(spec.labels), colors = spec.colors ? pick(spec.colors) : idx.map((i) => COLORS[i]);
+    // earlier attempts' points of the same metrics, faded (on the step axis: their steps repeat)
+    const ghosts = [];
+    if (withEarlier && showEarlier() && xMode() !== "time") {
+      for (const a of Object.keys(earlier).map(Number).sort((x, y) => x - y)) {
+        pick(spec.keys).forEach((k, i) => { const g = earlier[a][k]; if (g && g.step.length) ghosts.push({ attempt: a, key: k, label: `attempt ${a}: ${labels[i]}`, color: colors[i] }); });
+      }
+    }
+    return { ...spec, keys: pick(spec.keys), labels, colors, dash: pick(spec.dash), points: pick(spec.points), ghosts,
       smooth: spec.smooth && idx[0] === 0 }; // the smoothed line belongs to the first series only
   }
 
@@ -131,7 +144,8 @@
     return [order.map((i) => when.get(cols[0][i])), ...cols.slice(1).map((c) => order.map((i) => c[i]))];
   }
   function stepData(spec) {
-    const srcs = spec.keys.map(sourceFor);
+    const ghosts = spec.ghosts || [];
+    const srcs = [...spec.keys.map(spec.sourceOf || sourceFor), ...ghosts.map((g) => earlier[g.attempt][g.key])];
     let xs;
     if (srcs.length === 1 || srcs.slice(1).every((s) => !s)) xs = srcs[0] ? srcs[0].step.slice() : [];
     else {
@@ -146,7 +160,7 @@
       const m = new Map(); s.step.forEach((x, i) => m.set(x, s.value[i]));
       cols.push(xs.map((x) => (m.has(x) ? m.get(x) : null)));
     }
-    if (spec.smooth) cols.push(ema(cols[1], Number($("smooth").value)));
+    if (spec.smooth) cols.push(ema(cols[1], Number($("smooth").value))); // last: robust() leaves it out
     return cols;
   }
 
@@ -163,7 +177,10 @@
       ...(spec.dash && spec.dash[i] ? { dash: spec.dash[i] } : {}),
       ...(spec.points && spec.points[i] ? { points: { show: true, size: 6 } } : {}),
       ...(spec.smooth && i === 0 ? { stroke: "rgba(37,99,235,0.3)" } : {}), value: (u, v) => spec.value(v) }));
+    for (const g of spec.ghosts || []) s.push({ label: g.label, stroke: fade(g.color), width: 1, spanGaps: true, class: "earlier-attempt", value: (u, v) => spec.value(v) });
     if (spec.smooth) s.push({ label: "smoothed", stroke: COLORS[0], width: 2, spanGaps: true, value: (u, v) => spec.value(v) });
+    // Not hovering: each legend entry says its latest value (not "–", which reads as missing data).
+    for (const x of s) { const f = x.value; x.value = (u, v, si, idx) => f(u, idx == null && (v === null || v === undefined) ? latestOf(u, si) : v, si, idx); }
     const opts = {
       width: Math.max(280, box.clientWidth || 500), height: 220, series: s,
       scales: { x: { time }, y: { distr: logY() ? 3 : 1, range: (u, lo, hi) => yRange(u, lo, hi) } },
@@ -185,10 +202,25 @@
       },
     };
     const u = new uPlot(opts, data, box);
-    u.keys = spec.keys.join(","); u.mode = `${xMode()}|${logY()}`; u.smoothCol = !!spec.smooth;
+    u.minSpan = spec.unit === "MiB" ? 0.02 : 0; // memory: the y axis spans at least 2% of the value
+    u.keys = chartKeys(spec); u.mode = `${xMode()}|${logY()}`; u.smoothCol = !!spec.smooth;
     u.over.setAttribute("aria-hidden", "true"); // the summary below the chart is its text alternative
     return u;
   }
+
+  function latestOf(u, si) { // the x legend: the step of the current attempt's latest point (column 1)
+    const col = u.data && u.data[si === 0 ? 1 : si];
+    if (!col) return null;
+    for (let i = col.length - 1; i >= 0; i--) if (col[i] !== null && col[i] !== undefined) return si === 0 ? u.data[0][i] : col[i];
+    return null;
+  }
+  function ownSteps(spec) {
+    const steps = new Set();
+    for (const k of spec.keys) { const src = sourceFor(k); if (src) for (const x of src.step) steps.add(x); }
+    return steps.size;
+  }
+  const chartKeys = (spec) => [...spec.keys, ...(spec.ghosts || []).map((g) => g.label)].join(",");
+  const fade = (hex) => `rgba(${parseInt(hex.slice(1, 3), 16)},${parseInt(hex.slice(3, 5), 16)},${parseInt(hex.slice(5, 7), 16)},0.3)`;
 
   // The y range: uPlot's own, or with "Clip outliers" the 1st..99th percentile of the points
   // (plus a margin), so one spike does not flatten a long curve. The points beyond stay in the data
@@ -200,6 +232,10 @@
       if (r) { lo = Math.max(lo, r[0]); hi = Math.min(hi, r[1]); }
     }
     if (lo === null || hi === null) return [lo, hi];
+    if (u.minSpan && !log && hi - lo < u.minSpan * Math.abs(hi)) { // a 0.03 MiB wobble is not a climb
+      const mid = (hi + lo) / 2, half = (u.minSpan * Math.abs(hi)) / 2;
+      lo = mid - half; hi = mid + half;
+    }
     return log ? uPlot.rangeLog(lo, hi, 10, true) : uPlot.rangeNum(lo, hi, 0.1, true);
   }
   function robust(u) {
@@ -287,7 +323,8 @@
   function fullRange() { // in the x axis' units (steps, or seconds on the wall-clock axis)
     const key = xMode() === "time" ? "t" : "step";
     let lo = Infinity, hi = -Infinity;
-    for (const s of Object.values(series)) for (const x of s[key] || []) if (x !== null && x !== undefined) { if (x < lo) lo = x; if (x > hi) hi = x; }
+    const all = [...Object.values(series), ...(key === "step" && showEarlier() ? Object.values(earlier).flatMap(Object.values) : [])];
+    for (const s of all) for (const x of s[key] || []) if (x !== null && x !== undefined) { if (x < lo) lo = x; if (x > hi) hi = x; }
     return lo <= hi ? [lo, hi] : null;
   }
   function stepsIn(min, max) { // an x range as a step range (for fetching detail)
@@ -351,7 +388,7 @@
       const spec = activeSpec(full);
       const box = $(id);
       // A new series (or a new axis mode) rebuilds the chart: uPlot's series and scales are fixed at creation.
-      if (charts[id] && (charts[id].keys !== spec.keys.join(",") || charts[id].mode !== `${xMode()}|${logY()}`)) { charts[id].destroy(); delete charts[id]; }
+      if (charts[id] && (charts[id].keys !== chartKeys(spec) || charts[id].mode !== `${xMode()}|${logY()}`)) { charts[id].destroy(); delete charts[id]; }
       // A chart with nothing to show: "No points yet" while they may still come; hidden for a command
       // job (it logs what it logs) and once a job is over.
       const idle = job && (job.kind === "command" || job.state === "queued" || TP.FINAL.includes(job.state));
@@ -360,7 +397,7 @@
       sourceNote(id, spec);
       if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
       const data = chartData(spec);
-      box.dataset.points = data[0].length;
+      box.dataset.points = spec.ghosts.length ? ownSteps(spec) : data[0].length; // the current attempt's
       box.dataset.series = spec.labels.join(",");
       if (!charts[id]) { box.replaceChildren(); syncing = true; try { charts[id] = makeChart(id, spec, data); if (tx) charts[id].setScale("x", tx); } finally { syncing = false; } summarize(id, spec, charts[id]); continue; }
       // Data updates never count as a user's zoom: only a drag (or a double-click, or a key) does.
@@ -478,9 +515,15 @@
     }
     return w ? m / w : fallback;
   }
+  // the furthest step anyone reported: a checkpoint may be a step past the last metric, and the
+  // training phase's count runs ahead of metrics logged every few steps (one count on the page)
+  function stepNow(last) {
+    const done = job.phase && job.phase.name === "training" ? job.phase.done : undefined;
+    const known = [last.step, job.step, done].filter((x) => x !== null && x !== undefined && isFinite(x));
+    return known.length ? Math.max(...known) : undefined;
+  }
   function showNumbers(last) {
-    const known = [last.step, job.step].filter((x) => x !== null && x !== undefined);
-    const step = known.length ? Math.max(...known) : undefined; // a checkpoint may be a step past the last metric
+    const step = stepNow(last);
     const active = job && TP.ACTIVE.includes(job.state);
     $("step").textContent = step !== null && step !== undefined ? `${TP.num(step)}${job.total_steps ? " / " + TP.num(job.total_steps) : ""}` : "–";
     $("loss").textContent = TP.sig(last.loss);
@@ -641,7 +684,7 @@
       TP.el("div", { class: "alert-head" },
         TP.el("span", { class: `sev ${a.severity}`, text: a.severity }), TP.el("strong", { text: ` ${a.kind}` }),
         TP.el("span", { class: "muted", text: ` · ${a.state}` }), " · ", TP.rel(a.updated_at || a.created_at), TP.el("span", { class: "spacer" }), ack),
-      TP.el("div", { class: "alert-msg alert-headline", text: headline }),
+      TP.el("div", { class: "alert-msg alert-headline" }, TP.headline(headline, a)),
       ...fixes.map((f) => TP.el("div", { class: "alert-msg alert-fix", text: f })),
       ...fixRows(a),
       rest ? TP.el("details", { class: "alert-more" }, TP.el("summary", { text: "Details" }), TP.el("div", { class: "alert-msg", text: rest })) : "",
@@ -655,16 +698,28 @@
     return list.map((f, i) => {
       const where = f.resume === "fresh" ? `restarts from step 0: ${f.why_fresh || "the checkpoint does not fit the change"}` : "resumes from a checkpoint saved now";
       const diff = Object.entries(f.changes || {}).map(([k, v]) => `${k} ${JSON.stringify(v[0])} → ${JSON.stringify(v[1])}`).join(", ");
+      const apply = async () => {
+        btn.disabled = true; btn.hidden = false; confirm.hidden = true; $("action-error").textContent = "";
+        try {
+          await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: { alert_id: a.id, n: i + 1 } });
+          btn.textContent = "Applying…"; refreshChanges();
+        } catch (err) { btn.disabled = false; $("action-error").textContent = err.message; }
+      };
+      // A fix that starts again from step 0 throws the run's progress away: asked first, saying what is lost.
+      const confirm = TP.el("span", { class: "confirm fix-confirm", hidden: true });
       const btn = TP.el("button", { type: "button", class: "small apply-fix", text: "Apply fix", "data-fix": f.kind,
-        title: "Save a checkpoint now, stop, and relaunch this job with the change", onclick: async (e) => {
-          e.target.disabled = true; $("action-error").textContent = "";
-          try {
-            await TP.api(`/api/jobs/${jobId}/fix`, { method: "POST", body: { alert_id: a.id, n: i + 1 } });
-            e.target.textContent = "Applying…"; refreshChanges();
-          } catch (err) { e.target.disabled = false; $("action-error").textContent = err.message; }
+        title: "Save a checkpoint now, stop, and relaunch this job with the change", onclick: () => {
+          const done = job ? stepNow(job.last || {}) : 0;
+          if (f.resume !== "fresh" || !done) { apply(); return; }
+          const ran = job.started_at ? ` and ${TP.dur(Date.now() / 1000 - job.started_at)} of training` : "";
+          confirm.replaceChildren(`Restart from step 0? The ${TP.num(done)} steps done${ran} are run again. `,
+            TP.el("button", { type: "button", class: "small danger fix-confirm-yes", text: "Restart with the fix", onclick: apply }), " ",
+            TP.el("button", { type: "button", class: "small ghost fix-confirm-no", text: "Keep running",
+              onclick: () => { confirm.hidden = true; btn.hidden = false; btn.focus(); } }));
+          confirm.hidden = false; btn.hidden = true; confirm.querySelector(".fix-confirm-yes").focus();
         } });
       btn.hidden = !(job && FIXABLE.includes(job.state));
-      return TP.el("div", { class: "fix-row" }, btn, " ",
+      return TP.el("div", { class: "fix-row" }, btn, confirm, " ",
         TP.el("strong", { text: f.title || f.kind }), TP.el("span", { class: "muted", text: ` · ${diff}` }),
         f.argv ? TP.el("pre", { class: "fix-argv", text: `- ${f.argv[0].join(" ")}\n+ ${f.argv[1].join(" ")}` }) : "",
         TP.el("div", { class: "fix-effect", text: `${f.effect || ""}${f.effect ? "; " : ""}${where}` }));
@@ -709,7 +764,7 @@
       const when = c.resume === "fresh" ? "from step 0" : `from step ${c.resume_step ?? "?"}`;
       return TP.el("div", { class: "change", "data-change": c.id },
         TP.el("div", { class: "change-head" }, TP.el("strong", { text: `#${c.id} ${c.title || c.kind}` }),
-          TP.el("span", { class: "muted", text: ` · ${diff} · attempt ${c.from_attempt ?? "?"} → ${c.to_attempt ?? "?"} (${when}) · by token ${c.by ?? "?"} · ` }),
+          TP.el("span", { class: "muted", text: ` · ${diff} · attempt ${c.from_attempt ?? "?"} → ${c.to_attempt ?? "?"} (${when}) · by ${c.by_name || (c.by != null ? `token ${c.by}` : "?")} · ` }),
           TP.rel(c.applied_at || c.created_at), TP.el("span", { class: "spacer" }), revert),
         cmp.before ? TP.el("table", { class: "small before-after" },
           TP.el("thead", {}, TP.el("tr", {}, TP.el("th", {}), TP.el("th", { class: "r", text: `Before (attempt ${c.from_attempt ?? "?"})` }),
@@ -885,7 +940,13 @@
 
   // ---- REST: first load and every reconnect fill what the websocket missed ----------------------
   let refilling = null;
-  function refill() { refilling = refilling || doRefill().finally(() => { refilling = null; }); return refilling; }
+  // One refill at a time; one asked for meanwhile runs after it (its snapshot may predate the news).
+  let refillAgain = false;
+  function refill() {
+    if (refilling) { refillAgain = true; return refilling; }
+    refilling = doRefill().finally(() => { refilling = null; if (refillAgain) { refillAgain = false; refill(); } });
+    return refilling;
+  }
   async function doRefill() {
     const first = lastStep < 0 && !job;
     const mq = `/api/jobs/${jobId}/metrics?max_points=${MAX_POINTS}${lastStep >= 0 ? `&after_step=${lastStep}` : ""}`;
@@ -896,7 +957,16 @@
       TP.api(`/api/alerts?job_id=${jobId}&limit=50`), TP.api("/api/agents")]);
     agents = new Map(ags.map((a) => [a.id, a]));
     if (j.attempts.length) lastAgent = j.attempts[j.attempts.length - 1].agent_id;
-    for (const [k, s] of Object.entries(m.series)) {
+    let m2 = m;
+    if (shownAttempt !== null && m.attempt > shownAttempt) startAttempt(m.attempt); // a new attempt began
+    if (shownAttempt !== null && m.attempt === shownAttempt && lastStep < 0 && mq.includes("after_step")) {
+      // the points asked for were after the previous attempt's last step: this attempt's all
+      m2 = await TP.api(`/api/jobs/${jobId}/metrics?max_points=${MAX_POINTS}&attempt=${m.attempt}`);
+    }
+    if (m.attempt < (shownAttempt || 0)) return; // an older snapshot than the news already shown
+    shownAttempt = m.attempt;
+    await loadEarlier(j.attempts);
+    for (const [k, s] of Object.entries(m2.series)) {
       if (k.startsWith("sys/")) continue; // keyed by time, not step: the System panels (system.js)
       if (s.t && s.t.length) lastProgress = Math.max(lastProgress || 0, s.t[s.t.length - 1]);
       mergePoints(k, s.step, s.value, s.t);
@@ -920,6 +990,23 @@
     refreshChanges();
   }
 
+  // A new attempt: the points shown so far become a faded earlier attempt; the charts start again.
+  // (the earlier one's overview is fetched anew: live points of the new attempt may have reached
+  // its series before the news of the new attempt did)
+  function startAttempt(attempt) {
+    if (attempt === shownAttempt) return;
+    for (const k of Object.keys(series)) delete series[k];
+    lastStep = -1; detail = null; zoomed = null; downsampledInfo = {};
+    shownAttempt = attempt;
+    for (const id of Object.keys(charts)) { charts[id].destroy(); delete charts[id]; }
+  }
+  async function loadEarlier(attempts) {
+    const want = attempts.map((a) => a.attempt).filter((a) => a < shownAttempt && !earlier[a]);
+    const got = await Promise.all(want.map((a) => TP.api(`/api/jobs/${jobId}/metrics?max_points=500&attempt=${a}`)));
+    got.forEach((r) => { earlier[r.attempt] = Object.fromEntries(Object.entries(r.series).filter(([k]) => !k.startsWith("sys/"))); });
+    $("earlier-box").hidden = !Object.values(earlier).some((e) => Object.keys(e).length);
+  }
+
   TP.live([`job:${jobId}`], (f) => {
     if (f.type === "events" && f.job_id === jobId) {
       if (f.missed) { refill(); return; } // the server dropped events for this (lagging) page: ask REST
@@ -934,7 +1021,8 @@
     } else if (f.type === "job" && f.job.id === jobId) {
       const was = job && job.state;
       showSummary(f.job);
-      if (was !== f.job.state) refill();
+      if (shownAttempt !== null && f.job.attempt > shownAttempt) { startAttempt(f.job.attempt); drawCharts(false); refill(); }
+      else if (was !== f.job.state) refill();
     } else if (f.type === "heartbeat" && f.job_id === jobId && job) {
       job.alive_at = f.alive_at;
       const t = $("heartbeat").querySelector("time");
@@ -947,7 +1035,7 @@
     const next = [...CHARTS["chart-custom"].keys, k];
     setPanel(next); TP.pref.set(panelPrefKey, next); updatePanelPicker(); scheduleDraw();
   });
-  window.TPJOB = { series, charts, job: () => job, csvFor }; // for tests and bench/ui.py
+  window.TPJOB = { series, charts, job: () => job, csvFor, attempt: () => shownAttempt, earlier }; // for tests and bench/ui.py
   setInterval(() => { if (job) { showHeartbeat(); if (TP.ACTIVE.includes(job.state)) showNumbers(job.last || {}); } }, 1000);
 
   // A requested stack dump is cleared by the server once the worker has taken it, without a frame
@@ -965,6 +1053,8 @@
   }
 
   // ---- chart options and export -----------------------------------------------------------------
+  $("earlier").addEventListener("change", () => { TP.pref.set("tp-chart-earlier", $("earlier").checked); drawCharts(false); });
+  $("earlier").checked = TP.pref.get("tp-chart-earlier", true);
   for (const id of ["logy", "clip", "xaxis"]) $(id).addEventListener("change", () => {
     try { localStorage.setItem(`tp-chart-${id}`, id === "xaxis" ? $(id).value : $(id).checked ? "1" : ""); } catch (e) { /* private mode */ }
     if (id === "xaxis") { zoomed = null; detail = null; }
@@ -981,14 +1071,18 @@
     document.body.append(a); a.click(); a.remove();
     setTimeout(() => URL.revokeObjectURL(a.href), 10e3);
   }
-  function csvFor(id) { // every point the chart holds, by step, with its wall-clock time
-    const spec = activeSpec(CHARTS[id]);
-    const cols = stepData(spec), when = new Map();
-    for (const k of spec.keys) { const s = sourceFor(k); if (s && s.t) s.step.forEach((x, i) => { if (s.t[i]) when.set(x, s.t[i]); }); }
-    const head = ["step", "time", ...spec.keys, ...(spec.smooth ? [`${spec.keys[0]}_smoothed`] : [])];
+  function csvFor(id) { // every point the chart holds, by attempt and step, with its wall-clock time
+    const spec = activeSpec(CHARTS[id], false);
+    const head = ["attempt", "step", "time", ...spec.keys, ...(spec.smooth ? [`${spec.keys[0]}_smoothed`] : [])];
     const rows = [head.join(",")];
-    cols[0].forEach((x, i) => rows.push([x, when.has(x) ? new Date(when.get(x) * 1000).toISOString() : "",
-      ...cols.slice(1).map((c) => (c[i] === null || c[i] === undefined ? "" : c[i]))].join(",")));
+    const shown = showEarlier() ? Object.keys(earlier).map(Number).sort((a, b) => a - b) : [];
+    for (const a of [...shown, shownAttempt]) {
+      const src = a === shownAttempt ? sourceFor : (k) => earlier[a][k];
+      const cols = stepData({ keys: spec.keys, smooth: spec.smooth, sourceOf: src }), when = new Map();
+      for (const k of spec.keys) { const s = src(k); if (s && s.t) s.step.forEach((x, i) => { if (s.t[i]) when.set(x, s.t[i]); }); }
+      cols[0].forEach((x, i) => rows.push([a, x, when.has(x) ? new Date(when.get(x) * 1000).toISOString() : "",
+        ...cols.slice(1).map((c) => (c[i] === null || c[i] === undefined ? "" : c[i]))].join(",")));
+    }
     return rows.join("\n") + "\n";
   }
   function pngFor(id) { // the chart as drawn (axes included), with its title and legend

@@ -110,7 +110,8 @@ class JobDiagnosis:
                 self.note_hang(rj, now, head, hang_frame(odd_stack))
                 message = folded(head, f"{v.message}; {where}", odd_stack)
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical",
-                                        "message": message[:8192], "stack": stack[-199_000:]})
+                                        "message": message[:8192], "stack": stack[-199_000:],
+                                        "data": {"stuck_since": time.time() - v.silent_s}})
         elif v is not None and v.kind == AlertKind.STALLED:
             stack = await self.capture_stack(rj)
             if rj.process.started.returncode is not None:
@@ -124,8 +125,10 @@ class JobDiagnosis:
             head = stall_headline(v.silent_s, stack, rj.detector.where())
             self.note_hang(rj, now, head, hang_frame(stack))
             message = folded(head, message, stack)
+            # since when: the page keeps the headline's "Stuck 30 s" current while the alert is open
             self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical", "message": message,
-                                    "stack": stack[-199_000:] if stack else None})
+                                    "stack": stack[-199_000:] if stack else None,
+                                    "data": {"stuck_since": time.time() - v.silent_s}})
         self.end_hang(rj, now)
         if rj.advice is not None:
             await self.advise(rj, rj.advice, now)

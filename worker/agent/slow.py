@@ -81,7 +81,11 @@ class SlowDetector:
     # ---- feeding -----------------------------------------------------------------------------
 
     def observe(self, kind: str, data: dict, now: float) -> None:
-        if kind == "info":
+        if kind == "alert" and data.get("kind") == "padding" and not data.get("clear"):
+            # the training process judged its padding itself (padding=max_length: its alert, its fix,
+            # the data's recommended length): one verdict and one fix, not a second in the slow alert
+            self.owned = self.owned | {"padding"}
+        elif kind == "info":
             self.info.update({k: v for k, v in data.items() if k != "reason"})
             if "measured" in data:
                 measured = [m.get("tokens_per_s") for m in data["measured"] or [] if isinstance(m, dict)]
