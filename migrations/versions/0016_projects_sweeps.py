@@ -6,14 +6,14 @@ sweep_trials: each trial's settings, Optuna's per-trial state (system_attrs: the
 pruner's rungs) and outcome, so the Optuna study is rebuilt from them after a restart.
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 Create Date: 2026-11-28
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = '0016'
-# 0015 lands in parallel; the lead re-chains this one onto it at merge (nothing here depends on it)
+# after 0015 (metric points per attempt)
 down_revision = '0015'
 branch_labels = None
 depends_on = None
