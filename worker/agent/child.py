@@ -11,11 +11,15 @@ import signal
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from tokenpulse.control import CANCEL_WORD, CONTROL_ENV  # read by worker/training/controls.py, the Trainer hook
+from worker.agent.keeper import TAG_ENV
 from worker.agent.proc import children
 from worker.agent.tree import JobTree
+
+if TYPE_CHECKING:
+    from worker.agent.warm import Standby
 
 
 def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:
@@ -139,7 +143,9 @@ class Supervised:
         """After the process ended (its keeper killed the rest of its tree): the attempt's cgroup goes."""
         await asyncio.get_running_loop().run_in_executor(None, self.tree.release)
 
-    async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None) -> None:
+    async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None,
+                    pass_fds: tuple[int, ...] = ()) -> None:
+        """pass_fds: more descriptors the process inherits (a warm standby's assignment pipe)."""
         if self.fifo is not None:
             return await self._spawn_gang(self.fifo, args, env, cwd)
         read_fd, write_fd = os.pipe()
@@ -148,7 +154,7 @@ class Supervised:
         # takes its children (dataloader workers, a launcher's ranks) too; what leaves the group
         # (setsid, a double-forked daemon) is still its keeper's.
         try:
-            self.proc = await self._start_kept(args, env, cwd, (write_fd,))
+            self.proc = await self._start_kept(args, env, cwd, (write_fd, *pass_fds))
         except BaseException:
             os.close(read_fd)
             raise
@@ -244,12 +250,28 @@ class TrainingProcess(Supervised):
         self.resume_from = resume_from
         self.command = command  # torchrun's command line for a distributed job (launch.command)
 
+    def train_args(self) -> list[str]:
+        args = ["--spec", str(self.spec_path), "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
+        return args + (["--resume", self.resume_from] if self.resume_from else [])
+
     async def start(self) -> None:
-        args = [sys.executable, "-u", "-m", "worker.training.train", "--spec", str(self.spec_path),
-                "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
-        if self.resume_from:
-            args += ["--resume", self.resume_from]
+        args = [sys.executable, "-u", "-m", "worker.training.train", *self.train_args()]
         await self.spawn(self.command or args, {**os.environ, "PYTHONFAULTHANDLER": "1"})
+
+    async def start_in(self, standby: "Standby") -> None:
+        """The job in a warm standby (warm.py) instead of a new process: an earlier attempt's survivors
+        killed first (as a plain start's keeper waits for), the standby's tree made this attempt's
+        (its processes moved to the attempt's cgroup, its tag recorded), then the standby handed the job and taken over."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self.tree.record_warm, standby.tree.tag)
+            await loop.run_in_executor(None, self.tree.prepare, standby.tree.cgroup)
+        except BaseException:
+            await standby.close()
+            raise
+        standby.tree.cgroup = None  # this attempt's now
+        self.proc, self.events, self.main_pid = standby.proc, standby.events, standby.main_pid
+        standby.assign(self.train_args(), self.control_env({TAG_ENV: self.tree.tag}))
 
 
 class CommandProcess(Supervised):
