@@ -87,7 +87,8 @@ class Agent:
                               snapshot_s=snapshot_s,  # a progress bar redrawing without a newline: a line per this
                               outbox=self.outbox, flush_now=self.flush_now, jobs=self.jobs, delivering=delivering,
                               emit=self.emit, disk=self.disk, diagnosis=diagnosis,
-                              warm=WarmStart(self.server, work_dir / "cache", enabled=warm_start))
+                              warm=WarmStart(self.server, work_dir / "cache",
+                                             off=None if warm_start else "warm start is off (agent --no-warm-start)"))
         self.system = SystemReporter(self.jobs, self.emit, self.link.post_system, lambda: self.link.agent_id,
                                      self.stopped)
 

@@ -11,15 +11,11 @@ import signal
 import sys
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from tokenpulse.control import CANCEL_WORD, CONTROL_ENV  # read by worker/training/controls.py, the Trainer hook
-from worker.agent.keeper import TAG_ENV
 from worker.agent.proc import children
 from worker.agent.tree import JobTree
-
-if TYPE_CHECKING:
-    from worker.agent.warm import Standby
 
 
 def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:
@@ -257,21 +253,6 @@ class TrainingProcess(Supervised):
     async def start(self) -> None:
         args = [sys.executable, "-u", "-m", "worker.training.train", *self.train_args()]
         await self.spawn(self.command or args, {**os.environ, "PYTHONFAULTHANDLER": "1"})
-
-    async def start_in(self, standby: "Standby") -> None:
-        """The job in a warm standby (warm.py) instead of a new process: an earlier attempt's survivors
-        killed first (as a plain start's keeper waits for), the standby's tree made this attempt's
-        (its processes moved to the attempt's cgroup, its tag recorded), then the standby handed the job and taken over."""
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(None, self.tree.record_warm, standby.tree.tag)
-            await loop.run_in_executor(None, self.tree.prepare, standby.tree.cgroup)
-        except BaseException:
-            await standby.close()
-            raise
-        standby.tree.cgroup = None  # this attempt's now
-        self.proc, self.events, self.main_pid = standby.proc, standby.events, standby.main_pid
-        standby.assign(self.train_args(), self.control_env({TAG_ENV: self.tree.tag}))
 
 
 class CommandProcess(Supervised):

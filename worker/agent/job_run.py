@@ -40,7 +40,7 @@ from worker.agent.ranks import RankBoard
 from worker.agent.running import Emitter, Requested, RunningJob
 from worker.agent.slow import SlowDetector
 from worker.agent.tree import JobTree
-from worker.agent.warm import WarmStart
+from worker.agent.warm import WarmStart, start_in
 
 log = logging.getLogger("tokenpulse.agent")
 
@@ -125,7 +125,7 @@ class JobRunner:
                 self.emit(rj, "log", {"line": f"agent {self.name}: started warm: in standby pid {standby.pid}, started "
                                               f"{time.monotonic() - standby.started_at:.1f} s before the claim",
                                       "stream": "agent"})
-                await proc.start_in(standby)
+                await start_in(proc, standby)
             else:
                 self.emit(rj, "log", {"line": f"agent {self.name}: started plainly: {plainly}", "stream": "agent"})
                 await proc.start()

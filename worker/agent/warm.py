@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Optional
 
 from tokenpulse.control import ASSIGN_ENV
-from worker.agent.child import Supervised, describe_exit
+from worker.agent.child import Supervised, TrainingProcess, describe_exit
+from worker.agent.keeper import TAG_ENV
 from worker.agent.tree import JobTree, job_tag
 
 log = logging.getLogger("tokenpulse.agent")
@@ -108,15 +109,29 @@ class Standby(Supervised):
         await self.release()
 
 
+async def start_in(proc: TrainingProcess, standby: Standby) -> None:
+    """The job's process is the standby: an earlier attempt's survivors killed first (as before a
+    plain start), the standby's tree made this attempt's (its processes moved to the attempt's
+    cgroup, its tag recorded), then the standby handed the job and taken over."""
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, proc.tree.record_warm, standby.tree.tag)
+        await loop.run_in_executor(None, proc.tree.prepare, standby.tree.cgroup)
+    except BaseException:
+        await standby.close()
+        raise
+    standby.tree.cgroup = None  # the attempt's now
+    proc.proc, proc.events, proc.main_pid = standby.proc, standby.events, standby.main_pid
+    standby.assign(proc.train_args(), proc.control_env({TAG_ENV: proc.tree.tag}))
+
+
 class WarmStart:
     """The agent's one standby: started with the agent and again after each hand-off."""
 
-    def __init__(self, server: str, cache_dir: Path, enabled: bool = True):
+    def __init__(self, server: str, cache_dir: Path, off: Optional[str] = None):
         self.server, self.cache_dir = server, cache_dir
-        self.off: Optional[str] = None
-        if not enabled:
-            self.off = "warm start is off (agent --no-warm-start)"
-        elif os.environ.get(WARM_ENV, "1").lower() in ("0", "off", "false", "no"):
+        self.off = off  # why every job starts plainly here
+        if off is None and os.environ.get(WARM_ENV, "1").lower() in ("0", "off", "false", "no"):
             self.off = f"warm start is off ({WARM_ENV}={os.environ[WARM_ENV]})"
         self.standby: Optional[Standby] = None
         self.why_none = "no standby was ready"

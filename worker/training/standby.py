@@ -16,10 +16,6 @@ plain start.
 """
 from __future__ import annotations
 
-from .runtime import configure as _configure_runtime
-
-_configure_runtime()  # before anything imports torch, as train.py does
-
 import json
 import os
 import sys
@@ -27,6 +23,10 @@ from pathlib import Path
 from typing import Optional
 
 from tokenpulse.control import ASSIGN_ENV
+
+from .runtime import configure as _configure_runtime
+
+_configure_runtime()  # before anything imports torch (preload), as train.py does
 
 
 def preload(cache_dir: Optional[Path]) -> None:
