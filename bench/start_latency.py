@@ -44,7 +44,7 @@ def standby_idle(agent_pid: int) -> bool:
     """The agent's standby waits on its assignment pipe (its imports done)."""
     for d in Path("/proc").iterdir():
         try:
-            if d.name.isdigit() and b"worker.training.standby" in (d / "cmdline").read_bytes() and \
+            if d.name.isdigit() and b"--standby" in (d / "cmdline").read_bytes() and \
                     f"TOKENPULSE_AGENT_PID={agent_pid}".encode() in (d / "environ").read_bytes() and \
                     "pipe" in (d / "wchan").read_text():
                 return True
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         try:
             with srv.client() as c:
                 for how, extra in (("plain", ("--no-warm-start",)), ("warm", ())):
-                    agent = srv.start_agent(how, *extra)
+                    agent = srv.start_agent(how, *extra, env={"TOKENPULSE_WARM_START": "1"})
                     wait_for(lambda: any(a["name"] == how and a["state"] == "online"
                                          for a in c.get("/api/agents").json()), 60, "the agent registered")
                     if how == "warm":

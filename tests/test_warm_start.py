@@ -48,7 +48,7 @@ def standbys(agent_pid: int) -> list[int]:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"worker.training.standby" in cmd and not any(a.endswith(b"keeper.py") for a in cmd) and \
+        if b"--standby" in cmd and not any(a.endswith(b"keeper.py") for a in cmd) and \
                 environ(int(d.name)).get(AGENT_PID_ENV) == str(agent_pid) and alive(int(d.name)):
             found.append(int(d.name))
     return found
@@ -79,7 +79,7 @@ def plain_losses(spec: Path, out: Path, cache: Path) -> list[float]:
 
 
 def test_a_warm_job_trains_as_a_plain_one_and_the_standby_is_replaced_kept_and_killed(server, tmp_path):
-    agent = server.start_agent("w")
+    agent = server.start_agent("w", env={"TOKENPULSE_WARM_START": "1"})  # the suite's agents keep none
     work = server.data_dir.parent / "work-w"
     first = wait_for(lambda: standbys(agent.pid), 60, "the agent's first standby")[0]
     with server.client() as c:

@@ -63,7 +63,7 @@ class Standby(Supervised):
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.tree.prepare_standby)
         read_fd, self._assign_fd = os.pipe()
-        args = [sys.executable, "-u", "-m", "worker.training.standby", "--cache-dir", str(self.cache_dir)]
+        args = [sys.executable, "-u", "-m", "worker.training.train", "--standby", "--cache-dir", str(self.cache_dir)]
         try:
             await self.spawn(args, {**self.env, "PYTHONFAULTHANDLER": "1", ASSIGN_ENV: str(read_fd)},
                              pass_fds=(read_fd,))

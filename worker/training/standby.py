@@ -5,14 +5,14 @@ TOKENPULSE_ASSIGN_FD:
 
     {"argv": [train.py's arguments], "env": {per-attempt variables}}
 
-and runs train.main(argv) as `python -m worker.training.train` would, in this same process. EOF
-instead of a line (the agent closed it, or died): it exits without running anything.
+and train.py's main runs the job with those arguments, in this same process (its __main__, as in a
+plain start). EOF instead of a line (the agent closed it, or died): it exits without running anything.
 
 Nothing before the assignment touches a device or runs a torch op: no OpenMP pool, no CUDA context,
 no thread of ours; the training code sets its seeds, threads and signal handlers after it, as in a
 plain start.
 
-    python -u -m worker.training.standby --cache-dir DIR
+    python -u -m worker.training.train --standby --cache-dir DIR
 """
 from __future__ import annotations
 
@@ -24,21 +24,18 @@ from typing import Optional
 
 from tokenpulse.control import ASSIGN_ENV
 
-from .runtime import configure as _configure_runtime
-
-_configure_runtime()  # before anything imports torch (preload), as train.py does
-
 
 def preload(cache_dir: Optional[Path]) -> None:
     """What a plain start spends its first seconds importing (nothing here runs a torch op)."""
     from .hub import use_shared_cache
-    use_shared_cache(cache_dir)  # HF_HOME before huggingface_hub loads, as train.main does
+    use_shared_cache(cache_dir)  # HF_HOME before huggingface_hub loads, as train.main does (train.py
+    # set the CPU runtime's variables at its import, before this)
     import datasets  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
     from transformers.models.llama import modeling_llama  # noqa: F401 -- the builtin tiny model's, loaded lazily
 
-    from . import session, train  # noqa: F401
+    from . import controls, session  # noqa: F401 -- what train.main imports lazily (train.py is __main__)
 
 
 def wait_assignment(fd: int) -> Optional[dict]:
@@ -48,21 +45,15 @@ def wait_assignment(fd: int) -> Optional[dict]:
     return json.loads(line) if line.strip() else None
 
 
-def main(argv: list[str]) -> int:
+def wait_for_job(argv: list[str]) -> Optional[list[str]]:
+    """The standby's life before its job (`train.py --standby [--cache-dir DIR]`): imports done, the
+    assignment read, its variables set; train.py's arguments for the job, or None (no job: exit)."""
     cache_dir = Path(argv[argv.index("--cache-dir") + 1]) if "--cache-dir" in argv else None
     fd = int(os.environ.pop(ASSIGN_ENV))
     preload(cache_dir)
     job = wait_assignment(fd)
     if job is None:
-        return 0
+        return None
     os.environ.update(job["env"])  # before the training code reads any of it
-    sys.argv = ["-m worker.training.train", *job["argv"]]
-    from .train import main as train_main
-    return train_main(job["argv"])
-
-
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # as train.py: no slow teardown of torch/datasets
+    sys.argv = [sys.argv[0], *job["argv"]]
+    return list(job["argv"])
