@@ -134,8 +134,8 @@ class JobRunner:
                                               failure=Failure.CRASH).model_dump(exclude_none=True))
             self.finish(claim.job_id)
             return
-        finally:
-            self.warm.refill()  # the next job's standby, while this one runs
+        finally:  # the next job's standby, once this one is past its start
+            self.warm.refill_when(lambda: rj.detector.step is not None or claim.job_id not in self.jobs)
         self.watch(rj)
 
     async def start_command(self, claim: Claim, spec: CommandSpec, job_dir: Path) -> None:

@@ -8,7 +8,8 @@ environment; it carries a tag of its own (TOKENPULSE_JOB_TREE=warm...). On the c
 run (tokenpulse's own training, one process) the job's tree takes it over (child.py start_in: earlier
 attempts' survivors killed, its processes moved into the attempt's cgroup, its tag recorded in the job's warm
 record for tree.py), it is handed the job on its assignment pipe, and the next standby starts in the
-background. Everything else, or anything that makes it unfit, starts plainly and says why.
+background once that job took its first step (its imports would take the CPU the job's start needs).
+Everything else, or anything that makes it unfit, starts plainly and says why.
 
 Off with TOKENPULSE_WARM_START=0 or `tokenpulse agent --no-warm-start`; not kept while the machine has
 less than TOKENPULSE_WARM_MIN_FREE_MB (default 2048) of memory available: an idle standby holds about
@@ -23,7 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from tokenpulse.control import ASSIGN_ENV
 from worker.agent.child import Supervised, TrainingProcess, describe_exit
@@ -143,6 +144,17 @@ class WarmStart:
         if self.off or self.standby is not None or (self._starting is not None and not self._starting.done()):
             return
         self._starting = asyncio.create_task(self._start())
+
+    def refill_when(self, settled: Callable[[], bool], limit_s: float = 120.0) -> None:
+        """The next standby once `settled()` (the job just started is past its own start: its first
+        step, or its end), or limit_s on: its imports would take the CPU that start needs."""
+        async def later() -> None:
+            end = time.monotonic() + limit_s
+            while not settled() and time.monotonic() < end and not self.off:
+                await asyncio.sleep(0.25)
+            self.refill()
+        self.why_none = "the next standby starts after the job before it took its first step: not yet"
+        asyncio.create_task(later())
 
     async def _start(self) -> None:
         need = float(os.environ.get(MIN_FREE_ENV) or DEFAULT_MIN_FREE_MB)
