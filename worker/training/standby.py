@@ -32,6 +32,8 @@ def preload(cache_dir: Optional[Path]) -> None:
     # set the CPU runtime's variables at its import, before this)
     import datasets  # noqa: F401
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401 -- what the loss head's torch.compile loads first (losshead.py): ~5 s
+    import torch._inductor.compile_fx  # noqa: F401
     import transformers  # noqa: F401
     from transformers.models.llama import modeling_llama  # noqa: F401 -- the builtin tiny model's, loaded lazily
 
