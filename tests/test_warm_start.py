@@ -1,9 +1,9 @@
 """Warm start (worker/agent/warm.py, worker/training/standby.py): a real server and agent; the agent's
 standby, a training process with its imports done, takes the claimed job and trains it exactly as a
 plain start of the same spec does (same seed, same losses); the next standby starts after the claim;
-a torchrun job starts plainly and says so, leaving the standby in place; the standby dies with an
-agent killed -9. Beside it, the earlier-attempt check of tree.py on real processes carrying a warm
-standby's tag."""
+a torchrun job starts plainly and says so, leaving the standby in place; a job finding its standby
+ended starts plainly and says why; the standby dies with an agent killed -9. Beside it, the
+earlier-attempt check of tree.py on real processes carrying a warm standby's tag."""
 from __future__ import annotations
 
 import json
@@ -106,12 +106,20 @@ def test_a_warm_job_trains_as_a_plain_one_and_the_standby_is_replaced_kept_and_k
         assert c.post(f"/api/jobs/{gang}/cancel").status_code == 200
         assert server.wait_job(gang, timeout=120)["state"] == "cancelled"
         assert standbys(agent.pid) == [second]
-        keeper = int(Path(f"/proc/{second}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+        # a standby that ended before its job (killed here): the job starts plainly, says why, completes
+        os.kill(second, signal.SIGKILL)
+        wait_for(lambda: not alive(second), 30, "the standby killed")
+        plain = c.post("/api/jobs", json={**SPEC, "name": "after", "max_steps": 2}).json()["id"]
+        assert server.wait_job(plain, timeout=300)["state"] == "completed"
+        assert any("started plainly: the standby had ended (killed by SIGKILL" in x for x in log_lines(c, plain))
+        third = wait_for(lambda: standbys(agent.pid), 60, "a standby again")[0]
+        keeper = int(Path(f"/proc/{third}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
     # the agent killed -9: its standby's keeper kills the standby and goes too
     agent.send_signal(signal.SIGKILL)
     agent.wait(30)
-    wait_for(lambda: not alive(second) and not alive(keeper), 30, "the standby and its keeper gone with the agent")
+    wait_for(lambda: not alive(third) and not alive(keeper), 30, "the standby and its keeper gone with the agent")
 
 
 def test_a_warm_attempts_survivors_are_killed_before_the_next_attempt(tmp_path):

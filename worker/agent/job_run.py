@@ -40,7 +40,7 @@ from worker.agent.ranks import RankBoard
 from worker.agent.running import Emitter, Requested, RunningJob
 from worker.agent.slow import SlowDetector
 from worker.agent.tree import JobTree
-from worker.agent.warm import WarmStart, start_in
+from worker.agent.warm import StandbyLost, WarmStart, start_in
 
 log = logging.getLogger("tokenpulse.agent")
 
@@ -122,11 +122,12 @@ class JobRunner:
         standby, plainly = (None, "a distributed job: torchrun starts its ranks") if argv else await self.warm.take()
         try:
             if standby is not None:
-                self.emit(rj, "log", {"line": f"agent {self.name}: started warm: in standby pid {standby.pid}, started "
-                                              f"{time.monotonic() - standby.started_at:.1f} s before the claim",
-                                      "stream": "agent"})
-                await start_in(proc, standby)
-            else:
+                try:
+                    said = await start_in(proc, standby)
+                    self.emit(rj, "log", {"line": f"agent {self.name}: started warm: {said}", "stream": "agent"})
+                except StandbyLost as e:  # it ended as it was handed the job: a new process instead
+                    standby, plainly = None, str(e)
+            if standby is None:
                 self.emit(rj, "log", {"line": f"agent {self.name}: started plainly: {plainly}", "stream": "agent"})
                 await proc.start()
         except OSError as e:

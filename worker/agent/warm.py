@@ -77,6 +77,13 @@ class Standby(Supervised):
             os.close(read_fd)
         self.started_at = time.monotonic()
 
+    def waiting(self) -> bool:
+        """Its imports are done: it is blocked reading its assignment pipe."""
+        try:
+            return "pipe" in Path(f"/proc/{self.pid}/wchan").read_text()
+        except (OSError, RuntimeError):
+            return False
+
     def unfit(self, cache_dir: Path) -> Optional[str]:
         """Why this standby cannot take a job now (what it imported under would differ), or None."""
         if self.proc is None or self.proc.returncode is not None:
@@ -110,20 +117,29 @@ class Standby(Supervised):
         await self.release()
 
 
-async def start_in(proc: TrainingProcess, standby: Standby) -> None:
+class StandbyLost(OSError):
+    """The standby ended before it could take the job (its pipe broke): the job starts plainly."""
+
+
+async def start_in(proc: TrainingProcess, standby: Standby) -> str:
     """The job's process is the standby: an earlier attempt's survivors killed first (as before a
     plain start), the standby's tree made this attempt's (its processes moved to the attempt's
-    cgroup, its tag recorded), then the standby handed the job and taken over."""
+    cgroup, its tag recorded), then the standby handed the job and taken over. Returns what to say."""
     loop = asyncio.get_running_loop()
+    said = (f"in standby pid {standby.pid}, started {time.monotonic() - standby.started_at:.1f} s before the claim "
+            f"({'its imports done' if standby.waiting() else 'still importing'})")
     try:
         await loop.run_in_executor(None, proc.tree.record_warm, standby.tree.tag)
         await loop.run_in_executor(None, proc.tree.prepare, standby.tree.cgroup)
-    except BaseException:
+        standby.tree.cgroup = None  # the attempt's now
+        standby.assign(proc.train_args(), proc.control_env({TAG_ENV: proc.tree.tag}))
+    except BaseException as e:
         await standby.close()
+        if isinstance(e, BrokenPipeError):
+            raise StandbyLost(f"its standby ended as it was handed the job ({e})") from e
         raise
-    standby.tree.cgroup = None  # the attempt's now
     proc.proc, proc.events, proc.main_pid = standby.proc, standby.events, standby.main_pid
-    standby.assign(proc.train_args(), proc.control_env({TAG_ENV: proc.tree.tag}))
+    return said
 
 
 class WarmStart:
