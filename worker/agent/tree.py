@@ -240,6 +240,8 @@ class JobTree:
                     move_processes(adopt, path)
                 self.cgroup = path
             except OSError as e:
+                if adopt is not None:
+                    remove_cgroup(path, wait_s=0)  # made, but the standby's processes stayed where they were
                 log.warning("job %s: no cgroup of its own (%s); %s", self.job_id, e,
                             f"it stays in its standby's {adopt.name}" if adopt is not None
                             else "its keeper's subreaper holds its tree")

@@ -5,8 +5,8 @@ transformers, datasets and the training code.
 The standby is started the normal way: under its own keeper (keeper.py: subreaper, its cgroup where
 there is one, killed with the agent, kill -9 included), with its event pipe, from the agent's own
 environment; it carries a tag of its own (TOKENPULSE_JOB_TREE=warm...). On the claim of a job it can
-run (tokenpulse's own training, one process) the job's tree takes it over (child.py start_in: earlier
-attempts' survivors killed, its processes moved into the attempt's cgroup, its tag recorded in the job's warm
+run (tokenpulse's own training, one process) the job's tree takes it over (start_in: earlier attempts'
+survivors killed, its processes moved into the attempt's cgroup, its tag recorded in the job's warm
 record for tree.py), it is handed the job on its assignment pipe, and the next standby starts in the
 background once that job took its first step (its imports would take the CPU the job's start needs).
 Everything else, or anything that makes it unfit, starts plainly and says why.
