@@ -2,8 +2,9 @@
 standby, a training process with its imports done, takes the claimed job and trains it exactly as a
 plain start of the same spec does (same seed, same losses); the next standby starts after the claim;
 a torchrun job starts plainly and says so, leaving the standby in place; a job finding its standby
-ended starts plainly and says why; the standby dies with an agent killed -9. Beside it, the
-earlier-attempt check of tree.py on real processes carrying a warm standby's tag."""
+ended starts plainly and says why; a warm-started attempt's survivor is killed before the next
+attempt; the standby dies with an agent killed -9. Beside it, the earlier-attempt check of tree.py
+on real processes carrying a warm standby's tag."""
 from __future__ import annotations
 
 import json
@@ -107,9 +108,26 @@ def test_a_warm_job_trains_as_a_plain_one_and_the_standby_is_replaced_kept_and_k
         assert server.wait_job(gang, timeout=120)["state"] == "cancelled"
         assert standbys(agent.pid) == [second]
 
+        # a warm-started attempt's survivor (a process with its standby's tag, as a forked worker of it
+        # has) is killed before the job's next attempt starts: the job's warm record names that tag
+        retried = c.post("/api/jobs", json={**SPEC, "max_steps": 20, "max_retries": 1, "name": server.plan_fault(
+            "retried", crash_at_step=3, step_sleep_s=0.3)}).json()["id"]
+        record = work / "jobs" / str(retried) / "warm_tags"
+        tag = wait_for(lambda: record.exists() and record.read_text().split(), 120, "attempt 1 started warm")[1]
+        survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                    env={**os.environ, TAG_ENV: tag})
+        try:
+            assert server.wait_job(retried, timeout=300)["state"] == "failed"  # the fault crashes each attempt
+            assert survivor.wait(10) == -signal.SIGKILL
+            assert any(f"processes of an earlier attempt of this job still running here (pids [{survivor.pid}" in x
+                       for x in log_lines(c, retried))
+        finally:
+            survivor.kill()
+
         # a standby that ended before its job (killed here): the job starts plainly, says why, completes
-        os.kill(second, signal.SIGKILL)
-        wait_for(lambda: not alive(second), 30, "the standby killed")
+        current = wait_for(lambda: standbys(agent.pid), 60, "the standby after the retried job")[0]
+        os.kill(current, signal.SIGKILL)
+        wait_for(lambda: not alive(current), 30, "the standby killed")
         plain = c.post("/api/jobs", json={**SPEC, "name": "after", "max_steps": 2}).json()["id"]
         assert server.wait_job(plain, timeout=300)["state"] == "completed"
         assert any("started plainly: the standby had ended (killed by SIGKILL" in x for x in log_lines(c, plain))
