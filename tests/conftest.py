@@ -281,7 +281,7 @@ LONG_FILES = {"test_gang_control.py": 302, "test_hf_hub.py": 208, "test_spine.py
               "test_detection.py": 194, "test_durability.py": 169, "test_command_instrument.py": 161,
               "test_disk_full.py": 143, "test_ui.py": 134, "test_cli.py": 133, "test_memory.py": 119,
               "test_ui_job.py": 113, "test_retries.py": 170, "test_fixes.py": 140, "test_slurm.py": 110,
-              "test_any_script.py": 102, "test_training.py": 93}
+              "test_any_script.py": 102, "test_training.py": 93, "test_warm_start.py": 70}
 
 
 def pytest_collection_modifyitems(session, config, items):
