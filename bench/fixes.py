@@ -63,7 +63,8 @@ class Bench:
         if self.agent is not None:
             self.agent.terminate()
             self.agent.wait(60)
-        self.agent = self.srv.start_agent(name, "--allow-commands", env=env or {})
+        # a warm standby (worker/agent/warm.py) as a real agent keeps: the relaunch starts in it
+        self.agent = self.srv.start_agent(name, "--allow-commands", env={"TOKENPULSE_WARM_START": "1", **(env or {})})
         wait("agent online", lambda: any(a["state"] == "online" and a["name"] == name
                                          for a in self.c.get("/api/agents").json()), 60)
 

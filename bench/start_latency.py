@@ -1,8 +1,12 @@
 """Start latency of tokenpulse's own training process, on a real server and agent: from the claim (the
 attempt's start) to the training process's first log line, and to its first optimizer step, for a few
-tiny jobs in a row (the builtin tiny Llama, the demo data, CPU). Beside them, what a fresh Python
-spends importing before it can say anything (each import line in a new process, best of 3): the most
-a pre-imported parent (a zygote) could take off the first figure.
+tiny jobs in a row (the builtin tiny Llama, the demo data, CPU), side by side: an agent started with
+--no-warm-start (each job a new process) and agents keeping a warm standby (worker/agent/warm.py:
+the job's process has its imports done): `warm`, each job claimed once the standby is idle (an agent
+waiting for work, a fix's relaunch after a long attempt), and `warm-b2b`, the jobs back to back (the
+next standby is still importing when the next job comes: goal < 1 s to the first log line for
+`warm`). Beside them, what a fresh Python spends importing before
+it can say anything (each import line in a new process, best of 3): what the standby takes off.
 
     python bench/start_latency.py [--jobs 3]
 """
@@ -38,6 +42,19 @@ def import_cost(code: str) -> float:
     return best
 
 
+def standby_idle(agent_pid: int) -> bool:
+    """The agent's standby waits on its assignment pipe (its imports done)."""
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and b"--standby" in (d / "cmdline").read_bytes() and \
+                    f"TOKENPULSE_AGENT_PID={agent_pid}".encode() in (d / "environ").read_bytes() and \
+                    "pipe" in (d / "wchan").read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def first(events: list[dict], test) -> float | None:
     return next((e["t"] for e in events if test(e)), None)
 
@@ -61,26 +78,44 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=3)
     args = ap.parse_args(argv)
     costs = {name: import_cost(code) for name, code in IMPORTS.items()}
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="tp-start-") as tmp:
         srv = make_server(Path(tmp) / "srv").start()
         try:
-            srv.start_agent("start")
             with srv.client() as c:
-                wait_for(lambda: c.get("/api/agents").json(), 60, "the agent registered")
-                runs = [one_job(c, srv, n) for n in range(args.jobs)]
+                for how, extra in (("plain", ("--no-warm-start",)), ("warm", ()), ("warm-b2b", ())):
+                    agent = srv.start_agent(how, *extra, env={"TOKENPULSE_WARM_START": "1"})
+                    wait_for(lambda: any(a["name"] == how and a["state"] == "online"
+                                         for a in c.get("/api/agents").json()), 60, "the agent registered")
+                    runs[how] = []
+                    for n in range(args.jobs):
+                        if how == "warm" or (how == "warm-b2b" and n == 0):
+                            wait_for(lambda: standby_idle(agent.pid), 120, "the warm agent's standby idle")
+                        runs[how].append(one_job(c, srv, n))
+                    agent.terminate()
+                    agent.wait(60)
         finally:
             for a in srv.agents:
-                a.terminate()
-                a.wait(30)
+                if a.poll() is None:
+                    a.terminate()
+                    a.wait(30)
             srv.kill()
-    print(f"{'job':<5} {'state':<10} {'claim -> first log line':>24} {'claim -> first step':>20}")
-    for n, r in enumerate(runs):
-        print(f"{n:<5} {r['state']:<10} {r['log_s'] or float('nan'):>23.2f}s {r['step_s'] or float('nan'):>19.2f}s")
-    logs = [r["log_s"] for r in runs if r["log_s"] is not None]
-    steps = [r["step_s"] for r in runs if r["step_s"] is not None]
-    if logs and steps:
-        print(f"{'median':<16} {statistics.median(logs):>23.2f}s {statistics.median(steps):>19.2f}s  "
-              f"(goal with a zygote: < 1 s to the first log line)")
+    print(f"{'agent':<8} {'job':<4} {'state':<10} {'claim -> first log line':>24} {'claim -> first step':>20}")
+    for how, rs in runs.items():
+        for n, r in enumerate(rs):
+            print(f"{how:<8} {n:<4} {r['state']:<10} {r['log_s'] or float('nan'):>23.2f}s "
+                  f"{r['step_s'] or float('nan'):>19.2f}s")
+    med = {}
+    for how, rs in runs.items():
+        logs = [r["log_s"] for r in rs if r["log_s"] is not None]
+        steps = [r["step_s"] for r in rs if r["step_s"] is not None]
+        if logs and steps:
+            med[how] = (statistics.median(logs), statistics.median(steps))
+            print(f"{how + ' median':<22} {med[how][0]:>23.2f}s {med[how][1]:>19.2f}s")
+    for how in ("warm", "warm-b2b"):
+        if how in med and "plain" in med:
+            print(f"{how + ' / plain':<24} {med[how][0] / med['plain'][0]:>21.2f}x "
+                  f"{med[how][1] / med['plain'][1]:>19.2f}x")
     print("\nwhat a fresh Python spends before its first word (best of 3):")
     for name, s in costs.items():
         print(f"  {name:<32} {s:6.2f} s")

@@ -208,6 +208,9 @@ def make_server(tmp_path: Path, **settings) -> Server:
            # A submit's data analysis (a child loading transformers, ~3 CPU-s) only where a test asks
            # for it (server_factory(preflight_wait_s=...)): the suite shares two cores.
            "TOKENPULSE_PREFLIGHT_WAIT_S": "0"}
+    # No warm standby (worker/agent/warm.py) unless a test asks for one: it imports torch ahead of each
+    # job and once more after the last, CPU the two shared cores lack; tests/test_warm_start.py turns it on.
+    env.setdefault("TOKENPULSE_WARM_START", "0")
     if pg.enabled() and "database_url" not in settings:
         env["TOKENPULSE_DATABASE_URL"] = pg.cluster().create_database("s")  # one database per server
     env.update({f"TOKENPULSE_{k.upper()}": (json.dumps(v) if isinstance(v, (list, dict)) else str(v))
@@ -287,7 +290,8 @@ LONG_FILES = {"test_gang_control.py": 302, "test_hf_hub.py": 208, "test_spine.py
               "test_detection.py": 194, "test_durability.py": 169, "test_command_instrument.py": 161,
               "test_disk_full.py": 143, "test_ui.py": 134, "test_cli.py": 133, "test_memory.py": 119,
               "test_ui_job.py": 113, "test_retries.py": 170, "test_fixes.py": 140, "test_slurm.py": 110,
-              "test_any_script.py": 102, "test_training.py": 93, "test_sweeps.py": 160}
+              "test_any_script.py": 102, "test_training.py": 93, "test_sweeps.py": 160,
+              "test_warm_start.py": 70}
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -184,7 +184,7 @@ def cmd_agent(args) -> int:
     agent = Agent(args.server, token, Path(args.work_dir).resolve(), name=args.name, capacity=args.capacity or 1,
                   heartbeat_s=args.heartbeat, grace_s=args.grace,
                   resume_roots=[Path(p) for p in args.resume_root] if args.resume_root else None,
-                  allow_commands=args.allow_commands, address=args.address)
+                  allow_commands=args.allow_commands, address=args.address, warm_start=not args.no_warm_start)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -789,6 +789,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--resume-root", action="append", metavar="DIR",
                    help="load checkpoints to resume from only under DIR (repeatable; default: the work "
                         "dir's parent). Put a shared checkpoint filesystem here to resume across machines")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="keep no warm standby (a training process with torch and transformers imported, "
+                        "~0.5 GB idle) for the next job: each job's process starts plainly (also "
+                        "TOKENPULSE_WARM_START=0)")
     p.add_argument("--slurm", action="store_true",
                    help="run each claimed job as a Slurm batch job (sbatch/srun) instead of here: start it where "
                         "sbatch works; its work dir must be on storage the compute nodes share")

@@ -14,6 +14,8 @@ from typing import Optional
 
 CONTROL_ENV = "TOKENPULSE_CONTROL_FILE"
 CANCEL_WORD = "cancel"
+# A warm standby's assignment pipe (worker/agent/warm.py writes the job, worker/training/standby.py reads it).
+ASSIGN_ENV = "TOKENPULSE_ASSIGN_FD"
 
 
 def control_file(environ=None) -> Optional[str]:

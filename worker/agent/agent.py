@@ -6,6 +6,7 @@ the server. Its rooms, each handed what it needs from the others as callables:
   link.py           the server link: calls retried, registration, heartbeats, events sent until acked
   job_run.py        one job's run: start, read its events and output, supervise, commands, finish
   job_setup.py      before the start: resume checkpoint, a command's environment and directory
+  warm.py           the warm standby: a training process started ahead of its job, handed it on claim
   job_diagnosis.py  stalled, slow, quiet, a gang's ranks: detectors fed, alerts raised
   exits.py          how an attempt ended: the ExitVerdict, the job's alerts closed
   sysloop.py        system metrics every few seconds; diskwatch.py: a full work dir
@@ -35,6 +36,7 @@ from worker.agent.outbox import Outbox
 from worker.agent.running import Emitter, Requested, RunningJob
 from worker.agent.sysloop import SystemReporter
 from worker.agent.sysmetrics import describe_device, gpu_info
+from worker.agent.warm import WarmStart
 
 log = logging.getLogger("tokenpulse.agent")
 
@@ -48,7 +50,7 @@ class Agent:
                  capacity: int = 1, heartbeat_s: float = 2.0, flush_s: float = 0.25,
                  poll_s: float = 1.0, grace_s: float = 10.0, stall: Optional[StallConfig] = None,
                  resume_roots: Optional[list[Path]] = None, allow_commands: bool = False,
-                 snapshot_s: float = 10.0, address: Optional[str] = None):
+                 snapshot_s: float = 10.0, address: Optional[str] = None, warm_start: bool = True):
         # where the other agents of a multi-node job reach this one (its node may host the rendezvous)
         self.address = address or socket.gethostname()
         self.server = server.rstrip("/")
@@ -84,7 +86,9 @@ class Agent:
                               gpu=gpu, gpu_bf16=gpu_bf16, grace_s=grace_s,
                               snapshot_s=snapshot_s,  # a progress bar redrawing without a newline: a line per this
                               outbox=self.outbox, flush_now=self.flush_now, jobs=self.jobs, delivering=delivering,
-                              emit=self.emit, disk=self.disk, diagnosis=diagnosis)
+                              emit=self.emit, disk=self.disk, diagnosis=diagnosis,
+                              warm=WarmStart(self.server, work_dir / "cache",
+                                             off=None if warm_start else "warm start is off (agent --no-warm-start)"))
         self.system = SystemReporter(self.jobs, self.emit, self.link.post_system, lambda: self.link.agent_id,
                                      self.stopped)
 
@@ -109,6 +113,7 @@ class Agent:
             return
         loops = [asyncio.create_task(link.heartbeat_loop()), asyncio.create_task(link.flush_loop()),
                  asyncio.create_task(link.channel.run()), asyncio.create_task(self.system.run())]
+        self.runs.warm.refill()  # the first job's standby (warm.py)
         try:
             while not self.stopping:
                 if max_jobs is not None and self.runs.done_jobs + len(self.jobs) >= max_jobs:
@@ -151,6 +156,7 @@ class Agent:
         finally:
             for t in loops:
                 t.cancel()
+            await self.runs.warm.close()
             await link.close()
 
     async def stop(self) -> None:
@@ -158,6 +164,7 @@ class Agent:
         pause) and goes back to the queue, to resume from that checkpoint here later or elsewhere."""
         self.stopping = True
         self.stopped.set()
+        asyncio.create_task(self.runs.warm.close())  # no job for it any more
         for rj in self.jobs.values():
             if rj.requested in (None, Requested.PAUSE_REFUSED):
                 rj.requested = Requested.SHUTDOWN

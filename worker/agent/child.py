@@ -139,7 +139,9 @@ class Supervised:
         """After the process ended (its keeper killed the rest of its tree): the attempt's cgroup goes."""
         await asyncio.get_running_loop().run_in_executor(None, self.tree.release)
 
-    async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None) -> None:
+    async def spawn(self, args: list[str], env: dict, cwd: Optional[Path] = None,
+                    pass_fds: tuple[int, ...] = ()) -> None:
+        """pass_fds: more descriptors the process inherits (a warm standby's assignment pipe)."""
         if self.fifo is not None:
             return await self._spawn_gang(self.fifo, args, env, cwd)
         read_fd, write_fd = os.pipe()
@@ -148,7 +150,7 @@ class Supervised:
         # takes its children (dataloader workers, a launcher's ranks) too; what leaves the group
         # (setsid, a double-forked daemon) is still its keeper's.
         try:
-            self.proc = await self._start_kept(args, env, cwd, (write_fd,))
+            self.proc = await self._start_kept(args, env, cwd, (write_fd, *pass_fds))
         except BaseException:
             os.close(read_fd)
             raise
@@ -244,11 +246,12 @@ class TrainingProcess(Supervised):
         self.resume_from = resume_from
         self.command = command  # torchrun's command line for a distributed job (launch.command)
 
+    def train_args(self) -> list[str]:
+        args = ["--spec", str(self.spec_path), "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
+        return args + (["--resume", self.resume_from] if self.resume_from else [])
+
     async def start(self) -> None:
-        args = [sys.executable, "-u", "-m", "worker.training.train", "--spec", str(self.spec_path),
-                "--out", str(self.out_dir), "--cache-dir", str(self.cache_dir)]
-        if self.resume_from:
-            args += ["--resume", self.resume_from]
+        args = [sys.executable, "-u", "-m", "worker.training.train", *self.train_args()]
         await self.spawn(self.command or args, {**os.environ, "PYTHONFAULTHANDLER": "1"})
 
 

@@ -41,6 +41,7 @@ from worker.agent.ranks import RankBoard
 from worker.agent.running import Emitter, Requested, RunningJob
 from worker.agent.slow import SlowDetector
 from worker.agent.tree import JobTree
+from worker.agent.warm import StandbyLost, WarmStart, start_in
 
 log = logging.getLogger("tokenpulse.agent")
 
@@ -67,7 +68,7 @@ class JobRunner:
     def __init__(self, *, name: str, server: str, work_dir: Path, resume_roots: list[Path], stall_config: StallConfig,
                  gpu: Optional[str], gpu_bf16: bool, grace_s: float, snapshot_s: float, outbox: Outbox,
                  flush_now: asyncio.Event, jobs: dict[int, RunningJob], delivering: dict[int, float],
-                 emit: Emitter, disk: DiskWatch, diagnosis: JobDiagnosis):
+                 emit: Emitter, disk: DiskWatch, diagnosis: JobDiagnosis, warm: WarmStart):
         self.name, self.server, self.work_dir, self.resume_roots = name, server, work_dir, resume_roots
         self.stall_config, self.gpu, self.gpu_bf16 = stall_config, gpu, gpu_bf16
         self.grace_s, self.snapshot_s = grace_s, snapshot_s
@@ -79,6 +80,7 @@ class JobRunner:
         self.done_jobs = 0
         self.finished_at = 0.0  # monotonic time an attempt last ended here (agent.py: its requeue follows)
         self.stream = JobStream(emit, snapshot_s)  # its events and output read
+        self.warm = warm  # the standby tokenpulse's own training starts in (warm.py)
 
     async def start_job(self, claim: Claim) -> None:
         job_dir = self.work_dir / "jobs" / str(claim.job_id)
@@ -111,19 +113,31 @@ class JobRunner:
         proc = TrainingProcess(spec_path, job_dir / "out", self.work_dir / "cache", str(resume) if resume else None,
                                command=argv, fifo=fifo)
         proc.tree = JobTree.for_job(self.server, claim.job_id, claim.attempt)
+        proc.tree.warm_record = job_dir / "warm_tags"  # attempts started warm: their standbys' tags
         proc.control_file = job_dir / "control"  # the agent's word before its own SIGTERM (child.py)
         rj = RunningJob(claim=claim, process=proc, detector=StallDetector(stall),
                         slow=SlowDetector(stall, gpu=self.gpu, gpu_bf16=self.gpu_bf16),
                         gang=new_gang(stall) if fifo else None, kill_after_s=kill_after(stall, command=False))
         self.jobs[claim.job_id] = rj
         self.emit(rj, "log", {"line": f"agent {self.name}: attempt {claim.attempt}: {resume_note}", "stream": "agent"})
+        standby, plainly = (None, "a distributed job: torchrun starts its ranks") if argv else await self.warm.take()
         try:
-            await proc.start()
+            if standby is not None:
+                try:
+                    said = await start_in(proc, standby)
+                    self.emit(rj, "log", {"line": f"agent {self.name}: started warm: {said}", "stream": "agent"})
+                except StandbyLost as e:  # it ended as it was handed the job: a new process instead
+                    standby, plainly = None, str(e)
+            if standby is None:
+                self.emit(rj, "log", {"line": f"agent {self.name}: started plainly: {plainly}", "stream": "agent"})
+                await proc.start()
         except OSError as e:
             self.emit(rj, "state", ExitVerdict(state="failed", reason=f"could not start training: {e}",
                                               failure=Failure.CRASH).model_dump(exclude_none=True))
             self.finish(claim.job_id)
             return
+        finally:  # the next job's standby, once this one is past its start
+            self.warm.refill_when(lambda: rj.detector.step is not None or claim.job_id not in self.jobs)
         self.watch(rj)
 
     async def start_command(self, claim: Claim, spec: CommandSpec, job_dir: Path) -> None:

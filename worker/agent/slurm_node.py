@@ -42,6 +42,7 @@ from worker.agent.outbox import Outbox
 from worker.agent.running import Emitter, Requested, RunningJob
 from worker.agent.sysloop import SystemReporter
 from worker.agent.sysmetrics import gpu_info
+from worker.agent.warm import WarmStart
 
 log = logging.getLogger("tokenpulse.slurm")
 SEQ_MARGIN = 32
@@ -105,7 +106,10 @@ class SlurmNode:
         self.runs = JobRunner(name=self.name, server=cfg["server"], work_dir=work_dir, resume_roots=roots,
                               stall_config=StallConfig.from_env(), gpu=gpu, gpu_bf16=gpu_bf16, grace_s=grace_s,
                               snapshot_s=10.0, outbox=self.outbox, flush_now=self.flush_now, jobs=self.jobs,
-                              delivering=delivering, emit=self.emit, disk=self.disk, diagnosis=diagnosis)
+                              delivering=delivering, emit=self.emit, disk=self.disk, diagnosis=diagnosis,
+                              # one job per Slurm allocation: nothing to start ahead of
+                              warm=WarmStart(cfg["server"], work_dir / "cache", off="a Slurm job starts its "
+                                             "training process where it lands"))
         self.system = SystemReporter(self.jobs, self.emit, self.link.post_system, lambda: self.link.agent_id,
                                      self.stopped)
 

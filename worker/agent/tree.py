@@ -56,10 +56,13 @@ def job_tag(server: str, job_id: int) -> str:
     return f"{job_id}@{hashlib.sha256(server.encode()).hexdigest()[:12]}"
 
 
-def earlier(job: str, attempt: int) -> list[int]:
+def earlier(job: str, attempt: int, warm: Optional[dict[str, int]] = None) -> list[int]:
     """Live processes of this machine carrying the job's tag with another attempt than `attempt`
-    (those this user may read). The same attempt's other node ranks (a gang on one machine) stay."""
-    needle = f"\0{TAG_ENV}={job}#".encode()
+    (those this user may read), or the tag of a warm standby that ran another attempt of it (`warm`:
+    its tag -> that attempt, from the job's record). The same attempt's other node ranks (a gang on
+    one machine) stay."""
+    needle = f"\0{TAG_ENV}=".encode()
+    mine = f"{job}#"
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
@@ -72,8 +75,23 @@ def earlier(job: str, attempt: int) -> list[int]:
         if at < 0:
             continue
         value = env[at + len(needle):env.find(b"\0", at + 1)].decode(errors="replace")
-        if value != str(attempt) and _alive(int(d.name)):
+        ran = value[len(mine):] if value.startswith(mine) else (str(warm[value]) if warm and value in warm else None)
+        if ran is not None and ran != str(attempt) and _alive(int(d.name)):
             found.append(int(d.name))
+    return found
+
+
+def read_warm_record(path: Optional[Path]) -> dict[str, int]:
+    """A job's warm record: `<attempt> <standby tag>` per line, one per attempt started warm."""
+    found: dict[str, int] = {}
+    try:
+        lines = path.read_text().splitlines() if path is not None else []
+    except OSError:
+        return found
+    for line in lines:
+        attempt, _, tag = line.partition(" ")
+        if attempt.isdigit() and tag:
+            found[tag] = int(attempt)
     return found
 
 
@@ -89,6 +107,18 @@ def cgroup_pids(path: Path) -> list[int]:
         return [int(x) for x in (path / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return []
+
+
+def move_processes(src: Path, dst: Path) -> None:
+    """Every process of cgroup src into dst (cgroup v2 renames no cgroup): a warm standby's keeper
+    and training process, idle and forking nothing, into its attempt's."""
+    for pid in cgroup_pids(src):
+        try:
+            (dst / "cgroup.procs").write_text(str(pid))
+        except ProcessLookupError:
+            pass
+    if cgroup_pids(src):
+        raise OSError(f"processes still in {src.name} after the move")
 
 
 def kill_cgroup(path: Path) -> None:
@@ -137,6 +167,13 @@ class JobTree:
     attempt: int
     cgroup: Optional[Path] = None
     settled: list[int] = field(default_factory=list)  # survivors of earlier attempts killed at start
+    # The job's warm record (warm.py): the standby tags its attempts started warm ran under.
+    warm_record: Optional[Path] = None
+
+    @property
+    def tag(self) -> str:
+        """What every process of the tree carries in TOKENPULSE_JOB_TREE."""
+        return f"{self.job}#{self.attempt}"
 
     @property
     def cgroup_stem(self) -> str:
@@ -147,9 +184,28 @@ class JobTree:
     def for_job(cls, server: str, job_id: int, attempt: int) -> "JobTree":
         return cls(job_tag(server, job_id), job_id, attempt)
 
-    def prepare(self) -> None:
+    def record_warm(self, standby_tag: str) -> None:
+        """This attempt runs in a warm standby started under `standby_tag`: noted in the job's record
+        before it runs, so a later attempt finds its survivors (their environment says the standby's tag)."""
+        if self.warm_record is not None:
+            with self.warm_record.open("a") as f:
+                f.write(f"{self.attempt} {standby_tag}\n")
+
+    def prepare_standby(self) -> None:
+        """A warm standby's cgroup (before its keeper starts); its processes move to its attempt's on assignment."""
+        base = cgroup_base()
+        if base is not None:
+            path = base / f"{self.cgroup_stem}-a{self.attempt}-p{os.getpid()}"
+            try:
+                path.mkdir(exist_ok=True)
+                self.cgroup = path
+            except OSError as e:
+                log.warning("warm standby: no cgroup (%s); its keeper's subreaper holds its tree", e)
+
+    def prepare(self, adopt: Optional[Path] = None) -> None:
         """Before the keeper starts (blocking: run it off the event loop): kill and wait out every
-        process of an earlier attempt of this job still alive here, then make this attempt's cgroup."""
+        process of an earlier attempt of this job still alive here, then make this attempt's cgroup
+        (`adopt`: a warm standby's, whose processes move into it)."""
         base = cgroup_base()
         if base is not None:
             for old in base.glob(f"{self.cgroup_stem}-a*"):
@@ -161,7 +217,7 @@ class JobTree:
                 remove_cgroup(old)
         end = time.monotonic() + 30
         while True:
-            left = earlier(self.job, self.attempt)
+            left = earlier(self.job, self.attempt, read_warm_record(self.warm_record))
             if not left:
                 break
             self.settled = sorted(set(self.settled) | set(left))
@@ -174,18 +230,28 @@ class JobTree:
                 raise OSError(f"processes of an earlier attempt of job {self.job_id} survive SIGKILL "
                               f"(pids {', '.join(map(str, left))}): not starting beside them")
             time.sleep(0.05)
+        if adopt is not None:
+            self.cgroup = adopt
         if base is not None:
             path = base / f"{self.cgroup_stem}-a{self.attempt}-p{os.getpid()}"
             try:
                 path.mkdir(exist_ok=True)
+                if adopt is not None:
+                    move_processes(adopt, path)
                 self.cgroup = path
             except OSError as e:
-                log.warning("job %s: no cgroup (%s); its keeper's subreaper holds its tree", self.job_id, e)
+                if adopt is not None:
+                    remove_cgroup(path, wait_s=0)  # made, but the standby's processes stayed where they were
+                log.warning("job %s: no cgroup of its own (%s); %s", self.job_id, e,
+                            f"it stays in its standby's {adopt.name}" if adopt is not None
+                            else "its keeper's subreaper holds its tree")
+            if adopt is not None and self.cgroup == path:
+                remove_cgroup(adopt, wait_s=1.0)
 
     def keeper_args(self, pid_fd: int, pass_fds: tuple[int, ...]) -> list[str]:
         import sys
         args = [sys.executable, "-I", KEEPER, "--agent-pid", str(os.getpid()), "--pid-fd", str(pid_fd),
-                "--tag", f"{self.job}#{self.attempt}"]
+                "--tag", self.tag]
         if self.cgroup is not None:
             args += ["--cgroup", str(self.cgroup)]
         for fd in pass_fds:

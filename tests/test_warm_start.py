@@ -1,0 +1,167 @@
+"""Warm start (worker/agent/warm.py, worker/training/standby.py): a real server and agent; the agent's
+standby, a training process with its imports done, takes the claimed job and trains it exactly as a
+plain start of the same spec does (same seed, same losses); the next standby starts after the claim;
+a torchrun job starts plainly and says so, leaving the standby in place; a job finding its standby
+ended starts plainly and says why; a warm-started attempt's survivor is killed before the next
+attempt; the standby dies with an agent killed -9. Beside it, the earlier-attempt check of tree.py
+on real processes carrying a warm standby's tag."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, wait_for
+
+from worker.agent.keeper import AGENT_PID_ENV, TAG_ENV
+from worker.agent.tree import JobTree, job_tag
+
+SPEC = {"name": "warm", "max_steps": 4, "device": "cpu", "precision": "fp32", "batch_size": 2, "grad_accum": 1,
+        "max_seq_length": 64, "seed": 11, "test_run": False}
+
+
+def environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def standbys(agent_pid: int) -> list[int]:
+    """The agent's standby training processes (not their keepers), assigned or not."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--standby" in cmd and not any(a.endswith(b"keeper.py") for a in cmd) and \
+                environ(int(d.name)).get(AGENT_PID_ENV) == str(agent_pid) and alive(int(d.name)):
+            found.append(int(d.name))
+    return found
+
+
+def log_lines(c, job_id: int) -> list[str]:
+    events = c.get(f"/api/jobs/{job_id}/events", params={"limit": 100_000, "kind": "log"}).json()["events"]
+    return [e["data"].get("line") or json.dumps(e["data"]) for e in events]
+
+
+def losses(c, job_id: int) -> list[float]:
+    s = c.get(f"/api/jobs/{job_id}/metrics", params={"keys": "loss", "max_points": 100000}).json()["series"]["loss"]
+    return [v for _, v in sorted(zip(s["step"], s["value"]))]
+
+
+def plain_losses(spec: Path, out: Path, cache: Path) -> list[float]:
+    """The same spec in a training process started plainly, as child.py starts one."""
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "worker.training.train", "--spec", str(spec),
+                             "--out", str(out), "--cache-dir", str(cache)], cwd=ROOT, pass_fds=(w,),
+                            env={**os.environ, "TOKENPULSE_EVENT_FD": str(w), "PYTHONFAULTHANDLER": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    os.close(w)
+    with os.fdopen(r) as f:
+        events = [json.loads(line) for line in f]
+    assert proc.wait(120) == 0, proc.stderr.read()[-3000:]
+    return [e["data"]["values"]["loss"] for e in events if e["kind"] == "metrics" and "loss" in e["data"]["values"]]
+
+
+def test_a_warm_job_trains_as_a_plain_one_and_the_standby_is_replaced_kept_and_killed(server, tmp_path):
+    agent = server.start_agent("w", env={"TOKENPULSE_WARM_START": "1"})  # the suite's agents keep none
+    work = server.data_dir.parent / "work-w"
+    first = wait_for(lambda: standbys(agent.pid), 60, "the agent's first standby")[0]
+    with server.client() as c:
+        job = c.post("/api/jobs", json=SPEC).json()["id"]
+        assert server.wait_job(job, timeout=300)["state"] == "completed"
+        lines = log_lines(c, job)
+        assert any(f"started warm: in standby pid {first}," in line for line in lines), lines[:10]
+        # its attempt's standby tag recorded for tree.py
+        attempt, tag = (work / "jobs" / str(job) / "warm_tags").read_text().split()
+        assert attempt == "1" and tag.startswith("warm") and tag.endswith("#0")
+        # the next standby started after the claim, in a new process
+        second = wait_for(lambda: [p for p in standbys(agent.pid) if p != first], 60, "a new standby")[0]
+        assert not alive(first)
+        warm = losses(c, job)
+        assert len(warm) == 4
+        assert plain_losses(work / "jobs" / str(job) / "spec.json", tmp_path / "plain", work / "cache") == \
+            pytest.approx(warm, rel=1e-6)
+
+        # a torchrun job starts plainly, says so, and leaves the standby for the next job
+        gang = c.post("/api/jobs", json={**SPEC, "name": "gang", "nproc_per_node": 2}).json()["id"]
+        said = wait_for(lambda: [x for x in log_lines(c, gang) if "started plainly" in x], 120,
+                        "the gang's start line")
+        assert "a distributed job: torchrun starts its ranks" in said[0]
+        assert c.post(f"/api/jobs/{gang}/cancel").status_code == 200
+        assert server.wait_job(gang, timeout=120)["state"] == "cancelled"
+        assert standbys(agent.pid) == [second]
+
+        # a warm-started attempt's survivor (a process with its standby's tag, as a forked worker of it
+        # has) is killed before the job's next attempt starts: the job's warm record names that tag
+        retried = c.post("/api/jobs", json={**SPEC, "max_steps": 20, "max_retries": 1, "name": server.plan_fault(
+            "retried", crash_at_step=3, step_sleep_s=0.3)}).json()["id"]
+        record = work / "jobs" / str(retried) / "warm_tags"
+        tag = wait_for(lambda: record.exists() and record.read_text().split(), 120, "attempt 1 started warm")[1]
+        survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                    env={**os.environ, TAG_ENV: tag})
+        try:
+            assert server.wait_job(retried, timeout=300)["state"] == "failed"  # the fault crashes each attempt
+            assert survivor.wait(10) == -signal.SIGKILL
+            assert any(f"processes of an earlier attempt of this job still running here (pids [{survivor.pid}" in x
+                       for x in log_lines(c, retried))
+        finally:
+            survivor.kill()
+
+        # a standby that ended before its job (killed here): the job starts plainly, says why, completes
+        current = wait_for(lambda: standbys(agent.pid), 60, "the standby after the retried job")[0]
+        os.kill(current, signal.SIGKILL)
+        wait_for(lambda: not alive(current), 30, "the standby killed")
+        plain = c.post("/api/jobs", json={**SPEC, "name": "after", "max_steps": 2}).json()["id"]
+        assert server.wait_job(plain, timeout=300)["state"] == "completed"
+        assert any("started plainly: the standby had ended (killed by SIGKILL" in x for x in log_lines(c, plain))
+        third = wait_for(lambda: standbys(agent.pid), 60, "a standby again")[0]
+        keeper = int(Path(f"/proc/{third}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    # the agent killed -9: its standby's keeper kills the standby and goes too
+    agent.send_signal(signal.SIGKILL)
+    agent.wait(30)
+    wait_for(lambda: not alive(third) and not alive(keeper), 30, "the standby and its keeper gone with the agent")
+
+
+def test_a_warm_attempts_survivors_are_killed_before_the_next_attempt(tmp_path):
+    """tree.py finds an earlier attempt's processes by the standby tag the job's warm record names;
+    an unassigned standby's and this attempt's own stay."""
+    job = job_tag("http://127.0.0.1:1", 5)
+    record = tmp_path / "warm_tags"
+    survivor_tag, own_tag, idle_tag = (f"warm1.{n}-{job_tag('http://127.0.0.1:1', 0)}#0" for n in (1, 2, 3))
+    record.write_text(f"1 {survivor_tag}\n2 {own_tag}\n")
+
+    def sleeper(tag: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                env={**os.environ, TAG_ENV: tag})
+    procs = {tag: sleeper(tag) for tag in (survivor_tag, own_tag, idle_tag)}
+    try:
+        wait_for(lambda: all(environ(p.pid).get(TAG_ENV) == t for t, p in procs.items()), 30, "the sleepers")
+        tree = JobTree(job, job_id=5, attempt=2, warm_record=record)
+        tree.prepare()
+        assert tree.settled == [procs[survivor_tag].pid]
+        assert procs[survivor_tag].wait(10) == -signal.SIGKILL
+        assert procs[own_tag].poll() is None and procs[idle_tag].poll() is None
+        tree.release()
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
