@@ -179,14 +179,17 @@ class Rules:
             key = (r.id, job_id)
             if key not in self.open or now - self.now_at.get(key, 0.0) < NOW_EVERY_S:
                 continue
+            tail = f"{NOW_SEP}{v:.6g} at step {step}"
+            if getattr(out, "deferred", False):  # judged beside ingest: the writer rewrites it (store_changes)
+                self.now_at[key] = now
+                out.changes.append((job_id, None, {"now": r.kind, "tail": tail}))
+                continue
             alert = s.scalar(select(Alert).where(Alert.job_id == job_id, Alert.kind == r.kind,
                                                  Alert.state != "cleared").order_by(Alert.id.desc()).limit(1))
             if alert is None:
                 continue
             self.now_at[key] = now
-            head, _, _ = alert.message.partition(NOW_SEP)
-            alert.message = f"{head}{NOW_SEP}{v:.6g} at step {step}"[:2000]
-            out.frames.append((ALERTS_TOPIC, alert_frame(alert_dict(alert)), True))
+            say_now(alert, tail, out)
 
     def bound_memory(self) -> None:
         """At most MAX_MEMORY (rule, job) memories (a window of values or a best each): the oldest
@@ -376,11 +379,24 @@ class Fired:
 def store_changes(s: Session, changes: list, out: Fired) -> None:
     """Deferred alert changes written (in the writer's session); their alerts and frames into out."""
     for job_id, agent_id, d in changes:
+        if "now" in d:  # an open alert's latest value: its message rewritten, a frame, no webhook
+            open_alert = s.scalar(select(Alert).where(Alert.job_id == job_id, Alert.kind == d["now"],
+                                                      Alert.state != "cleared").order_by(Alert.id.desc()).limit(1))
+            if open_alert is not None:
+                say_now(open_alert, d["tail"], out)
+            continue
         alert = upsert_alert(s, job_id, agent_id, d)
         if alert is not None:
             payload = alert_dict(alert)
             out.alerts.append(payload)
             out.frames.append((ALERTS_TOPIC, alert_frame(payload), False))
+
+
+def say_now(alert: Alert, tail: str, out) -> None:
+    """What the alert fired on, then "; now <value> at step <n>"."""
+    head, _, _ = alert.message.partition(NOW_SEP)
+    alert.message = f"{head}{tail}"[:2000]
+    out.frames.append((ALERTS_TOPIC, alert_frame(alert_dict(alert)), True))
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,20 @@ def test_jobs_list_column_picker_sort_and_filter(runs, browser):
     login(d, server)
     until(d, 20, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs-body tr[data-job]")) == 5, "the five runs")
     d.find_element(By.CSS_SELECTOR, "#col-picker summary").click()
+    # the menu opens on screen, whatever the toolbar's width, with a search box over its many names
+    def on_screen(d):
+        menu = d.find_element(By.ID, "col-picks").rect
+        return menu["x"] >= 0 and menu["x"] + menu["width"] <= d.execute_script("return innerWidth")
+    until(d, 5, on_screen, "the column menu on screen")
+    d.find_element(By.ID, "col-search").send_keys("learning")
+
+    def shown_picks(d):
+        return [e.get_attribute("value") for e in d.find_elements(By.CSS_SELECTOR, "#col-picks input[type=checkbox]")
+                if e.is_displayed()]
+    until(d, 5, lambda d: shown_picks(d) and all("learning" in v for v in shown_picks(d)), "the search narrowing")
     d.find_element(By.CSS_SELECTOR, "#col-picks input[value='spec:learning_rate']").click()
+    d.find_element(By.ID, "col-search").clear()
+    d.find_element(By.ID, "col-search").send_keys(" ")  # cleared: every name again (an input event)
     d.find_element(By.CSS_SELECTOR, "#col-picks input[value='last:eval/loss']").click()
     d.find_element(By.CSS_SELECTOR, "#col-picker summary").click()
 

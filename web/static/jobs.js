@@ -147,6 +147,20 @@
     };
   }
   let shownPicks = null, shownFilters = null;
+  // ~90 settings and metrics: the picker's search box shows the ones whose name holds the text
+  function findColumns() {
+    const q = $("col-search").value.trim().toLowerCase();
+    $("col-options").querySelectorAll("label.col-pick").forEach((l) => { l.hidden = !!q && !l.textContent.toLowerCase().includes(q); });
+  }
+  $("col-search").addEventListener("input", findColumns);
+  // the menu opens under its button, toward the side with room (the toolbar's controls move it)
+  $("col-picker").addEventListener("toggle", () => {
+    const box = $("col-picks"), at = $("col-picker").getBoundingClientRect();
+    const leftward = at.right - Math.max(box.offsetWidth, 240) >= 0;
+    box.style.right = leftward ? "0" : "auto"; box.style.left = leftward ? "auto" : "0";
+    if ($("col-picker").open) $("col-search").focus();
+  });
+
   function renderColumns(list) {
     const specKeys = new Set(), lastKeys = new Set();
     for (const j of list) { Object.keys(flat(j.spec)).forEach((k) => specKeys.add(k)); Object.keys(j.last || {}).forEach((k) => lastKeys.add(k)); }
@@ -155,9 +169,10 @@
       onchange: (e) => { view.cols = e.target.checked ? [...view.cols, c] : view.cols.filter((x) => x !== c); saveView(); renderNow(); } }), ` ${c.slice(c.indexOf(":") + 1)}`);
     // rebuilt only when what they show changes: a rebuild under the user's hand loses their click or typing
     const picks = JSON.stringify([[...lastKeys].sort(), [...specKeys].sort(), view.cols]);
-    if (picks !== shownPicks) { shownPicks = picks; $("col-picks").replaceChildren(
+    if (picks !== shownPicks) { shownPicks = picks; $("col-options").replaceChildren(
       TP.el("h3", { text: "Latest metrics" }), ...[...lastKeys].sort().map((k) => opt(`last:${k}`)),
-      TP.el("h3", { text: "Settings" }), ...[...specKeys].sort().filter((k) => k !== "name").map((k) => opt(`spec:${k}`))); }
+      TP.el("h3", { text: "Settings" }), ...[...specKeys].sort().filter((k) => k !== "name").map((k) => opt(`spec:${k}`)));
+      findColumns(); }
     const head = $("jobs-head"), filters = $("jobs-filters");
     head.querySelectorAll("th.picked").forEach((th) => th.remove());
     const filterCols = view.cols.join("\n");
