@@ -50,6 +50,14 @@ def _fmt_rate(x: float, tokens: bool = True) -> str:
     return f"{x:,.0f} tokens/s" if x >= 10 else f"{x:.2f} tokens/s"
 
 
+def reason_latch(key: str, config: StallConfig) -> Latch:
+    """A reason's hysteresis: it opens after holding alert_open_s and clears after alert_clear_s away."""
+    open_s = config.alert_open_s
+    if key == "memory":  # a doubling by a GiB does not flicker: two samples agreeing are enough
+        open_s = min(open_s, MEMORY_OPEN_S)
+    return Latch(open_s, config.alert_clear_s)
+
+
 @dataclass
 class SlowDetector:
     config: StallConfig = field(default_factory=StallConfig)
@@ -242,10 +250,7 @@ class SlowDetector:
 
     def _latch(self, key: str) -> Latch:
         if key not in self.latches:
-            open_s = self.config.alert_open_s
-            if key == "memory":  # a doubling by a GiB does not flicker: two samples agreeing are enough
-                open_s = min(open_s, MEMORY_OPEN_S)
-            self.latches[key] = Latch(open_s, self.config.alert_clear_s)
+            self.latches[key] = reason_latch(key, self.config)
         return self.latches[key]
 
     def _measured(self, key: str) -> bool:
