@@ -42,7 +42,7 @@ from typing import Optional
 
 from tokenpulse import run
 
-from . import backward
+from . import backward, firststeps
 
 PHASE_EVERY_S = 1.0  # the training phase's counter, at most this often
 ANATOMY_EVERY_S = float(os.environ.get("TOKENPULSE_ANATOMY_EVERY_S", "3") or 3)
@@ -383,6 +383,7 @@ def _g_pre(module, args) -> None:
         entry = _seen.setdefault(id(module), [module, 0])
         entry[1] += 1
         _model_forward(module, args, {})
+        _pass_begin()
         if entry[1] >= DISCOVERY_CALLS:
             _settle()
     except Exception:
@@ -391,6 +392,18 @@ def _g_pre(module, args) -> None:
 
 def _g_post(module, args, out) -> None:
     _depth.d = max(0, getattr(_depth, "d", 1) - 1)
+    if _depth.d == 0:
+        firststeps.FACTS.pass_end("forward")
+
+
+def _pass_begin() -> bool:
+    """The first training forwards timed as they run (firststeps.py: a step of minutes judged early)."""
+    import torch
+    if not torch.is_grad_enabled() or firststeps.FACTS.running is not None \
+            or len(firststeps.FACTS.passes["forward_s"]) >= firststeps.FIRST_PASSES:
+        return False
+    firststeps.FACTS.pass_begin("forward")
+    return True
 
 
 def _settle() -> None:
@@ -447,11 +460,17 @@ def _patch_class(cls) -> None:
         if ref is None or ref() is not self or getattr(_inside, "on", False):
             return orig(self, *args, **kwargs)  # not watched, or inside a watched call (a wrapper's inner module)
         _model_forward(self, args, kwargs)
+        try:
+            timed = _pass_begin()
+        except Exception:
+            timed = False
         _inside.on = True
         try:
             return orig(self, *args, **kwargs)
         finally:
             _inside.on = False
+            if timed:
+                firststeps.FACTS.pass_end("forward")
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
     cls.__call__ = __call__
 
@@ -482,6 +501,8 @@ def _model_forward(module, args, kwargs):
             return None
         s.padded += ids.numel()
         s.real.append(mask.sum() if torch.is_tensor(mask) and mask.shape == ids.shape else ids.numel())
+        if not run.trainer_training:  # a Trainer hands its batches to firststeps itself (integrations.py)
+            firststeps.FACTS.batch({"input_ids": ids, "attention_mask": mask})
     except Exception:
         pass
     return None
