@@ -226,6 +226,8 @@ def test_first_forward_and_backward_times_micro_batches_estimate_the_step():
     adv = _advisor(args, {"forward_s": [10.0], "backward_s": [21.0], "running": None}, 0)
     msg = adv.check(40)[0][1]
     assert "takes about 124 s" in msg and "its first forward and backward took 31 s x 4 micro-batches" in msg, msg
+    msg = _advisor(args, {"forward_s": [12.0], "backward_s": []}, 0).check(20)[0][1]  # the backward not begun
+    assert "takes about 144 s" in msg and "its first forward took 12 s (a backward costs about twice" in msg, msg
     # a fixed run's 8 x 2: 2 x 31 s = 62 s, under 1.5 x the 60 s crawl: no verdict on an estimate
     assert _advisor({**args, "gradient_accumulation_steps": 2}, {"forward_s": [10.0], "backward_s": [21.0]},
                     0).check(40) == []

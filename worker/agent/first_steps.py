@@ -147,8 +147,8 @@ class FirstSteps:
             return mb * ga, f"its first forward and backward took {mb:.0f} s{per}", False
         if self.running is None or self.now is None:
             if fwd:
-                return 3 * fwd[0] * ga, (f"its first forward took {fwd[0]:.0f} s "
-                                         f"(a backward costs about twice that){per}", False)
+                words = f"its first forward took {fwd[0]:.0f} s (a backward costs about twice that){per}"
+                return 3 * fwd[0] * ga, words, False
             return None
         so_far = max(0.0, self.now - self.running[1])
         if self.running[0] == "forward":
