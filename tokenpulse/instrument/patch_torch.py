@@ -383,7 +383,7 @@ def _g_pre(module, args) -> None:
         entry = _seen.setdefault(id(module), [module, 0])
         entry[1] += 1
         _model_forward(module, args, {})
-        _pass_begin()
+        _first_pass(args, {})
         if entry[1] >= DISCOVERY_CALLS:
             _settle()
     except Exception:
@@ -396,13 +396,21 @@ def _g_post(module, args, out) -> None:
         firststeps.FACTS.pass_end("forward")
 
 
-def _pass_begin() -> bool:
-    """The first training forwards timed as they run (firststeps.py: a step of minutes judged early)."""
+def _first_pass(args, kwargs) -> bool:
+    """The first training forwards (gradients on, even with the model left in eval mode, as
+    from_pretrained leaves it): a plain loop's batch rows, and each forward timed as it runs
+    (firststeps.py: a step of minutes judged before it ends). True: this forward is being timed."""
     import torch
-    if not torch.is_grad_enabled() or firststeps.FACTS.running is not None \
-            or len(firststeps.FACTS.passes["forward_s"]) >= firststeps.FIRST_PASSES:
+    facts = firststeps.FACTS
+    if not torch.is_grad_enabled():
         return False
-    firststeps.FACTS.pass_begin("forward")
+    if not run.trainer_training and facts.batches < firststeps.FIRST_BATCHES:
+        ids, mask = _token_ids(args, kwargs)  # a Trainer hands its batches to firststeps itself
+        if ids is not None:
+            facts.batch({"input_ids": ids, "attention_mask": mask})
+    if facts.running is not None or len(facts.passes["forward_s"]) >= firststeps.FIRST_PASSES:
+        return False
+    facts.pass_begin("forward")
     return True
 
 
@@ -461,7 +469,7 @@ def _patch_class(cls) -> None:
             return orig(self, *args, **kwargs)  # not watched, or inside a watched call (a wrapper's inner module)
         _model_forward(self, args, kwargs)
         try:
-            timed = _pass_begin()
+            timed = _first_pass(args, kwargs)
         except Exception:
             timed = False
         _inside.on = True
@@ -501,8 +509,6 @@ def _model_forward(module, args, kwargs):
             return None
         s.padded += ids.numel()
         s.real.append(mask.sum() if torch.is_tensor(mask) and mask.shape == ids.shape else ids.numel())
-        if not run.trainer_training:  # a Trainer hands its batches to firststeps itself (integrations.py)
-            firststeps.FACTS.batch({"input_ids": ids, "attention_mask": mask})
     except Exception:
         pass
     return None

@@ -54,7 +54,8 @@ class Advisor(FirstSteps):
 
     def verdicts(self) -> dict:
         """kind -> message, for every condition that holds now."""
-        if not self.steps and not (self.script.get("batches") or {}).get("count"):
+        if not self.steps and not (self.script.get("batches") or {}).get("count") \
+                and not (self.script.get("passes") or {}).get("forward_s") and self.running is None:
             return {}  # judged once training has begun: the first steps
         out = {}
         for kind, rule in (("padding", self._padding_verdict), ("truncation", self._truncation_verdict),

@@ -99,7 +99,7 @@ class Anatomy:
         t0, low, step0 = min(window, key=lambda p: p[1])
         if last - low < max(min_mb, (factor - 1) * low):
             return None
-        if step0 is not None and step1 is not None and step1 - step0 < min_steps:
+        if step1 is not None and step1 - (step0 or 0) < min_steps:
             return None  # grown within the first step or two: the working set (workers, activations), not a leak
         return (f"memory blow-up: the job's memory (RSS) grew from {low:,.0f} MiB to {last:,.0f} MiB in "
                 f"{t1 - t0:.0f} s{self._growing_rank(t1)}: something keeps every batch or step alive (tensors "
