@@ -353,39 +353,30 @@ def _collator() -> Optional[str]:
     return None
 
 
-def install_datasets(module) -> None:
-    """datasets.arrow_dataset: each map's input and output seen for an input_ids column (lengths)."""
-    cls = module.Dataset
-    if cls.__dict__.get("_tp_patched"):
+def _observe_after(cls, name: str, observe) -> None:
+    """cls.name wrapped once: the original runs, then observe(self, out) (never breaking the script)."""
+    orig = getattr(cls, name)
+    if getattr(orig, "_tp", False):
         return
-    cls._tp_patched = True
-    orig = cls.map
 
     @functools.wraps(orig)
-    def map(self, *args, **kwargs):
+    def wrapper(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
-        for ds in (self, out):
-            try:
-                FACTS.dataset(ds)
-            except Exception:
-                pass  # a measurement must never break the script's data preparation
+        try:
+            observe(self, out)
+        except Exception:
+            pass  # a measurement must never break the script
         return out
-    cls.map = map
+    wrapper._tp = True  # type: ignore[attr-defined]
+    setattr(cls, name, wrapper)
+
+
+def install_datasets(module) -> None:
+    """datasets.arrow_dataset: each map's input and output seen for an input_ids column (lengths)."""
+    _observe_after(module.Dataset, "map", lambda ds, out: (FACTS.dataset(ds), FACTS.dataset(out)))
 
 
 def install_dataloader(module) -> None:
     """torch.utils.data.dataloader: each DataLoader's batch size and workers, with the script's line."""
-    cls = module.DataLoader
-    if cls.__dict__.get("_tp_init"):
-        return
-    cls._tp_init = True
-    orig = cls.__init__
-
-    @functools.wraps(orig)
-    def __init__(self, *args, **kwargs):
-        orig(self, *args, **kwargs)
-        try:
-            FACTS.loader(getattr(self, "batch_size", None), getattr(self, "num_workers", 0), user_site())
-        except Exception:
-            pass
-    cls.__init__ = __init__
+    _observe_after(module.DataLoader, "__init__", lambda dl, _: FACTS.loader(
+        getattr(dl, "batch_size", None), getattr(dl, "num_workers", 0), user_site()))
