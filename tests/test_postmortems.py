@@ -228,6 +228,9 @@ def test_first_forward_and_backward_times_micro_batches_estimate_the_step():
     assert "takes about 124 s" in msg and "its first forward and backward took 31 s x 4 micro-batches" in msg, msg
     msg = _advisor(args, {"forward_s": [12.0], "backward_s": []}, 0).check(20)[0][1]  # the backward not begun
     assert "takes about 144 s" in msg and "its first forward took 12 s (a backward costs about twice" in msg, msg
+    adv = _advisor(args, {"forward_s": [12.0], "backward_s": [], "running": "backward", "running_s": 1.0}, 0)
+    msg = adv.check(5)[0][1]  # the backward began at once: judged on the forward, not on its seconds so far
+    assert "takes about 144 s" in msg and "its backward has run 6 s" in msg, msg
     # a fixed run's 8 x 2: 2 x 31 s = 62 s, under 1.5 x the 60 s crawl: no verdict on an estimate
     assert _advisor({**args, "gradient_accumulation_steps": 2}, {"forward_s": [10.0], "backward_s": [21.0]},
                     0).check(40) == []

@@ -154,7 +154,10 @@ class FirstSteps:
         if self.running[0] == "forward":
             return so_far * ga, f"its first forward has run {so_far:.0f} s and not ended{per}", True
         f = fwd[0] if fwd else 0.0
-        return (f + so_far) * ga, f"its first forward took {f:.0f} s, its backward has run {so_far:.0f} s{per}", True
+        words = f"its first forward took {f:.0f} s, its backward has run {so_far:.0f} s{per}"
+        if 3 * f > f + so_far:  # the backward's usual twice the forward, not reached yet
+            return 3 * f * ga, words + " (a backward costs about twice its forward)", False
+        return (f + so_far) * ga, words, True
 
     def _crawl_s(self) -> float:
         return self.config.slow_step_s / 2  # a first step this long: the batch is far too large
