@@ -259,3 +259,18 @@ def test_truncation_is_exact_from_the_dataset_columns_with_the_length_that_keeps
     assert "149 of 400 examples (37%) are longer than max_length=1024" in msg, msg
     assert f"max_length={-(-max(lens) // 8) * 8} keeps every example" in msg, msg
     assert f"max_length={-(-p99 // 8) * 8} keeps 99% of them" in msg, msg
+
+
+def test_a_first_steps_working_set_that_then_holds_is_not_a_memory_blowup():
+    """Variant b's fixed run (recorded): 322 MiB before training, 4,090 MiB once its first step's
+    activations were allocated, then flat for 4 steps: the baseline is the memory after step 1, so no
+    'memory blow-up'; growth from there on still is one."""
+    from worker.agent.slow import SlowDetector
+    s = SlowDetector(StallConfig())
+    for k, (mb, step) in enumerate([(120, None), (322, None), (1900, 0), (4050, 0), (4081, 1), (4086, 2),
+                                    (4088, 3), (4090, 4)]):
+        s.observe_memory(1000 + 30 * k, mb, step)
+    assert [r for r in s.reasons() if r[0] == "memory"] == []
+    for k, mb in enumerate([6000, 9000, 12000]):
+        s.observe_memory(1300 + 5 * k, mb, 8 + 4 * k)
+    assert [r for r in s.reasons() if r[0] == "memory"], s.reasons()

@@ -94,6 +94,8 @@ class Anatomy:
             return None
         t1, last, step1 = pts[-1]
         window = [p for p in pts[1:-1] if t1 - p[0] <= 300]  # the first sample may precede the imports
+        if step1 is not None:  # steps known: the memory after the first step (its working set) is the baseline
+            window = [p for p in window if p[2] is not None and p[2] >= 1]
         if not window:
             return None
         t0, low, step0 = min(window, key=lambda p: p[1])
