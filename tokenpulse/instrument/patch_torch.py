@@ -47,6 +47,7 @@ from . import backward, firststeps
 PHASE_EVERY_S = 1.0  # the training phase's counter, at most this often
 ANATOMY_EVERY_S = float(os.environ.get("TOKENPULSE_ANATOMY_EVERY_S", "3") or 3)
 EVAL_AFTER_S = 1.0  # forwards without gradients this long after the last optimizer step: evaluation
+FIRST_ROWS = 8  # a plain loop's first batches whose rows firststeps measures (a mask's sum: a read each)
 DISCOVERY_CALLS = 2  # top-level calls of a module with parameters before it is hooked alone
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
                "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
@@ -404,7 +405,7 @@ def _first_pass(args, kwargs) -> bool:
     facts = firststeps.FACTS
     if not torch.is_grad_enabled():
         return False
-    if not run.trainer_training and facts.batches < firststeps.FIRST_BATCHES:
+    if not run.trainer_training and facts.batches < FIRST_ROWS:
         ids, mask = _token_ids(args, kwargs)  # a Trainer hands its batches to firststeps itself
         if ids is not None:
             facts.batch({"input_ids": ids, "attention_mask": mask})
