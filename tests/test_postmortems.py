@@ -168,3 +168,109 @@ def test_a_padding_free_packed_step_counts_its_tokens_once():
     adv.observe("metrics", {"step": 1, "values": {"step_time_s": 250.0}}, 0)
     v = adv.verdicts()["batch"]
     assert "packed into 1 row of 32,761 tokens: 32,761 tokens a step" in v, v
+
+
+# ---- issue 35 item 7: the same mistakes as other people write them (bench/postmortems/variants/) ----
+
+def run_variant(pm, key: str, args: list, stall: dict | None = None, timeout: float = 180):
+    tmp, model, data, srv, env = pm
+    with srv.client() as c:
+        job = cases.submit(c, key, ["--model", str(model), *args, "--out", str(tmp / f"out-v{key}")], tmp, env,
+                           stall or {}, False, variant=True)
+        got = cases.wait_verdict(c, key, job, timeout, variant=True)
+        c.post(f"/api/jobs/{job}/cancel")
+        srv.wait_job(job, timeout=60)
+    return got
+
+
+def test_variant_a_a_collator_padding_to_max_length_is_named(pm):
+    """DataCollatorWithPadding(padding="max_length"): no tokenizer call pads, the collator's pad does."""
+    got = run_variant(pm, "a", ["--data", str(pm[2]["short"]), "--max-length", "256", "--max-steps", "200"])
+    assert got["all_kinds"] and got["cause"] and got["fix"], got
+    assert "DataCollatorWithPadding called at a_collator_pad.py:" in got["text"], got
+
+
+def test_variant_b_a_plain_loop_names_its_own_dataloader(pm):
+    """No TrainingArguments: the batch size and workers come from the script's own DataLoader."""
+    got = run_variant(pm, "b", ["--data", str(pm[2]["d"]), "--max-length", "256", "--batch", "8",
+                                "--workers", str(cores() + 2), "--max-steps", "200"], stall={"slow_step_s": 0.2})
+    assert got["all_kinds"] and got["cause"] and got["fix"], got
+    assert f"Fix: num_workers={cores()} in the DataLoader at b_plain_loop.py:" in got["text"], got
+
+
+def _advisor(args: dict, passes: dict, now: float) -> Advisor:
+    adv = Advisor(StallConfig())  # slow_step_s 120: a step of 60 s crawls; an estimate of 90 s is judged
+    adv.observe("info", {"script": {"args": args, "passes": passes, "batches": {
+        "count": 1, "rows": {"n": 32}, "widths": {"p50": 1024}, "packed": False}}}, now)
+    return adv
+
+
+def test_a_step_that_has_not_ended_is_judged_from_its_first_forward():
+    """Issue 35 item 7: TRL packing 32 x 1024 on the CPU got its batch verdict 471 s after the start,
+    when the first step ended. A forward still running is a lower bound: judged within 2 minutes of
+    it, sent once (its seconds grow each tick), then the measured step replaces it."""
+    args = {"per_device_train_batch_size": 32, "gradient_accumulation_steps": 1, "device": "cpu"}
+    adv = _advisor(args, {"forward_s": [], "backward_s": [], "running": "forward", "running_s": 2.0}, 1000)
+    assert adv.check(1050) == []  # 52 s of a forward: not judged yet
+    (kind, msg), = adv.check(1100)
+    assert kind == "batch" and "takes at least 102 s" in msg and "its first forward has run 102 s and not ended" \
+        in msg and "Fix: per_device_train_batch_size=8, gradient_accumulation_steps=2" in msg, msg
+    assert adv.check(1130) == []  # the estimate grows: not re-sent each tick
+    adv.observe("metrics", {"step": 1, "values": {"step_time_s": 300.0}}, 1400)
+    (kind, msg), = adv.check(1400)
+    assert "each optimizer step takes 300 s" in msg, msg
+
+
+def test_first_forward_and_backward_times_micro_batches_estimate_the_step():
+    args = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "device": "cpu"}
+    adv = _advisor(args, {"forward_s": [10.0], "backward_s": [21.0], "running": None}, 0)
+    msg = adv.check(40)[0][1]
+    assert "takes about 124 s" in msg and "its first forward and backward took 31 s x 4 micro-batches" in msg, msg
+    msg = _advisor(args, {"forward_s": [12.0], "backward_s": []}, 0).check(20)[0][1]  # the backward not begun
+    assert "takes about 144 s" in msg and "its first forward took 12 s (a backward costs about twice" in msg, msg
+    adv = _advisor(args, {"forward_s": [12.0], "backward_s": [], "running": "backward", "running_s": 1.0}, 0)
+    msg = adv.check(5)[0][1]  # the backward began at once: judged on the forward, not on its seconds so far
+    assert "takes about 144 s" in msg and "its backward has run 6 s" in msg, msg
+    # a fixed run's 8 x 2: 2 x 31 s = 62 s, under 1.5 x the 60 s crawl: no verdict on an estimate
+    assert _advisor({**args, "gradient_accumulation_steps": 2}, {"forward_s": [10.0], "backward_s": [21.0]},
+                    0).check(40) == []
+
+
+def test_truncation_is_exact_from_the_dataset_columns_with_the_length_that_keeps_them():
+    """Issue 35 item 7: TRL tokenizes the full texts (a map that makes input_ids) before its truncation
+    map; a cached map calls no tokenizer. The longest input_ids column read is every example's length:
+    149 of 400 exactly, not a running estimate of rows arriving full."""
+    import random
+
+    from datasets import Dataset
+
+    from tokenpulse.instrument.firststeps import Facts
+    rng = random.Random(0)
+    lens = [rng.randint(1025, 1400) for _ in range(149)] + [rng.randint(400, 1024) for _ in range(251)]
+    full = Dataset.from_dict({"input_ids": [[1] * n for n in lens]})
+    facts = Facts()
+    facts.dataset(full)
+    facts.dataset(full.map(lambda r: {"input_ids": r["input_ids"][:1024]}))  # TRL's truncation: shorter, not kept
+    facts.args = {"max_length": 1024, "packing": False}
+    adv = Advisor(StallConfig())
+    adv.observe("info", {"script": {**facts.summary(), "batches": {"count": 1}}}, 0)
+    msg = adv.verdicts()["truncation"]
+    p99 = sorted(lens)[int(0.99 * 399 + 0.5)]
+    assert "149 of 400 examples (37%) are longer than max_length=1024" in msg, msg
+    assert f"max_length={-(-max(lens) // 8) * 8} keeps every example" in msg, msg
+    assert f"max_length={-(-p99 // 8) * 8} keeps 99% of them" in msg, msg
+
+
+def test_a_first_steps_working_set_that_then_holds_is_not_a_memory_blowup():
+    """Variant b's fixed run (recorded): 322 MiB before training, 4,090 MiB once its first step's
+    activations were allocated, then flat for 4 steps: the baseline is the memory after step 1, so no
+    'memory blow-up'; growth from there on still is one."""
+    from worker.agent.slow import SlowDetector
+    s = SlowDetector(StallConfig())
+    for k, (mb, step) in enumerate([(120, None), (322, None), (1900, 0), (4050, 0), (4081, 1), (4086, 2),
+                                    (4088, 3), (4090, 4)]):
+        s.observe_memory(1000 + 30 * k, mb, step)
+    assert [r for r in s.reasons() if r[0] == "memory"] == []
+    for k, mb in enumerate([6000, 9000, 12000]):
+        s.observe_memory(1300 + 5 * k, mb, 8 + 4 * k)
+    assert [r for r in s.reasons() if r[0] == "memory"], s.reasons()

@@ -80,6 +80,23 @@ def flush(em) -> None:
             em.metrics_from(step, {"loss": v}, "backward")
 
 
+def _firststeps():
+    from . import firststeps
+    return firststeps
+
+
+def _first_backward() -> bool:
+    """The first backward passes timed as they run (firststeps.py)."""
+    try:
+        f = _firststeps()
+        if f.FACTS.running is not None or len(f.FACTS.passes["backward_s"]) >= f.FIRST_PASSES:
+            return False
+        f.FACTS.pass_begin("backward")
+        return True
+    except Exception:
+        return False
+
+
 def install_tensor(module) -> None:
     """torch._tensor: Tensor.backward, patched on the class (nothing is left on a user's tensor)."""
     cls = module.Tensor
@@ -92,7 +109,12 @@ def install_tensor(module) -> None:
             _seen(self, args, kwargs)
         except Exception:
             pass  # reading the loss must never break the script's backward
-        out = orig(self, *args, **kwargs)
+        timed = _first_backward()
+        try:
+            out = orig(self, *args, **kwargs)
+        finally:
+            if timed:
+                _firststeps().FACTS.pass_end("backward")
         pt = _patch_torch()
         if pt is not None:
             pt.after_backward()  # a loop with no optimizer: this backward was its step

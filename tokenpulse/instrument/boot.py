@@ -50,4 +50,6 @@ def start() -> None:
     when_imported("transformers.modeling_utils", patch_transformers.install_loading)
     # tokenizer calls: padding, max_length, truncation and the lengths they make (firststeps.py)
     when_imported("transformers.tokenization_utils_base", firststeps.install_tokenizer)
+    when_imported("datasets.arrow_dataset", firststeps.install_datasets)  # lengths of tokenized columns
+    when_imported("torch.utils.data.dataloader", firststeps.install_dataloader)  # batch size, workers
     patch_loggers.register()  # wandb, TensorBoard, MLflow, Lightning, Accelerate, trackio: their logging calls

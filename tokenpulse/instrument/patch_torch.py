@@ -42,11 +42,12 @@ from typing import Optional
 
 from tokenpulse import run
 
-from . import backward
+from . import backward, firststeps
 
 PHASE_EVERY_S = 1.0  # the training phase's counter, at most this often
 ANATOMY_EVERY_S = float(os.environ.get("TOKENPULSE_ANATOMY_EVERY_S", "3") or 3)
 EVAL_AFTER_S = 1.0  # forwards without gradients this long after the last optimizer step: evaluation
+FIRST_ROWS = 8  # a plain loop's first batches whose rows firststeps measures (a mask's sum: a read each)
 DISCOVERY_CALLS = 2  # top-level calls of a module with parameters before it is hooked alone
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
                "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
@@ -383,6 +384,7 @@ def _g_pre(module, args) -> None:
         entry = _seen.setdefault(id(module), [module, 0])
         entry[1] += 1
         _model_forward(module, args, {})
+        _first_pass(args, {})
         if entry[1] >= DISCOVERY_CALLS:
             _settle()
     except Exception:
@@ -391,6 +393,26 @@ def _g_pre(module, args) -> None:
 
 def _g_post(module, args, out) -> None:
     _depth.d = max(0, getattr(_depth, "d", 1) - 1)
+    if _depth.d == 0:
+        firststeps.FACTS.pass_end("forward")
+
+
+def _first_pass(args, kwargs) -> bool:
+    """The first training forwards (gradients on, even with the model left in eval mode, as
+    from_pretrained leaves it): a plain loop's batch rows, and each forward timed as it runs
+    (firststeps.py: a step of minutes judged before it ends). True: this forward is being timed."""
+    import torch
+    facts = firststeps.FACTS
+    if not torch.is_grad_enabled():
+        return False
+    if not run.trainer_training and facts.batches < FIRST_ROWS:
+        ids, mask = _token_ids(args, kwargs)  # a Trainer hands its batches to firststeps itself
+        if ids is not None:
+            facts.batch({"input_ids": ids, "attention_mask": mask})
+    if facts.running is not None or len(facts.passes["forward_s"]) >= firststeps.FIRST_PASSES:
+        return False
+    facts.pass_begin("forward")
+    return True
 
 
 def _settle() -> None:
@@ -447,11 +469,17 @@ def _patch_class(cls) -> None:
         if ref is None or ref() is not self or getattr(_inside, "on", False):
             return orig(self, *args, **kwargs)  # not watched, or inside a watched call (a wrapper's inner module)
         _model_forward(self, args, kwargs)
+        try:
+            timed = _first_pass(args, kwargs)
+        except Exception:
+            timed = False
         _inside.on = True
         try:
             return orig(self, *args, **kwargs)
         finally:
             _inside.on = False
+            if timed:
+                firststeps.FACTS.pass_end("forward")
     __call__.__wrapped__ = orig  # type: ignore[attr-defined]
     cls.__call__ = __call__
 

@@ -25,6 +25,7 @@ from typing import Optional
 
 from worker.agent.first_steps import FIRST_STEPS, FirstSteps
 
+ESTIMATE = "before its first step ended"  # a batch verdict judged from the first passes
 OWNED = frozenset({"padding", "crawl"})  # the slow detector's generic reasons these verdicts replace
 
 
@@ -53,7 +54,8 @@ class Advisor(FirstSteps):
 
     def verdicts(self) -> dict:
         """kind -> message, for every condition that holds now."""
-        if not self.steps and not (self.script.get("batches") or {}).get("count"):
+        if not self.steps and not (self.script.get("batches") or {}).get("count") \
+                and not (self.script.get("passes") or {}).get("forward_s") and self.running is None:
             return {}  # judged once training has begun: the first steps
         out = {}
         for kind, rule in (("padding", self._padding_verdict), ("truncation", self._truncation_verdict),
@@ -85,6 +87,14 @@ class Advisor(FirstSteps):
             data_s = (f"; data loading is {data:.0%} of each step" +
                       (f" (dataloader_num_workers={workers})" if workers is not None else ""))
         site = self._pad_site()
+        if site and site.get("via"):  # a data collator pads every batch (tokenizer.pad)
+            where, via = site.get("site") or "the training loop", site["via"]
+            msg = (f"padding: {frac:.0%} of every batch is pad tokens: the data collator {via} called at {where} pads "
+                   f"every batch to max_length={site.get('max_length')} (padding=\"max_length\")"
+                   + (f"; {shape}" if shape else "") + data_s +
+                   f"\nFix: drop padding=\"max_length\" from {via}(...) so it pads each batch to its longest "
+                   f"example ({via}(tokenizer)), with {self._group_arg()} so similar lengths share a batch")
+            return msg + (f"; {cover}" if cover else "")
         if site:
             where = site.get("site") or "the tokenize function"
             msg = (f"padding: {frac:.0%} of every batch is pad tokens: the tokenizer call at {where} pads every "
@@ -134,6 +144,7 @@ class Advisor(FirstSteps):
         cut_at = self.script.get("cut_at") or {}
         table = ", ".join(f"{k}: {v:.0%}" for k, v in cut_at.items() if 0 < int(k) <= 2 * (L.get("max") or limit))
         keep = ceil_to(L["max"], 8) if exact and L.get("max") else None
+        keep99 = ceil_to(L["p99"], 8) if exact and L.get("p99") and L["p99"] > limit else None
         head = (f"truncation: {n:,} of {of:,} examples ({share:.0%}) are longer than max_length={limit} and are cut by "
                 f"{where}" if exact else
                 f"truncation: {n:,} of the first {of:,} rows ({share:.0%}) arrive at exactly max_length={limit} with "
@@ -144,6 +155,8 @@ class Advisor(FirstSteps):
             head += f"; share cut at each length: {table}"
         fix = (f"\nFix: {arg}={keep} keeps every example" if keep else
                f"\nFix: a larger {arg} keeps them")
+        if keep and keep99 and keep99 < keep:
+            fix += f" ({arg}={keep99} keeps 99% of them: the 99th percentile, rounded up)"
         fix += (" (longer rows: fewer tokens/s); to choose, measure length against throughput side by side: "
                 "tokenpulse analyze --dataset <your data> --model " + (self.model or "<your model>") + " --measure 60")
         return head + fix
@@ -153,7 +166,9 @@ class Advisor(FirstSteps):
         if st is None or st < self._crawl_s():
             return None
         a = self.args
-        rows, ga = a.get("per_device_train_batch_size"), a.get("gradient_accumulation_steps") or 1
+        loader = self._loader()
+        rows = a.get("per_device_train_batch_size") or (loader or {}).get("batch_size")
+        ga = a.get("gradient_accumulation_steps") or 1
         b = self.script.get("batches") or {}
         width = (b.get("widths") or {}).get("p50")
         # rows the model is handed per micro-batch: padding-free packing (TRL) flattens the rows into one
@@ -174,8 +189,16 @@ class Advisor(FirstSteps):
         model = (f" for a {params / 1e6:.1f}M-parameter model" if params else "") + on_device
         etas = [s.eta_s for s in self.steps[:FIRST_STEPS] if s.eta_s]
         eta = f"; at this pace the run takes {_dur(etas[-1])} more (ETA from step {self.steps[0].step})" if etas else ""
-        msg = f"batch: each optimizer step takes {st:.0f} s{shape}{model}: the work per step is far too large{eta}"
-        if rows and rows > 1:
+        est = self._pass_estimate() if not self.steps else None
+        took = (f"{st:.0f} s" if est is None else
+                f"{'at least' if est[2] else 'about'} {st:.0f} s ({ESTIMATE}: {est[1]})")
+        msg = f"batch: each optimizer step takes {took}{shape}{model}: the work per step is far too large{eta}"
+        if rows and rows > 1 and "per_device_train_batch_size" not in a and loader:
+            new_rows, new_ga = max(1, rows // 4), ga * 2
+            msg += (f"\nFix: batch_size={new_rows} in the DataLoader at {loader.get('site') or 'the script'} with "
+                    f"{new_ga} micro-batches accumulated a step "
+                    f"({new_rows * new_ga} rows a step instead of {rows * ga})")
+        elif rows and rows > 1:
             new_rows, new_ga = max(1, rows // 4), ga * 2
             msg += (f"\nFix: per_device_train_batch_size={new_rows}, gradient_accumulation_steps={new_ga} "
                     f"({new_rows * new_ga} rows a step instead of {rows * ga}: "
@@ -186,10 +209,15 @@ class Advisor(FirstSteps):
 
     def _dataloader_verdict(self) -> Optional[str]:
         a = self.args
-        workers, cores = a.get("dataloader_num_workers"), a.get("cores")
+        workers, cores = a.get("dataloader_num_workers"), a.get("cores") or self.script.get("cores")
+        loader = self._loader() if "dataloader_num_workers" not in a else None
+        if loader:
+            workers = loader.get("num_workers")
         if isinstance(workers, int) and cores and workers > cores:
+            fix = (f"num_workers={cores} in the DataLoader at {loader.get('site') or 'the script'}" if loader
+                   else f"dataloader_num_workers={cores}")
             return (f"dataloader: {workers} DataLoader workers on {cores} cores: workers beyond the cores only "
-                    f"contend with the training for them\nFix: dataloader_num_workers={cores}")
+                    f"contend with the training for them\nFix: {fix}")
         share = self._data_share()
         if share is not None and share >= 0.3 and len(self.steps) >= 2:
             fix = f"dataloader_num_workers={min(2, cores or 2)}" if not workers else "pre-tokenize the data"
@@ -213,10 +241,20 @@ class Advisor(FirstSteps):
                     f"TrainingArguments (typically 2-3x faster)")
         return None
 
-    def check(self) -> list[tuple[str, str]]:
-        """(kind, message) for each verdict that is new or whose text changed."""
+    def _loader(self) -> Optional[dict]:
+        """The script's own DataLoader (the one with the most workers) when it made any."""
+        loaders = [x for x in self.script.get("loaders") or [] if isinstance(x.get("batch_size"), int)]
+        return max(loaders, key=lambda x: x.get("num_workers") or 0) if loaders else None
+
+    def check(self, now: Optional[float] = None) -> list[tuple[str, str]]:
+        """(kind, message) for each verdict that is new or whose text changed; now: the agent's clock
+        (a first pass still running is judged by its seconds so far)."""
+        if now is not None:
+            self.now = now
         out = []
         for kind, msg in self.verdicts().items():
+            if kind in self.open and ESTIMATE in msg:
+                continue  # a running pass's estimate grows each tick: sent once, then the measured step
             if self.open.get(kind) != msg and (kind not in self.open or _moved(self.open[kind], msg)):
                 self.open[kind] = msg
                 out.append((kind, msg))

@@ -94,12 +94,14 @@ class Anatomy:
             return None
         t1, last, step1 = pts[-1]
         window = [p for p in pts[1:-1] if t1 - p[0] <= 300]  # the first sample may precede the imports
+        if step1 is not None:  # steps known: the memory after the first step (its working set) is the baseline
+            window = [p for p in window if p[2] is not None and p[2] >= 1]
         if not window:
             return None
         t0, low, step0 = min(window, key=lambda p: p[1])
         if last - low < max(min_mb, (factor - 1) * low):
             return None
-        if step0 is not None and step1 is not None and step1 - step0 < min_steps:
+        if step1 is not None and step1 - (step0 or 0) < min_steps:
             return None  # grown within the first step or two: the working set (workers, activations), not a leak
         return (f"memory blow-up: the job's memory (RSS) grew from {low:,.0f} MiB to {last:,.0f} MiB in "
                 f"{t1 - t0:.0f} s{self._growing_rank(t1)}: something keeps every batch or step alive (tensors "

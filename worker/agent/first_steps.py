@@ -37,6 +37,9 @@ class FirstSteps:
     # per rank: the DataLoader's __next__ timed, the one data-wait signal), its first windows
     data_shares: list = field(default_factory=list)
     model: Optional[str] = None  # what from_pretrained loaded (its 'loading model' phase)
+    # the first forward/backward pass still running: (stage, when it began on the agent's clock)
+    running: Optional[tuple] = None
+    now: Optional[float] = None  # the agent's clock at the last check (a running pass's seconds so far)
     quiet: QuietWatch = field(init=False)  # the 'quiet' warning (quiet.py)
 
     def __post_init__(self) -> None:
@@ -48,6 +51,12 @@ class FirstSteps:
         if kind == "info":
             if isinstance(data.get("script"), dict):
                 self.script = data["script"]
+                p = self.script.get("passes") or {}
+                stage = p.get("running")
+                if not stage:
+                    self.running = None
+                elif self.running is None or self.running[0] != stage:
+                    self.running = (stage, now - float(p.get("running_s") or 0))
             self.info.update({k: v for k, v in data.items() if k != "script"})
         elif kind == "phase":
             self.quiet.phase = data
@@ -115,7 +124,40 @@ class FirstSteps:
         xs = [s.step_time for s in self.steps[:FIRST_STEPS]]
         if len(xs) >= 2 or (xs and xs[0] >= 3 * self._crawl_s()):
             return statistics.median(xs)
+        if not xs:
+            est = self._pass_estimate()
+            if est is not None and est[0] >= 1.5 * self._crawl_s():
+                return est[0]  # a first pass this long: the step crawls, judged before it ends
         return None
+
+    def micro_batches(self) -> int:
+        return int(self.args.get("gradient_accumulation_steps") or 1)
+
+    def _pass_estimate(self) -> Optional[tuple[float, str, bool]]:
+        """An optimizer step's seconds from its first forward and backward passes, before it ends:
+        (forward + backward) x micro-batches per step once both ran; 3 x forward (a backward costs
+        about twice its forward) once the forward ran; a pass still running: its seconds so far (a
+        lower bound). With the words that say which, and whether it is a lower bound."""
+        p = self.script.get("passes") or {}
+        fwd, bwd, ga = p.get("forward_s") or [], p.get("backward_s") or [], self.micro_batches()
+        per = f" x {ga} micro-batches" if ga > 1 else ""
+        if fwd and bwd:
+            n = min(len(fwd), len(bwd))
+            mb = statistics.median(f + b for f, b in zip(fwd[:n], bwd[:n]))
+            return mb * ga, f"its first forward and backward took {mb:.0f} s{per}", False
+        if self.running is None or self.now is None:
+            if fwd:
+                words = f"its first forward took {fwd[0]:.0f} s (a backward costs about twice that){per}"
+                return 3 * fwd[0] * ga, words, False
+            return None
+        so_far = max(0.0, self.now - self.running[1])
+        if self.running[0] == "forward":
+            return so_far * ga, f"its first forward has run {so_far:.0f} s and not ended{per}", True
+        f = fwd[0] if fwd else 0.0
+        words = f"its first forward took {f:.0f} s, its backward has run {so_far:.0f} s{per}"
+        if 3 * f > f + so_far:  # the backward's usual twice the forward, not reached yet
+            return 3 * f * ga, words + " (a backward costs about twice its forward)", False
+        return (f + so_far) * ga, words, True
 
     def _crawl_s(self) -> float:
         return self.config.slow_step_s / 2  # a first step this long: the batch is far too large

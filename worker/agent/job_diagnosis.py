@@ -181,7 +181,7 @@ class JobDiagnosis:
     async def advise(self, rj: RunningJob, advice: Advisor, now: float) -> None:
         """A command job's verdicts on its first steps (worker/agent/advice.py; advice: rj.advice), and
         the 'quiet' warning: a finished phase and nothing since, with where the main thread waits."""
-        for kind, message in advice.check():
+        for kind, message in advice.check(now):
             alert: dict = {"kind": kind, "severity": "warning", "message": message[:8192]}
             fix = fixes.for_advice(kind, advice, list(rj.command.command)) if rj.command is not None else None
             if fix is not None:  # the Trainer argument as a change of the command line

@@ -40,7 +40,10 @@ class SystemReporter:
                             continue  # it ended while we read: its last sample says nothing
                         self.emit(rj, "metrics", {"step": int(t), "values": values}, t)
                         if rj.slow is not None and isinstance(values.get("sys/rss_mb"), (int, float)):
-                            rj.slow.observe_memory(t, values["sys/rss_mb"], rj.detector.step)  # memory blow-up
+                            step = rj.detector.step
+                            if step is None and rj.advice is not None and rj.advice.script.get("passes"):
+                                step = 0  # training began, no step ended: its first step's working set
+                            rj.slow.observe_memory(t, values["sys/rss_mb"], step)  # memory blow-up
                         if gpu_util is not None and rj.slow is not None:
                             rj.slow.machine.observe_gpu(t, gpu_util)
                     if machine_due:
