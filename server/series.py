@@ -65,7 +65,7 @@ def with_nonfinite(out: dict, bad: list[tuple]) -> dict:
     pts = {step: (step, t, None) for step, t, _ in bad}
     pts.update((p[0], p) for p in zip(out["step"], out["t"], out["value"]) if p[0] not in words)
     out.update(columns(sorted(pts.values(), key=_step)))
-    out["nonfinite"] = words
+    out["nonfinite"] = {str(step): w for step, w in words.items()}  # JSON's keys are text
     return out
 
 
@@ -96,7 +96,7 @@ def read_run(cur, job_id: int, key_id: int, attempt: int, max_points: int, mode:
     parts.reverse()  # oldest first: steps ascending
     rows = [p for part in parts for p in zip(part["step"], part["t"], part["value"])]
     total = sum(part.get("total_points", len(part["step"])) for part in parts)
-    words = {step: w for part in parts for step, w in part.get("nonfinite", {}).items()}
+    words = {int(step): w for part in parts for step, w in part.get("nonfinite", {}).items()}
     bad = [(step, t, words[step]) for step, t, v in rows if v is None and step in words]
     if bad:
         rows = [r for r in rows if r[2] is not None]

@@ -62,7 +62,7 @@ def test_full_read_returns_each_nonfinite_point_at_its_step_and_the_neighbours_i
     db, jid, kid = loaded
     out = read(db, jid, kid, 1_000, before=999)
     assert not out["downsampled"] and out["step"] == list(range(1000))
-    assert out["nonfinite"] == {120: "nan", 121: "inf"}
+    assert out["nonfinite"] == {"120": "nan", "121": "inf"}
     assert out["value"][120] is None and out["value"][121] is None
     assert out["value"][119] == value(119) and out["value"][122] == value(122)
     json.dumps(out, allow_nan=False)  # JSON-safe as the API sends it
@@ -72,7 +72,7 @@ def test_rollup_read_keeps_every_nonfinite_point_and_finite_extremes(loaded):
     db, jid, kid = loaded
     out = read(db, jid, kid, 1_000)
     assert out["downsampled"] and out["total_points"] == STEPS
-    assert out["nonfinite"] == BAD
+    assert out["nonfinite"] == {str(st): w for st, w in BAD.items()}
     assert all((v is None) == (st in BAD) for st, v in zip(out["step"], out["value"]))
     assert out["step"] == sorted(out["step"])
     assert min(v for v in out["value"] if v is not None) == 1.0
