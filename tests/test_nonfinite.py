@@ -28,6 +28,12 @@ def value(step: int):
     return BAD.get(step, 1.0 + (step % 97) / 100)
 
 
+def batch(jid: int, steps, value=value) -> bytes:
+    """An agent's batch body, one loss point a step (a non-finite one as its protocol word)."""
+    return orjson.dumps({"events": [{"kind": "metrics", "job_id": jid, "seq": st, "t": 1e9 + st,
+                                     "data": {"step": st, "values": {"loss": value(st)}}} for st in steps]})
+
+
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     url = pg.database_url(tmp_path_factory.mktemp("nonfinite"))
@@ -44,10 +50,8 @@ def loaded(tmp_path_factory):
         return a.id, job.id
     aid, jid = db.write_sync(setup)
     for b in range(0, STEPS, 10_000):
-        body = orjson.dumps({"events": [
-            {"kind": "metrics", "job_id": jid, "seq": st, "t": 1e9 + st, "data": {"step": st, "values": {"loss": value(st)}}}
-            for st in range(b, b + 10_000)]})
-        evs = parse_batch(body)  # the wire words go through the protocol model, the rest the fast path
+        # the words go through the protocol model, the finite points the fast path
+        evs = parse_batch(batch(jid, range(b, b + 10_000)))
         db.write_sync(lambda s, evs=evs: ingest(s, aid, evs))
     yield db, jid, METRIC_KEYS.ids["loss"]
     db.close()
@@ -91,7 +95,7 @@ def test_latest_values_say_nan(loaded):
     with db.read() as s:
         last = json.loads(s.get(Job, jid).last)
     assert last["loss"] == value(STEPS - 1) and math.isfinite(last["loss"])
-    db.write_sync(lambda s: ingest(s, s.get(Job, jid).agent_id, parse_batch(orjson.dumps({"events": [
-        {"kind": "metrics", "job_id": jid, "seq": STEPS, "t": 2e9, "data": {"step": STEPS, "values": {"loss": "nan"}}}]}))))
+    evs = parse_batch(batch(jid, [STEPS], lambda st: "nan"))
+    db.write_sync(lambda s: ingest(s, s.get(Job, jid).agent_id, evs))
     with db.read() as s:
         assert json.loads(s.get(Job, jid).last)["loss"] == "nan"
