@@ -100,6 +100,29 @@ def test_printed_decoys_and_a_nan_never_override_the_logger(srv, c, tmp_path, na
     assert nan and "nan at step 10" in nan[0]["message"], nan
 
 
+@pytest.mark.parametrize("mode", ["log", "backward"])
+def test_a_nan_or_inf_from_tokenpulse_log_or_backward_is_stored_at_its_step(srv, c, tmp_path, mode):
+    """Non-finite values from tokenpulse.log and from the loss .backward() is called on: stored at
+    their steps and read back as such, the finite neighbours intact, the alert raised, the job's
+    latest value saying NaN."""
+    r = c.post("/api/jobs/command", json={"name": f"nonfinite {mode}", "cwd": str(tmp_path), "max_retries": 0,
+                                          "command": [PY, str(ROOT / "tests" / "scripts" / "nonfinite_loop.py"), mode]})
+    assert r.status_code == 201, r.text
+    jid = r.json()["id"]
+    job = finished(srv, jid)
+    key, bad, n = ("score", {"3": "nan", "4": "-inf", "12": "nan"}, 13) if mode == "log" else ("loss", {"7": "inf"}, 12)
+    raw = c.get(f"/api/jobs/{jid}/metrics", params={"keys": [key]}).json()["series"][key]
+    assert raw["nonfinite"] == bad, raw
+    got = dict(zip(raw["step"], raw["value"]))
+    assert len(got) == n and all((v is None) == (str(st) in bad) for st, v in got.items()), got
+    if mode == "log":
+        assert got[2] == 2.0 and got[5] == 5.0 and job["last"]["score"] == "nan"
+    else:
+        assert got[6] == pytest.approx(3.8) and got[8] == pytest.approx(3.76)
+    alerts = [a for a in c.get("/api/alerts", params={"job_id": jid}).json() if a["kind"] == f"non_finite:{key}"]
+    assert alerts and f"{key} is {bad[min(bad, key=int)]}" in " ".join(a["message"] for a in alerts), alerts
+
+
 def test_printed_loss_switched_off_for_a_job(srv, c, tmp_path):
     jid = submit(c, PROGRAMS["print loop (GradScaler, accumulation)"], tmp_path, Path("."),
                  env={"TOKENPULSE_CAPTURE_OFF": "printed,backward"})
