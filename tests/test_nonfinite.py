@@ -10,15 +10,13 @@ import math
 import orjson
 import pytest
 
-from server import series, store
-from server.db import Database, upgrade_to_head
+from server import series
 from server.dialect import raw_cursor
 from server.ingest.apply import ingest
 from server.ingest.metrics import METRIC_KEYS, ROLLUP_COLS, is_finite
 from server.ingest.parse import parse_batch
-from server.models import Agent, Job
-from tests import pg
-from tokenpulse.protocol import JobSpec
+from server.models import Job
+from tests.test_series import running_job
 
 STEPS = 70_000  # long enough that a 1,000-point read goes through the rollups
 BAD = {120: "nan", 121: "inf", 40_000: "-inf", 65_537: "nan"}
@@ -36,19 +34,7 @@ def batch(jid: int, steps, value=value) -> bytes:
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    url = pg.database_url(tmp_path_factory.mktemp("nonfinite"))
-    METRIC_KEYS.ids.clear()  # the process-wide name -> id cache belongs to another database
-    upgrade_to_head(url)
-    db = Database(url)
-
-    def setup(s):
-        a = Agent(name="a", host="h", device="cpu", capacity=1, state="online", created_at=0.0, seen_at=0.0)
-        s.add(a)
-        s.flush()
-        job = store.create_job(s, JobSpec(), None)
-        job.state, job.agent_id = "running", a.id
-        return a.id, job.id
-    aid, jid = db.write_sync(setup)
+    db, aid, jid = running_job(tmp_path_factory.mktemp("nonfinite"))
     for b in range(0, STEPS, 10_000):
         # the words go through the protocol model, the finite points the fast path
         evs = parse_batch(batch(jid, range(b, b + 10_000)))
