@@ -170,7 +170,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                 values, refused = NAMES.admit(s, job_id, d["values"])
                 if refused:
                     too_many_names(s, job, out)
-                points.add(s, job_id, job.attempt, d["step"], e.t, values)
+                if points.add(s, job_id, job.attempt, d["step"], e.t, values):  # a NaN/inf among them:
+                    e.data = {**d, "values": {k: metric_wire(v) for k, v in d["values"].items()}}  # live: words
                 out.stored_points += len(values)
                 if by_metric:
                     rule_events.append((d["step"], values))

@@ -147,14 +147,16 @@ class PointBatch:
         self.dirty: set[tuple] = set()  # buckets with a repeated or out-of-order step: recomputed from rows
         self.nonfinite = False  # a NaN/inf point among the rows
 
-    def add(self, s: Session, job_id: int, attempt: int, step: int, t: float, values: dict) -> None:
+    def add(self, s: Session, job_id: int, attempt: int, step: int, t: float, values: dict) -> bool:
+        """Whether a value was NaN/inf (the live frames then carry its word: orjson would say null)."""
         key_ids, rows, rollups = METRIC_KEYS.ids, self.rows, self.rollups
         bucket = step >> ROLLUP_SHIFT
+        nonfinite = False
         for name, v in values.items():
             kid = key_ids.get(name) or METRIC_KEYS.id_for(s, name)
             rows.append((job_id, kid, attempt, step, t, v))
             if not math.isfinite(v):  # rare: its bucket is recomputed from its rows (Rollup.of_points)
-                self.nonfinite = True
+                self.nonfinite = nonfinite = True
                 self.dirty.add((job_id, kid, attempt, bucket))
             # The rollup of this bucket, kept while the rows go by (one dict hit a point).
             g = rollups.get((job_id, kid, attempt, bucket))
@@ -170,6 +172,7 @@ class PointBatch:
                 g.min_step, g.min_t, g.min_value = step, t, v
             if v > g.max_value:
                 g.max_step, g.max_t, g.max_value = step, t, v
+        return nonfinite
 
     def store(self, s: Session) -> None:
         if not self.rows:

@@ -454,7 +454,10 @@
     lastStep = Math.max(lastStep, s.step[s.step.length - 1]);
   }
   function addPoint(step, values, t) {
-    for (const [k, v] of Object.entries(values)) mergePoints(k, [step], [v], [t]);
+    for (const [k, v] of Object.entries(values)) {
+      if (typeof v === "string") { noteNonfinite(k, { [step]: v }); mergePoints(k, [step], [null], [t]); } // NaN/inf: its word
+      else mergePoints(k, [step], [v], [t]);
+    }
   }
 
   // ---- summary ----------------------------------------------------------------------------------
