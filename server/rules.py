@@ -327,9 +327,11 @@ class Rules:
                 f"at step {step}" if firing else f"{m} back within {r.sigmas:g} standard deviations at step {step}")
 
     def _series(self, s: Session, metric: str, job_id: int, order: str, limit: int) -> list[tuple]:
-        # the running attempt's points: an earlier attempt's are another run's history
+        # the running attempt's finite points (an earlier attempt's are another run's history). The
+        # range leaves out +-inf and NaN: PostgreSQL's, and SQLite's 'nan' text, sort above every number.
         return s.execute(text("SELECT m.step, m.value FROM metrics m JOIN metric_keys k ON k.id = m.key_id "
-                              "WHERE m.job_id = :j AND k.name = :n AND m.attempt = (SELECT attempt FROM jobs "
+                              "WHERE m.job_id = :j AND k.name = :n AND m.value BETWEEN -1.7976931348623157e308 "
+                              "AND 1.7976931348623157e308 AND m.attempt = (SELECT attempt FROM jobs "
                               f"WHERE id = :j) ORDER BY {order} LIMIT {int(limit)}"),
                          {"j": job_id, "n": metric}).all()
 

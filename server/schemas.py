@@ -7,7 +7,7 @@ Kept in one flat module so any of them can move to protocol.py when a client sta
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,9 +42,9 @@ class JobSummary(Answer):
     phase: Optional[dict[str, Any]] = Field(description="the latest phase event's data (name, done, total, ...)")
     step: Optional[int]
     total_steps: Optional[int]
-    last: dict[str, Number] = Field(description="latest values and their step: a list's rows and live frames "
-                                                "carry the listed metrics and the columns asked for, a job's "
-                                                "own page every metric")
+    last: dict[str, Union[Number, Literal["nan", "inf", "-inf"]]] = Field(
+        description="latest values and their step: a list's rows and live frames carry the listed metrics and "
+                    "the columns asked for, a job's own page every metric; a NaN/inf value as its word")
     alive_at: Optional[float] = Field(description="when the training process last said it was alive")
     reason: Optional[str]
     failure: Optional[str] = Field(description="failure kind of the last attempt: oom, nan, crash, lost, hang, spec...")

@@ -5,13 +5,18 @@ survive); lttb keeps the visually most significant point per bucket.
 Long series are not read point by point: ingest keeps a rollup row per 256 steps (first, last, min,
 max; server/ingest/metrics.py), and a chart bucket is a whole number of rollups, so 1,000 points out of
 1,000,000 read ~4,000 rollup rows (~5 ms) instead of a million points (~400 ms).
+
+A NaN/inf point is never downsampled away: every one in range is returned, its value null (JSON has
+no NaN) and its word in the series' `nonfinite` map ({step: "nan" | "inf" | "-inf"}). A long series
+finds them through its marked rollups (n < 0, server/ingest/metrics.py), reading only those buckets.
 """
 from __future__ import annotations
 
 from operator import itemgetter
 from typing import Optional, Sequence
 
-from server.ingest.metrics import ROLLUP_COLS, ROLLUP_SHIFT, Rollup
+from server.ingest.metrics import ROLLUP_COLS, ROLLUP_SHIFT, Rollup, is_finite
+from tokenpulse.protocol import nonfinite_word
 
 
 def read_series(cur, job_id: int, key_id: int, attempt: int, max_points: int, mode: str = "minmax",
@@ -34,15 +39,44 @@ def read_series(cur, job_id: int, key_id: int, attempt: int, max_points: int, mo
     buckets = max(1, max_points // 4)
     if (hi - lo + 1) >> ROLLUP_SHIFT >= buckets:  # at least one rollup per chart bucket
         rolls = rollups(cur, job_id, key_id, attempt, lo, hi)
-        total = sum(map(_n, rolls))
+        total = sum(abs(r[0]) for r in rolls)
         if total > max_points:
             picked = from_rollups(rolls, buckets) if mode != "lttb" else lttb(rollup_points(rolls), max_points)
+            bad = [p for r in rolls if r[0] < 0 for p in cur.execute(
+                "SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND attempt = ? "
+                "AND step BETWEEN ? AND ?", (job_id, key_id, attempt, r[1], r[4])) if not is_finite(p[2])]
             out = columns(picked)
             out["downsampled"] = True
             out["total_points"] = total
-            return out
+            return with_nonfinite(out, bad)
     rows = cur.execute(f"SELECT step, t, value FROM metrics WHERE {where} ORDER BY step", params).fetchall()
-    return downsample(rows, max_points, mode)
+    bad = [] if all_finite(rows) else [r for r in rows if not is_finite(r[2])]
+    if bad:
+        rows = [r for r in rows if is_finite(r[2])]
+    return with_nonfinite(downsample(rows, max_points, mode), bad)
+
+
+def all_finite(rows: Sequence[tuple]) -> bool:
+    """Whether every value is a finite number, at C speed (~5x a check per row): a sum is finite
+    unless a value is NaN/inf (or finite values overflow it: then the caller merely looks row by row)."""
+    try:
+        total = sum(map(_value, rows))
+    except TypeError:  # SQLite's 'nan' text
+        return False
+    return total - total == 0
+
+
+def with_nonfinite(out: dict, bad: list[tuple]) -> dict:
+    """The series with its non-finite points (step, t, value) put back in step order: value null, and
+    its word in out["nonfinite"] by step."""
+    if not bad:
+        return out
+    words = {step: v if type(v) is str else nonfinite_word(v) for step, _, v in bad}
+    pts = {step: (step, t, None) for step, t, _ in bad}
+    pts.update((p[0], p) for p in zip(out["step"], out["t"], out["value"]) if p[0] not in words)
+    out.update(columns(sorted(pts.values(), key=_step)))
+    out["nonfinite"] = {str(step): w for step, w in words.items()}  # JSON's keys are text
+    return out
 
 
 def read_run(cur, job_id: int, key_id: int, attempt: int, max_points: int, mode: str = "minmax",
@@ -72,10 +106,14 @@ def read_run(cur, job_id: int, key_id: int, attempt: int, max_points: int, mode:
     parts.reverse()  # oldest first: steps ascending
     rows = [p for part in parts for p in zip(part["step"], part["t"], part["value"])]
     total = sum(part.get("total_points", len(part["step"])) for part in parts)
+    words = {int(step): w for part in parts for step, w in part.get("nonfinite", {}).items()}
+    bad = [(step, t, words[step]) for step, t, v in rows if v is None and step in words]
+    if bad:
+        rows = [r for r in rows if r[2] is not None]
     out = downsample(rows, max_points, mode)
-    if total > len(rows) or out["downsampled"]:
+    if total > len(rows) + len(bad) or out["downsampled"]:
         out["downsampled"], out["total_points"] = True, total
-    return out
+    return with_nonfinite(out, bad)
 
 
 def first_step(cur, job_id: int, attempt: int) -> Optional[int]:
@@ -88,7 +126,12 @@ def first_step(cur, job_id: int, attempt: int) -> Optional[int]:
 
 # A rollup row as read (ROLLUP_COLS order: n, then the first, last, min and max point's step, t,
 # value): plain tuples and itemgetters, no object per row, as a chart of a million points reads ~4,000.
-_n, _min_value, _max_value = itemgetter(0), itemgetter(9), itemgetter(12)
+def _min_value(r: tuple) -> float:
+    return r[9] if is_finite(r[9]) else float("inf")  # a bucket of non-finite points only: never the lowest
+
+
+def _max_value(r: tuple) -> float:
+    return r[12] if is_finite(r[12]) else float("-inf")
 
 
 def _first(r: tuple) -> tuple:
@@ -132,18 +175,18 @@ def from_rollups(rolls: list[tuple], buckets: int) -> list[tuple]:
         group = rolls[b:b + k]
         first, last = _first(group[0]), _last(group[-1])
         mn, mx = _low(min(group, key=_min_value)), _high(max(group, key=_max_value))
-        out.extend(sorted({first, mn, mx, last}, key=_step))
+        out.extend(sorted((p for p in {first, mn, mx, last} if is_finite(p[2])), key=_step))
     return out
 
 
 def rollup_points(rolls: list[tuple]) -> list[tuple]:
     out: list[tuple] = []
     for r in rolls:
-        out.extend(sorted({_first(r), _last(r), _low(r), _high(r)}, key=_step))
+        out.extend(sorted((p for p in {_first(r), _last(r), _low(r), _high(r)} if is_finite(p[2])), key=_step))
     return out
 
 
-_step = itemgetter(0)
+_step, _value = itemgetter(0), itemgetter(2)
 
 
 def columns(rows: Sequence[tuple]) -> dict:

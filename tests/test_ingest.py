@@ -108,7 +108,7 @@ def test_bad_batch_refused_whole_and_mixed_kinds_stored(server):
            {"kind": "log", "job_id": jid, "seq": 3, "t": 3.0, "data": {"line": "hello"}}]
     r = agent.post(f"/api/agents/{aid}/events", json={"events": evs})
     assert r.status_code == 200, r.text
-    # NaN cannot be stored (SQLite keeps it as NULL): dropped, the rest of the event kept.
+    # A NaN literal (JSON has none; the stdlib reads it) is stored and read back as non-finite.
     nan_body = ('{"events": [{"kind": "metrics", "job_id": %d, "seq": 4, "t": 4.0, '
                 '"data": {"step": 2, "values": {"loss": NaN, "lr": 0.5}}}]}' % jid)
     r = agent.post(f"/api/agents/{aid}/events", content=nan_body, headers={"content-type": "application/json"})
@@ -117,7 +117,8 @@ def test_bad_batch_refused_whole_and_mixed_kinds_stored(server):
         m = c.get(f"/api/jobs/{jid}/metrics").json()["series"]
         job = c.get(f"/api/jobs/{jid}").json()
         logs = c.get(f"/api/jobs/{jid}/events", params={"kinds": "log"}).json()["events"]
-    assert m["loss"]["step"] == [0, 1] and m["loss"]["value"][1] == 2.0
+    assert m["loss"]["step"] == [0, 1, 2] and m["loss"]["value"][1:] == [2.0, None]
+    assert m["loss"]["nonfinite"] == {"2": "nan"}
     assert m["lr"]["step"] == [0, 1, 2]
-    assert job["state"] == "running" and job["step"] == 2 and job["last"]["lr"] == 0.5
+    assert job["state"] == "running" and job["step"] == 2 and job["last"]["lr"] == 0.5 and job["last"]["loss"] == "nan"
     assert [e["data"]["line"] for e in logs if e["data"]["line"] == "hello"] == ["hello"]

@@ -79,19 +79,48 @@ def test_a_programs_loss_is_its_own_numbers_from_its_own_logging(srv, c, tmp_pat
     assert not bad, bad  # a healthy run: no false alert
 
 
-def test_printed_decoys_and_a_nan_never_override_the_logger(srv, c, tmp_path):
-    """The script logs to TensorBoard and also prints a different 'loss' and lines that only look
-    like one; its logged NaN is said as such (an alert naming the metric), the run goes on."""
-    jid = submit(c, PROGRAMS["tensorboard loop"], tmp_path, Path("."), "--print-decoys", "--nan-at", "10")
+@pytest.mark.parametrize("name", ["tensorboard loop", "wandb loop (offline)"])
+def test_printed_decoys_and_a_nan_never_override_the_logger(srv, c, tmp_path, name):
+    """The script logs to TensorBoard or wandb and also prints a different 'loss' and lines that only
+    look like one; its logged NaN is stored at its step and said (an alert naming the metric), the
+    finite neighbours intact, the run goes on."""
+    prog = PROGRAMS[name]
+    jid = submit(c, prog, tmp_path, Path("."), "--print-decoys", "--nan-at", "10")
     job = finished(srv, jid)
-    own = PROGRAMS["tensorboard loop"].own_numbers(tmp_path)
-    got = series(c, jid, "loss")
-    assert matches(got, {s: v for s, v in own.items() if math.isfinite(v)}) and 10 not in got, (got, own)
+    own = prog.own_numbers(tmp_path)
+    raw = c.get(f"/api/jobs/{jid}/metrics", params={"keys": ["loss"]}).json()["series"]["loss"]
+    got = dict(zip(raw["step"], raw["value"]))
+    finite = {s: v for s, v in got.items() if v is not None}
+    assert matches(finite, {s: v for s, v in own.items() if math.isfinite(v)}), (got, own)
+    assert got[10] is None and raw["nonfinite"] == {"10": "nan"}, raw  # stored as non-finite, not dropped
     assert job["info"]["metric_sources"] == {"loss": "logger", "val_loss": "logger"}, job["info"]
-    assert job["info"]["metric_via"] == {"loss": "SummaryWriter.add_scalar", "val_loss": "SummaryWriter.add_scalar"}
+    assert said_source(job["info"], "loss") == prog.source, job["info"]
     assert not series(c, jid, "lossless")
     nan = [a for a in c.get("/api/alerts", params={"job_id": jid}).json() if a["kind"] == "non_finite:loss"]
     assert nan and "nan at step 10" in nan[0]["message"], nan
+
+
+@pytest.mark.parametrize("mode", ["log", "backward"])
+def test_a_nan_or_inf_from_tokenpulse_log_or_backward_is_stored_at_its_step(srv, c, tmp_path, mode):
+    """Non-finite values from tokenpulse.log and from the loss .backward() is called on: stored at
+    their steps and read back as such, the finite neighbours intact, the alert raised, the job's
+    latest value saying NaN."""
+    r = c.post("/api/jobs/command", json={"name": f"nonfinite {mode}", "cwd": str(tmp_path), "max_retries": 0,
+                                          "command": [PY, str(ROOT / "tests" / "scripts" / "nonfinite_loop.py"), mode]})
+    assert r.status_code == 201, r.text
+    jid = r.json()["id"]
+    job = finished(srv, jid)
+    key, bad, n = ("score", {"3": "nan", "4": "-inf", "12": "nan"}, 13) if mode == "log" else ("loss", {"7": "inf"}, 12)
+    raw = c.get(f"/api/jobs/{jid}/metrics", params={"keys": [key]}).json()["series"][key]
+    assert raw["nonfinite"] == bad, raw
+    got = dict(zip(raw["step"], raw["value"]))
+    assert len(got) == n and all((v is None) == (str(st) in bad) for st, v in got.items()), got
+    if mode == "log":
+        assert got[2] == 2.0 and got[5] == 5.0 and job["last"]["score"] == "nan"
+    else:
+        assert got[6] == pytest.approx(3.8) and got[8] == pytest.approx(3.76)
+    alerts = [a for a in c.get("/api/alerts", params={"job_id": jid}).json() if a["kind"] == f"non_finite:{key}"]
+    assert alerts and f"{key} is {bad[min(bad, key=int)]}" in " ".join(a["message"] for a in alerts), alerts
 
 
 def test_printed_loss_switched_off_for_a_job(srv, c, tmp_path):
@@ -180,7 +209,8 @@ def test_non_finite_and_printed_lines_the_agent_reads():
     for decoy in ("lossless 3", "loss of signal 5", "no loss here 5", "closs 3", "Epoch 1/3"):
         assert parse(decoy) == ({}, None), decoy
     m = JobMetrics({})
-    assert m.printed("step 1 loss nan") == [("alert", {"kind": "non_finite:loss", "severity": "critical",
+    assert m.printed("step 1 loss nan") == [("metrics", {"step": 1, "values": {"loss": "nan"}}),
+                                            ("alert", {"kind": "non_finite:loss", "severity": "critical",
                                                        "message": "loss is nan at step 1 (printed)"})]
     events = m.printed("step 2 loss 2.5")
     assert events[0] == ("metrics", {"step": 2, "values": {"loss": 2.5}}) and events[1][1]["clear"] is True

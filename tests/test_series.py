@@ -58,10 +58,10 @@ def test_lttb_keeps_ends_and_size():
     assert len(out["step"]) == 300 and out["step"][0] == 0 and out["step"][-1] == 4999
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    """A job with 150,000 steps of one metric (spikes included), stored by ingest in batches."""
-    url = pg.database_url(tmp_path_factory.mktemp("series"))  # SQLite, or PostgreSQL (TOKENPULSE_TEST_DB)
+def running_job(folder) -> tuple[Database, int, int]:
+    """A fresh database in folder (SQLite, or PostgreSQL with TOKENPULSE_TEST_DB) holding one running
+    job on one agent: (db, agent id, job id)."""
+    url = pg.database_url(folder)
     METRIC_KEYS.ids.clear()  # the process-wide name -> id cache belongs to another database
     upgrade_to_head(url)
     db = Database(url)
@@ -73,7 +73,13 @@ def loaded(tmp_path_factory):
         job = store.create_job(s, JobSpec(), None)
         job.state, job.agent_id = "running", a.id
         return a.id, job.id
-    aid, jid = db.write_sync(setup)
+    return db, *db.write_sync(setup)
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """A job with 150,000 steps of one metric (spikes included), stored by ingest in batches."""
+    db, aid, jid = running_job(tmp_path_factory.mktemp("series"))
     vals = walk(150_000, 2)
     for b in range(0, len(vals), 10_000):
         evs = [Ev("metrics", jid, s, 1e9 + s, {"step": s, "values": {"loss": vals[s]}}) for s in range(b, b + 10_000)]

@@ -47,10 +47,8 @@ class Recorder(Emitter):
         self.events: list[tuple[str, dict]] = []
 
     def emit(self, kind, /, **data):
-        from tokenpulse.protocol import DATA_MODELS
-        model = DATA_MODELS.get(kind)
-        if model is not None:
-            data = model.model_validate(data).model_dump(exclude_none=True, mode="json")
+        from tokenpulse.events import _validate
+        data = _validate(kind, data)
         json.dumps(data, allow_nan=False)
         self.events.append((kind, data))
 
@@ -283,6 +281,9 @@ def test_nan_loss_fails_with_alert(tmp_path):
     assert Session(quick_spec(), tmp_path, em, Controls(), faults=faults).run() == EXIT_NAN
     alert = [d for k, d in em.events if k == "alert"][0]
     assert alert["kind"] == "nan" and "step 3" in alert["message"]
+    # the NaN point itself is sent (as its word) at the next logged step: stored and shown, not dropped
+    losses = [(d["step"], d["values"]["loss"]) for k, d in em.events if k == "metrics"]
+    assert losses[-1] == (losses[-2][0] + 1, "nan") and all(isinstance(v, float) for _, v in losses[:-1]), losses
     assert em.events[-1][1]["state"] == "failed" and em.events[-1][1]["failure"] == "nan"
 
 

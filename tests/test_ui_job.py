@@ -369,3 +369,19 @@ def test_job_page_log_stack_pause_cancel(agent_server, browser):
           "cancelled phase line")
     shot(d, "job-cancelled-final")
     assert not console_errors(d), console_errors(d)
+
+
+def test_a_nan_and_an_inf_loss_are_named_above_the_charts_live_and_after_a_reload(server_factory, browser, tmp_path):
+    """Issue 35: a non-finite value is stored and shown, never a silent gap in the line."""
+    run = FakeRun(server_factory, browser, tmp_path, "nonfinite")
+    d = run.d
+    assert not d.find_element(By.ID, "nonfinite-note").is_displayed()
+    run.post([("metrics", {"step": 81, "values": {"loss": "nan", "lr": 1e-4}}, run.t0 + 81),
+              ("metrics", {"step": 82, "values": {"loss": "inf"}}, run.t0 + 82),
+              ("metrics", {"step": 83, "values": {"loss": 2.5}}, run.t0 + 83)])
+    said = "loss was NaN at step 81, inf at step 82"
+    until(d, 20, lambda d: said in text(d, "#nonfinite-note"), "the live NaN/inf not named")
+    assert attr(d, "#chart-loss", "data-points") == "83"  # stored and placed, drawn as a gap
+    d.refresh()  # the REST read: the series' nonfinite map
+    until(d, 20, lambda d: said in text(d, "#nonfinite-note"), "the stored NaN/inf not named after a reload")
+    assert not console_errors(d)

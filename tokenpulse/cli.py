@@ -314,9 +314,9 @@ def _watch(c: Client, job_id: int) -> int:
             last = job.get("last") or {}
             extra = []
             if "loss" in last:
-                extra.append(f"loss {last['loss']:.4f}")
+                extra.append(f"loss {num(last['loss'], '.4f')}")
             if "tokens_per_s" in last:
-                extra.append(f"{last['tokens_per_s']:,.0f} tok/s")
+                extra.append(f"{num(last['tokens_per_s'], ',.0f')} tok/s")
             if job["state"] in ("running", "starting") and phase.get("total"):
                 rate.update(phase.get("name", ""), time.time(), phase.get("done") or 0)
                 eta = rate.eta_s(phase.get("done") or 0, phase["total"])
@@ -340,13 +340,18 @@ def _watch(c: Client, job_id: int) -> int:
     return 0 if job["state"] == "completed" else 1
 
 
+def num(v, spec: str) -> str:
+    """A latest value in the given format; a non-finite one as the server keeps it ("nan" -> NaN, "inf")."""
+    return ("NaN" if v == "nan" else v) if isinstance(v, str) else format(v, spec)
+
+
 def final_eval(job: dict) -> str:
     """'eval loss 2.31, perplexity 10.1 (step 200)' from the job's latest values, or ''."""
     last = job.get("last") or {}
     if "eval/loss" not in last:
         return ""
-    ppl = f", perplexity {last['eval/ppl']:.4g}" if "eval/ppl" in last else ""
-    return f"eval loss {last['eval/loss']:.4f}{ppl}"
+    ppl = f", perplexity {num(last['eval/ppl'], '.4g')}" if "eval/ppl" in last else ""
+    return f"eval loss {num(last['eval/loss'], '.4f')}{ppl}"
 
 
 def parse_env(pairs: Optional[list[str]]) -> dict[str, str]:
@@ -416,9 +421,9 @@ def cmd_jobs(args) -> int:
         table.add_row(str(j["id"]), j["name"], j.get("project", ""), " ".join(j.get("tags") or []), j["state"],
                       phase_label(j),
                       f"{j.get('step') or 0}/{j.get('total_steps') or '?'}",
-                      f"{last['loss']:.4f}" if "loss" in last else "",
-                      f"{last['eval/loss']:.4f}" if "eval/loss" in last else "",
-                      f"{last['tokens_per_s']:,.0f}" if "tokens_per_s" in last else "")
+                      f"{num(last['loss'], '.4f')}" if "loss" in last else "",
+                      f"{num(last['eval/loss'], '.4f')}" if "eval/loss" in last else "",
+                      f"{num(last['tokens_per_s'], ',.0f')}" if "tokens_per_s" in last else "")
     _console().print(table)
     return 0
 

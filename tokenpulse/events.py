@@ -43,7 +43,11 @@ def _validate(kind: str, data: dict) -> dict:
     model = _models.get(kind)
     if model is None:
         return data
-    return model.model_validate(data).model_dump(exclude_none=True, mode="json")
+    out = model.model_validate(data).model_dump(exclude_none=True, mode="json")
+    if kind == "metrics":  # the model reads "nan"/"inf" words as floats; JSON needs the words back
+        from tokenpulse.protocol import metric_wire
+        out["values"] = {k: metric_wire(v) for k, v in out["values"].items()}
+    return out
 
 
 def _pipe_id(fd: int) -> Optional[str]:
@@ -146,8 +150,8 @@ class Emitter:
         """Metrics from one source (tokenpulse/instrument/sources.py), said in the event's `sources`."""
         import math
         clean = {k: float(v) for k, v in values.items() if v is not None}
-        # NaN/inf cannot travel in JSON: said as an alert 'non_finite:<name>' instead (alert rules
-        # watch it, server/rules.py), cleared when the metric is finite again.
+        # A NaN/inf value is sent as its word (protocol.metric_wire) and stored; it also raises the alert
+        # 'non_finite:<name>' (alert rules watch it, server/rules.py), cleared when the metric is finite again.
         bad = getattr(self, "_non_finite", None)
         if bad is None:
             bad = self._non_finite = set()
@@ -158,7 +162,6 @@ class Emitter:
             elif math.isfinite(v) and k in bad:
                 bad.discard(k)
                 self.alert(f"non_finite:{k}"[:64], f"{k} is finite again at step {step}", clear=True)
-        clean = {k: v for k, v in clean.items() if math.isfinite(v)}
         self.emit("metrics", step=step, values=clean, sources={k: source for k in clean} if source and clean else None)
 
     def log(self, line: str) -> None:

@@ -19,7 +19,6 @@ Imports transformers: import this module only where transformers is wanted.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
 
@@ -201,8 +200,8 @@ class TokenPulseCallback(TrainerCallback):
             return
         values = {}
         for k, v in logs.items():
-            if k in SUMMARY or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                continue
+            if k in SUMMARY or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue  # a NaN/inf stays: the Emitter sends it as its word and alerts
             name = metric_name(k)
             if 0 < len(name) <= 64:
                 values[name] = float(v)

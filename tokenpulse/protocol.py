@@ -520,9 +520,23 @@ class PhaseData(BaseModel):
     quiet: Optional[bool] = None  # the agent's line "no progress reported since ...": not progress
 
 
+NONFINITE_WORDS = ("nan", "inf", "-inf")
+
+
+def nonfinite_word(v: float) -> str:
+    """NaN and +-inf as they cross JSON, which has no literal for them: "nan", "inf", "-inf".
+    MetricsData reads the words back as floats, so a non-finite metric is stored and shown, not dropped."""
+    return "nan" if v != v else "inf" if v > 0 else "-inf"
+
+
+def metric_wire(v: float) -> Union[float, str]:
+    """A metric value ready for JSON: a finite number as is, a non-finite one as its word."""
+    return v if v - v == 0 else nonfinite_word(v)
+
+
 class MetricsData(BaseModel):
     step: int = Field(ge=0)
-    values: dict[str, float]
+    values: dict[str, float]  # a non-finite value arrives as "nan", "inf" or "-inf" (metric_wire)
     # where a command job's values came from, by name (tokenpulse/instrument/sources.py: api, logger,
     # backward, printed); absent for tokenpulse's own training and the Trainer callback
     sources: Optional[dict[str, str]] = None

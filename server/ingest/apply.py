@@ -30,6 +30,7 @@ from tokenpulse.protocol import (
     ALERTS_TOPIC,
     EXTERNAL,
     JOBS_TOPIC,
+    NONFINITE_WORDS,
     Action,
     Command,
     JobState,
@@ -38,6 +39,7 @@ from tokenpulse.protocol import (
     events_frame,
     job_frame,
     job_topic,
+    metric_wire,
 )
 
 INSERT_EVENT = "INSERT OR IGNORE INTO events (job_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)"
@@ -168,7 +170,8 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
                 values, refused = NAMES.admit(s, job_id, d["values"])
                 if refused:
                     too_many_names(s, job, out)
-                points.add(s, job_id, job.attempt, d["step"], e.t, values)
+                if points.add(s, job_id, job.attempt, d["step"], e.t, values):  # a NaN/inf among them:
+                    e.data = {**d, "values": {k: metric_wire(v) for k, v in d["values"].items()}}  # live: words
                 out.stored_points += len(values)
                 if by_metric:
                     rule_events.append((d["step"], values))
@@ -191,7 +194,9 @@ def ingest_chunk(s: Session, agent_id: int, events: list) -> Outcome:
         if log_bytes:
             LOG_BUDGET.add(s, job_id, log_bytes)  # the job's log bounded by log_max_bytes (logcap.py)
         if last is not None:
-            job.last = json.dumps({k: v for k, v in last.items() if isinstance(v, (int, float)) and math.isfinite(v)})
+            # a NaN/inf latest value is kept as its word ("nan", "inf", "-inf"): the lists show it
+            job.last = json.dumps({k: v if type(v) is str else metric_wire(v) for k, v in last.items()
+                                   if isinstance(v, (int, float)) or v in NONFINITE_WORDS})
         out.live[job_id] = [[{"kind": e.kind, "seq": e.seq, "t": e.t, "data": e.data} for e in fresh],
                             critical, job]
     points.store(s)

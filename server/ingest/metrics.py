@@ -1,7 +1,12 @@
 """Metric points -> the lean metrics table (one row per job, key, attempt, step) plus a rollup row per
 256 steps keeping the first, last, min and max point, so a chart of a million points reads a few
 thousand rows (server/series.py). Every point belongs to the attempt that logged it: a later attempt
-repeating a step (a fresh start after a fix, a resume before the last logged step) stores its own."""
+repeating a step (a fresh start after a fix, a resume before the last logged step) stores its own.
+
+A NaN or +-inf point is stored too: +-inf as itself; NaN as itself on PostgreSQL and, on SQLite (which
+turns a NaN REAL into NULL, and the column is NOT NULL), as the text 'nan', which a REAL column keeps as
+text. A bucket holding one is marked by a negative n (-count) and keeps the min and max of its finite
+points, so a NaN never poisons a chart's extremes and the read finds where it happened (server/series.py)."""
 from __future__ import annotations
 
 import math
@@ -40,9 +45,12 @@ class Rollup:
 
     @classmethod
     def of_points(cls, pts: Sequence[tuple]) -> "Rollup":
-        """(step, t, value) rows in step order."""
-        low, high = min(pts, key=_value), max(pts, key=_value)
-        return cls(len(pts), *pts[0], *pts[-1], *low, *high)
+        """(step, t, value) rows in step order. Extremes of the finite points; n < 0: some are not."""
+        fin = [p for p in pts if is_finite(p[2])]
+        if len(fin) == len(pts):
+            return cls(len(pts), *pts[0], *pts[-1], *min(pts, key=_value), *max(pts, key=_value))
+        low, high = (min(fin, key=_value), max(fin, key=_value)) if fin else (pts[0], pts[0])
+        return cls(-len(pts), *pts[0], *pts[-1], *low, *high)
 
     def row(self) -> tuple:
         """The stored columns, in ROLLUP_COLS order."""
@@ -76,6 +84,11 @@ class Rollup:
 
 
 _value = itemgetter(2)
+
+
+def is_finite(v) -> bool:
+    """A stored value is a finite number (not SQLite's 'nan' text, a NaN or an inf)."""
+    return type(v) is not str and v - v == 0
 ROLLUP_COLS = ", ".join(f.name for f in fields(Rollup))
 
 
@@ -126,21 +139,25 @@ PG_INSERT_ROLLUP = (INSERT_ROLLUP.replace(" OR REPLACE", "") + " ON CONFLICT (jo
 
 class PointBatch:
     """The metric rows of one chunk, and each touched bucket's aggregate, kept while they go by."""
-    __slots__ = ("rows", "rollups", "dirty")
+    __slots__ = ("rows", "rollups", "dirty", "nonfinite")
 
     def __init__(self):
         self.rows: list[tuple] = []
         self.rollups: dict[tuple, Rollup] = {}  # (job, key, attempt, bucket) -> this batch's points' aggregate
         self.dirty: set[tuple] = set()  # buckets with a repeated or out-of-order step: recomputed from rows
+        self.nonfinite = False  # a NaN/inf point among the rows
 
-    def add(self, s: Session, job_id: int, attempt: int, step: int, t: float, values: dict) -> None:
+    def add(self, s: Session, job_id: int, attempt: int, step: int, t: float, values: dict) -> bool:
+        """Whether a value was NaN/inf (the live frames then carry its word: orjson would say null)."""
         key_ids, rows, rollups = METRIC_KEYS.ids, self.rows, self.rollups
         bucket = step >> ROLLUP_SHIFT
+        nonfinite = False
         for name, v in values.items():
-            if not math.isfinite(v):
-                continue  # SQLite would store NaN as NULL; JSON cannot carry it either
             kid = key_ids.get(name) or METRIC_KEYS.id_for(s, name)
             rows.append((job_id, kid, attempt, step, t, v))
+            if not math.isfinite(v):  # rare: its bucket is recomputed from its rows (Rollup.of_points)
+                self.nonfinite = nonfinite = True
+                self.dirty.add((job_id, kid, attempt, bucket))
             # The rollup of this bucket, kept while the rows go by (one dict hit a point).
             g = rollups.get((job_id, kid, attempt, bucket))
             if g is None:
@@ -155,6 +172,7 @@ class PointBatch:
                 g.min_step, g.min_t, g.min_value = step, t, v
             if v > g.max_value:
                 g.max_step, g.max_t, g.max_value = step, t, v
+        return nonfinite
 
     def store(self, s: Session) -> None:
         if not self.rows:
@@ -175,6 +193,8 @@ class PointBatch:
                                            pg_array(steps, int), pg_array(ts, float), pg_array(values, float)])
             store_rollups(cur, self.rollups, self.dirty, PG_INSERT_ROLLUP)
             return
+        if self.nonfinite:  # SQLite stores a NaN REAL as NULL: the text 'nan' instead (see the top)
+            rows = [r if r[5] == r[5] else (*r[:5], "nan") for r in rows]
         full = len(rows) - len(rows) % ROWS_PER_INSERT
         for i in range(0, full, ROWS_PER_INSERT):
             cur.execute(INSERT_ROWS, [x for row in rows[i:i + ROWS_PER_INSERT] for x in row])
@@ -198,7 +218,7 @@ def store_rollups(cur, batch: dict[tuple, Rollup], dirty: set[tuple], upsert: st
         row = cur.execute(f"SELECT {ROLLUP_COLS} FROM metric_rollups WHERE job_id = ? AND key_id = ? "
                           "AND attempt = ? AND bucket = ?", key).fetchone()
         old: Optional[Rollup] = Rollup(*row) if row is not None else None
-        if key in dirty or (old is not None and g.first_step <= old.last_step):
+        if key in dirty or (old is not None and (g.first_step <= old.last_step or old.n < 0)):
             lo = key[3] << ROLLUP_SHIFT
             pts = cur.execute("SELECT step, t, value FROM metrics WHERE job_id = ? AND key_id = ? AND attempt = ? "
                               "AND step BETWEEN ? AND ? ORDER BY step",

@@ -79,7 +79,7 @@ def load_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)  # ~4x faster than json.loads
     except orjson.JSONDecodeError:
-        try:  # NaN/Infinity literals: the stdlib accepts them (non-finite values are dropped later)
+        try:  # NaN/Infinity literals: the stdlib accepts them (stored as non-finite, server/ingest/metrics.py)
             return json.loads(body)
         except RecursionError:  # nesting deeper than the stdlib's stack: a bad body, not a 500
             raise invalid_body((), "invalid JSON: nested too deeply") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -284,10 +285,12 @@ def frozen(rt: Runtime, number: int) -> optuna.trial.FrozenTrial:
 
 
 def objective_points(s, job_id: int, metric: str, after: int = -1) -> list[tuple[int, float]]:
-    """The trial's stored points of the objective after a step, oldest first."""
+    """The trial's stored finite points of the objective after a step, oldest first (a stored NaN/inf
+    is shown on the job; the study is told numbers only, as before they were stored)."""
     key = s.scalar(select(MetricKey.id).where(MetricKey.name == metric))
     if key is None:
         return []
     rows = s.execute(select(Metric.step, Metric.value).where(Metric.job_id == job_id, Metric.key_id == key,
                                                              Metric.step > after).order_by(Metric.step))
-    return [(int(step), float(value)) for step, value in rows]
+    points = ((int(step), float(value)) for step, value in rows)
+    return [(step, v) for step, v in points if math.isfinite(v)]

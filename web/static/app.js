@@ -130,6 +130,7 @@ const TP = (() => {
     return Number(x).toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
   }
   function sig(x, n = 4) {
+    if (x === "nan" || x === "inf" || x === "-inf") return x === "nan" ? "NaN" : x; // a non-finite latest value
     if (x === null || x === undefined || !isFinite(x)) return "–";
     const v = Number(x);
     return Math.abs(v) >= 1e5 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(2) : String(Number(v.toPrecision(n)));

@@ -365,6 +365,22 @@
     noteDownsampled(null);
   }
 
+  // NaN/inf points: null in a series' values (never drawn), named by step in its `nonfinite` map
+  // (server/series.py). Said above the charts, so a gap in a line is never a silent one.
+  const nonfinite = {}; // metric -> {step: "nan" | "inf" | "-inf"}
+  function noteNonfinite(k, words) {
+    if (!words) return;
+    Object.assign(nonfinite[k] || (nonfinite[k] = {}), words);
+    const word = (w) => (w === "nan" ? "NaN" : w);
+    const said = Object.entries(nonfinite).map(([name, m]) => {
+      const steps = Object.keys(m).map(Number).sort((a, b) => a - b);
+      const first = steps.slice(0, 5).map((st) => `${word(m[st])} at step ${st}`).join(", ");
+      return `${name} was ${first}${steps.length > 5 ? ` (and ${steps.length - 5} more steps)` : ""}`;
+    });
+    const note = $("nonfinite-note");
+    note.textContent = `Not finite, not drawn: ${said.join("; ")}.`;
+    note.hidden = false;
+  }
   function noteDownsampled(zoomSeries) {
     const note = $("points-note");
     const src = zoomSeries || downsampledInfo;
@@ -438,7 +454,10 @@
     lastStep = Math.max(lastStep, s.step[s.step.length - 1]);
   }
   function addPoint(step, values, t) {
-    for (const [k, v] of Object.entries(values)) mergePoints(k, [step], [v], [t]);
+    for (const [k, v] of Object.entries(values)) {
+      if (typeof v === "string") { noteNonfinite(k, { [step]: v }); mergePoints(k, [step], [null], [t]); } // NaN/inf: its word
+      else mergePoints(k, [step], [v], [t]);
+    }
   }
 
   // ---- summary ----------------------------------------------------------------------------------
@@ -970,6 +989,7 @@
       if (k.startsWith("sys/")) continue; // keyed by time, not step: the System panels (system.js)
       if (s.t && s.t.length) lastProgress = Math.max(lastProgress || 0, s.t[s.t.length - 1]);
       mergePoints(k, s.step, s.value, s.t);
+      noteNonfinite(k, s.nonfinite);
       if (s.downsampled && first) downsampledInfo[k] = s.total_points;
     }
     drawCharts(true);

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 from tokenpulse.instrument import sources
+from tokenpulse.protocol import metric_wire
 
 PRINTED = "printed"
 MAX_NAMES = 64  # a print-only script has a handful; past this, new printed names are not read
@@ -107,13 +108,14 @@ class JobMetrics:
             self.changed = True
 
     def printed(self, line: str) -> list[tuple[str, dict]]:
-        """The events a printed line's loss values make: a metrics event (finite values) and an
-        alert for a value that turned non-finite (or cleared when finite again), as the Emitter does."""
+        """The events a printed line's loss values make: a metrics event (a non-finite value as its
+        word, protocol.metric_wire) and an alert for a value that turned non-finite (or cleared when
+        finite again), as the Emitter does."""
         if not self.printing or "loss" not in line.lower():
             return []
         values, step = parse(line)
         at = step if step is not None else self.step
-        keep: dict[str, float] = {}
+        keep: dict[str, Union[float, str]] = {}
         out: list[tuple[str, dict]] = []
         for name, v in values.items():
             if name not in self.shown and len(self.shown) >= MAX_NAMES:
@@ -121,8 +123,8 @@ class JobMetrics:
             if not self.claims.allow(name, PRINTED):
                 continue  # a better source reports it
             self._show(name, PRINTED)
+            keep[name] = metric_wire(v)
             if math.isfinite(v):
-                keep[name] = v
                 if name in self.non_finite:
                     self.non_finite.discard(name)
                     out.append(("alert", {"kind": f"non_finite:{name}"[:64], "clear": True, "severity": "critical",

@@ -115,6 +115,8 @@ def run(model, optimizer, scheduler, steps: Iterator[tuple[int, list[dict]]], st
         pending = []
         for s, loss in zip(steps, losses):
             if not math.isfinite(loss):
+                if tel.enabled and ranks.main:  # the point at the step its loss is logged at (sent as its
+                    tel.em.emit("metrics", step=step, values={"loss": loss})  # word); the nan alert follows
                 return LoopResult(Failure.NAN, s, all_losses, f"loss is {loss} at step {s}")
         all_losses.extend(losses)
         if not tel.enabled or not ranks.main:
