@@ -127,7 +127,8 @@ class Choices:
             em.info(grad_accum=lay.grad_accum, reason="asked for")
         if mode == "max_length":
             waste = 1 - mean / max_len
-            rec = recommend_max_len(data.lengths, spec.length_coverage, self.model_max())
+            # the same length the job's info recommends (max_len): one recommended length everywhere
+            rec = recommend_max_len(data.lengths, spec.length_coverage, self.model_max(), pad_all=True)
             em.emit("alert", kind=AlertKind.PADDING, severity="warning",
                     message=f"padding every example to max_length={max_len} wastes {waste:.0%} of compute "
                     f"on pad tokens; use padding=auto (packing) or dynamic, or max_seq_length={rec} "
