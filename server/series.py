@@ -120,8 +120,8 @@ def first_step(cur, job_id: int, attempt: int) -> Optional[int]:
     """The first step an attempt logged (any metric but the sys/ samples, keyed by time): where it
     started, from step 0 or from a checkpoint. From the rollups: a few thousand rows at most."""
     return cur.execute("SELECT MIN(r.first_step) FROM metric_rollups r JOIN metric_keys k ON k.id = r.key_id "
-                       "WHERE r.job_id = ? AND r.attempt = ? AND k.name NOT LIKE 'sys/%'",
-                       (job_id, attempt)).fetchone()[0]
+                       "WHERE r.job_id = ? AND r.attempt = ? AND k.name NOT LIKE ?",  # a parameter: '%' is
+                       (job_id, attempt, "sys/%")).fetchone()[0]  # psycopg's placeholder sign
 
 
 # A rollup row as read (ROLLUP_COLS order: n, then the first, last, min and max point's step, t,
