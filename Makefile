@@ -42,7 +42,7 @@ PG_TESTS := tests/test_api.py tests/test_ingest.py tests/test_security.py tests/
 	tests/test_boundaries.py tests/test_series.py tests/test_series_reader.py tests/test_store.py \
 	tests/test_reaper.py tests/test_hub.py tests/test_durability.py tests/test_queue_resilience.py \
 	tests/test_migrations.py tests/test_multiserver.py tests/test_agent_channel.py tests/test_operations.py \
-	tests/test_sessions.py tests/test_spine.py tests/test_errors.py tests/test_hardening.py
+	tests/test_sessions.py tests/test_spine.py tests/test_errors.py tests/test_hardening.py tests/test_nonfinite.py
 
 # Test files run side by side (pytest-xdist, a file per worker at a time: module fixtures are built
 # once): most of a test is waiting on servers, agents and training processes, not using a core.
