@@ -36,7 +36,7 @@ def add_commands(sub, report_error: Callable[[ApiError], int]) -> None:
 
     p = sub.add_parser("sweep", help="start a sweep (YAML or JSON file, - for stdin): trials of a base job "
                                      "over a space of settings, pruned early, within a budget")
-    p.add_argument("spec")
+    p.add_argument("spec", help="the sweep file: base job, space, method, objective, budget, pruner (- for stdin)")
     add_project_options(p)
     p.set_defaults(fn=run(cmd_sweep))
 
