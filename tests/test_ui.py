@@ -93,6 +93,14 @@ return e.getAttribute(n);
 """
 
 
+def cells(d, row_css: str, cell: str = "td") -> list[list[str]]:
+    """The text of each row's cells, read in one step in the page (see attr: a live table
+    re-renders between a find and a read)."""
+    return d.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(r => [...r.querySelectorAll(arguments[1])]"
+        ".map(c => c.innerText.trim()))", row_css, cell)
+
+
 def text(d, css: str) -> str:
     els = d.find_elements(By.CSS_SELECTOR, css)
     return els[0].text if els else ""

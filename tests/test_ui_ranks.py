@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from conftest import wait_for
 from selenium.webdriver.common.by import By
-from test_ui import browser, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
+from test_ui import browser, cells, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
 
 
 def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
@@ -20,8 +20,7 @@ def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
         d.get(f"{server.url}/jobs/{jid}")
         until(d, 30, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#ranks:not([hidden]) #ranks-body tr")) == 2,
               "two rank rows on the job page")
-        rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-                for tr in d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")]
+        rows = cells(d, "#ranks-body tr")
         assert [r[0] for r in rows] == ["0", "1"]
         assert [r[2] for r in rows] == [str(x["pid"]) for x in rest]
         assert all(r[1] == rest[0]["host"] and r[3] == "cpu" and r[4] != "–" and r[8].endswith("MiB")
@@ -38,8 +37,7 @@ def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
         assert server.wait_job(jid, timeout=60)["state"] == "cancelled"
         exits = [x["exit"] for x in c.get(f"/api/jobs/{jid}/ranks").json()]
         assert exits == ["cancelled", "cancelled"], exits
-        until(d, 30, lambda d: [tr.find_elements(By.TAG_NAME, "td")[9].text for tr in
-                                d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")] == exits,
+        until(d, 30, lambda d: [r[9] for r in cells(d, "#ranks-body tr")] == exits,
               "each rank's exit on the job page once the job ended")
         d.execute_script("document.getElementById('ranks').scrollIntoView()")
         shot(d, "job-ranks-ended")

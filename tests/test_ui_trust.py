@@ -12,7 +12,7 @@ import httpx
 import pytest
 from conftest import make_server
 from selenium.webdriver.common.by import By  # noqa: E402
-from test_ui import CHROMEDRIVER, CHROMIUM, attr, console_errors, login, make_driver, shot, text, until  # noqa: F401
+from test_ui import CHROMEDRIVER, CHROMIUM, attr, cells, console_errors, login, make_driver, shot, text, until  # noqa: F401
 
 TRACEBACK = ("train.py:42 in main: ValueError: learning rate must be positive\n"
              "command exited with code 1; last output:\n"
@@ -353,12 +353,11 @@ def test_rank_table_keeps_up_ticks_explains_and_ends_where_the_job_did(srv, d, j
            ("metrics", {"step": 125, "values": {"loss": 1.0}}))
     d.get(f"{srv.url}/jobs/{jid}")
     until(d, 20, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")) == 2, "no rank rows")
-    cells = lambda: [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]  # noqa: E731
-                     for tr in d.find_elements(By.CSS_SELECTOR, "#ranks-body tr")]
-    until(d, 10, lambda d: cells()[0][4] == "125", "rank 0 lags the header")
+    rank_cells = lambda: cells(d, "#ranks-body tr")  # noqa: E731
+    until(d, 10, lambda d: rank_cells()[0][4] == "125", "rank 0 lags the header")
     assert text(d, "#step").startswith("125")
-    age = cells()[0][7]
-    until(d, 10, lambda d: cells()[0][7] != age, "the last-progress age does not tick")
+    age = rank_cells()[0][7]
+    until(d, 10, lambda d: rank_cells()[0][7] != age, "the last-progress age does not tick")
     assert "own work" in text(d, "#ranks .help") and "Own work" in text(d, "#ranks thead")
     d.set_window_size(390, 844)
     d.execute_script("document.getElementById('ranks').scrollIntoView()")
@@ -370,7 +369,7 @@ def test_rank_table_keeps_up_ticks_explains_and_ends_where_the_job_did(srv, d, j
     a.send(jid, ("phase", {"name": "training", "done": 300, "total": 300, "unit": "steps"}),
            ("state",
             {"state": "completed", "reason": "done", "ranks": {"0": "exited with code 0", "1": "exited with code 0"}}))
-    until(d, 20, lambda d: [r[4] for r in cells()] == ["300", "300"], "a completed job's ranks end short")
+    until(d, 20, lambda d: [r[4] for r in rank_cells()] == ["300", "300"], "a completed job's ranks end short")
     d.execute_script("document.getElementById('ranks').scrollIntoView()")
     shot(d, "trust-ranks-ended")
 
