@@ -1,10 +1,10 @@
-"""Warm start (worker/agent/warm.py, worker/training/standby.py): a real server and agent; the agent's
-standby, a training process with its imports done, takes the claimed job and trains it exactly as a
-plain start of the same spec does (same seed, same losses); the next standby starts after the claim;
-a torchrun job starts plainly and says so, leaving the standby in place; a job finding its standby
-ended starts plainly and says why; a warm-started attempt's survivor is killed before the next
-attempt; the standby dies with an agent killed -9. Beside it, the earlier-attempt check of tree.py
-on real processes carrying a warm standby's tag."""
+"""Warm start (worker/agent/warm.py, worker/agent/zygote.py, worker/training/zygote.py): a real server
+and agent; the agent's zygote imports once and forks a standby per job, which trains exactly as a
+plain start of the same spec does (same seed, same losses) and shows itself as a training process
+with its job's tag; a torchrun job starts plainly and says so; a job whose zygote died starts
+plainly, saying why, and a new zygote follows; a survivor of a warm attempt is killed before the next
+attempt; the zygote, a running job's keeper and its training process die with an agent killed -9.
+Beside it, the earlier-attempt check of tree.py on real processes carrying a warm standby's tag."""
 from __future__ import annotations
 
 import json
@@ -39,20 +39,25 @@ def alive(pid: int) -> bool:
         return False
 
 
-def standbys(agent_pid: int) -> list[int]:
-    """The agent's standby training processes (not their keepers), assigned or not."""
+def processes(agent_pid: int, needle: bytes) -> list[int]:
+    """The agent's live processes whose command line holds needle (its zygote's forks carry the
+    agent's pid in the environment they started with)."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            cmd = (d / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"--standby" in cmd and not any(a.endswith(b"keeper.py") for a in cmd) and \
-                environ(int(d.name)).get(AGENT_PID_ENV) == str(agent_pid) and alive(int(d.name)):
+        if needle in cmd and b"keeper.py" not in cmd and environ(int(d.name)).get(AGENT_PID_ENV) == str(agent_pid) \
+                and alive(int(d.name)):
             found.append(int(d.name))
     return found
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def log_lines(c, job_id: int) -> list[str]:
@@ -79,34 +84,36 @@ def plain_losses(spec: Path, out: Path, cache: Path) -> list[float]:
     return [e["data"]["values"]["loss"] for e in events if e["kind"] == "metrics" and "loss" in e["data"]["values"]]
 
 
-def test_a_warm_job_trains_as_a_plain_one_and_the_standby_is_replaced_kept_and_killed(server, tmp_path):
-    agent = server.start_agent("w", env={"TOKENPULSE_WARM_START": "1"})  # the suite's agents keep none
+def test_a_warm_job_trains_as_a_plain_one_forked_from_the_zygote_which_dies_with_its_agent(server, tmp_path):
+    agent = server.start_agent("w", env={"TOKENPULSE_WARM_START": "1"})  # the suite's start on the first claim
     work = server.data_dir.parent / "work-w"
-    first = wait_for(lambda: standbys(agent.pid), 60, "the agent's first standby")[0]
+    zygote = wait_for(lambda: processes(agent.pid, b"worker.training.zygote"), 120, "the agent's zygote")[0]
     with server.client() as c:
-        job = c.post("/api/jobs", json=SPEC).json()["id"]
-        assert server.wait_job(job, timeout=300)["state"] == "completed"
-        lines = log_lines(c, job)
-        assert any(f"started warm: in standby pid {first}," in line for line in lines), lines[:10]
-        # its attempt's standby tag recorded for tree.py
+        job = c.post("/api/jobs", json={**SPEC, "max_steps": 40,
+                                        "name": server.plan_fault("w", step_sleep_s=0.2)}).json()["id"]
+        # its training process: forked (the zygote its keeper's parent), shown as what it is, tagged
+        trainer = wait_for(lambda: processes(agent.pid, b"worker.training.train\0--spec"), 120, "the job's process")[0]
+        assert parent(parent(trainer)) == zygote
+        assert f"/jobs/{job}/spec.json" in Path(f"/proc/{trainer}/cmdline").read_text()
         attempt, tag = (work / "jobs" / str(job) / "warm_tags").read_text().split()
-        assert attempt == "1" and tag.startswith("warm") and tag.endswith("#0")
-        # the next standby started after the claim, in a new process
-        second = wait_for(lambda: [p for p in standbys(agent.pid) if p != first], 60, "a new standby")[0]
-        assert not alive(first)
-        warm = losses(c, job)
+        assert attempt == "1" and environ(trainer)[TAG_ENV] == tag and tag.startswith("warm") and tag.endswith("#0")
+        assert server.wait_job(job, timeout=300)["state"] == "completed"
+        assert any(f"started warm: in standby pid {trainer}, forked from the agent's zygote (pid {zygote})" in line
+                   for line in log_lines(c, job))
+        same = c.post("/api/jobs", json=SPEC).json()["id"]
+        assert server.wait_job(same, timeout=300)["state"] == "completed"
+        warm = losses(c, same)
         assert len(warm) == 4
-        assert plain_losses(work / "jobs" / str(job) / "spec.json", tmp_path / "plain", work / "cache") == \
+        assert plain_losses(work / "jobs" / str(same) / "spec.json", tmp_path / "plain", work / "cache") == \
             pytest.approx(warm, rel=1e-6)
 
-        # a torchrun job starts plainly, says so, and leaves the standby for the next job
+        # a torchrun job starts plainly and says so
         gang = c.post("/api/jobs", json={**SPEC, "name": "gang", "nproc_per_node": 2}).json()["id"]
         said = wait_for(lambda: [x for x in log_lines(c, gang) if "started plainly" in x], 120,
                         "the gang's start line")
         assert "a distributed job: torchrun starts its ranks" in said[0]
         assert c.post(f"/api/jobs/{gang}/cancel").status_code == 200
         assert server.wait_job(gang, timeout=120)["state"] == "cancelled"
-        assert standbys(agent.pid) == [second]
 
         # a warm-started attempt's survivor (a process with its standby's tag, as a forked worker of it
         # has) is killed before the job's next attempt starts: the job's warm record names that tag
@@ -124,20 +131,23 @@ def test_a_warm_job_trains_as_a_plain_one_and_the_standby_is_replaced_kept_and_k
         finally:
             survivor.kill()
 
-        # a standby that ended before its job (killed here): the job starts plainly, says why, completes
-        current = wait_for(lambda: standbys(agent.pid), 60, "the standby after the retried job")[0]
-        os.kill(current, signal.SIGKILL)
-        wait_for(lambda: not alive(current), 30, "the standby killed")
+        # the zygote killed: the next job starts plainly, says why, completes; a new zygote follows
+        os.kill(zygote, signal.SIGKILL)
+        wait_for(lambda: not alive(zygote), 30, "the zygote killed")
         plain = c.post("/api/jobs", json={**SPEC, "name": "after", "max_steps": 2}).json()["id"]
         assert server.wait_job(plain, timeout=300)["state"] == "completed"
-        assert any("started plainly: the standby had ended (killed by SIGKILL" in x for x in log_lines(c, plain))
-        third = wait_for(lambda: standbys(agent.pid), 60, "a standby again")[0]
-        keeper = int(Path(f"/proc/{third}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert any("started plainly: its zygote ended" in x for x in log_lines(c, plain)), log_lines(c, plain)[:5]
+        zygote = wait_for(lambda: processes(agent.pid, b"worker.training.zygote"), 120, "a new zygote")[0]
+        running = c.post("/api/jobs", json={**SPEC, "max_steps": 400, "name": server.plan_fault(
+            "long", step_sleep_s=0.5)}).json()["id"]
+        wait_for(lambda: c.get(f"/api/jobs/{running}").json()["state"] == "running", 120, "the last job running")
+        trainer = wait_for(lambda: processes(agent.pid, b"worker.training.train\0--spec"), 120, "its process")[0]
+        keeper = parent(trainer)
 
-    # the agent killed -9: its standby's keeper kills the standby and goes too
+    # the agent killed -9: the zygote dies with it, and the running job's keeper kills its tree and goes
     agent.send_signal(signal.SIGKILL)
     agent.wait(30)
-    wait_for(lambda: not alive(third) and not alive(keeper), 30, "the standby and its keeper gone with the agent")
+    wait_for(lambda: not any(map(alive, (zygote, keeper, trainer))), 30, "the zygote and the job gone with the agent")
 
 
 def test_a_warm_attempts_survivors_are_killed_before_the_next_attempt(tmp_path):

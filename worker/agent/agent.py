@@ -6,7 +6,7 @@ the server. Its rooms, each handed what it needs from the others as callables:
   link.py           the server link: calls retried, registration, heartbeats, events sent until acked
   job_run.py        one job's run: start, read its events and output, supervise, commands, finish
   job_setup.py      before the start: resume checkpoint, a command's environment and directory
-  warm.py           the warm standby: a training process started ahead of its job, handed it on claim
+  warm.py           warm start: a standby forked from the agent's zygote (zygote.py) per job, handed it on claim
   job_diagnosis.py  stalled, slow, quiet, a gang's ranks: detectors fed, alerts raised
   exits.py          how an attempt ended: the ExitVerdict, the job's alerts closed
   sysloop.py        system metrics every few seconds; diskwatch.py: a full work dir
@@ -113,7 +113,7 @@ class Agent:
             return
         loops = [asyncio.create_task(link.heartbeat_loop()), asyncio.create_task(link.flush_loop()),
                  asyncio.create_task(link.channel.run()), asyncio.create_task(self.system.run())]
-        self.runs.warm.refill()  # the first job's standby (warm.py)
+        self.runs.warm.refill()  # the zygote the jobs start in (warm.py)
         try:
             while not self.stopping:
                 if max_jobs is not None and self.runs.done_jobs + len(self.jobs) >= max_jobs:

@@ -30,6 +30,7 @@ PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_PTRACER = 1, 36, 0x59616D61
 POLL_S = 0.5  # a check of the agent at least this often (a SIGCHLD wakes it at once)
 TAG_ENV = "TOKENPULSE_JOB_TREE"
 AGENT_PID_ENV = "TOKENPULSE_AGENT_PID"
+TAG_ROOM = "~" * 120  # a zygote's tag: room each fork writes its own tag into (worker/training/zygote.py)
 
 
 def prctl(*args: int) -> None:
@@ -154,14 +155,20 @@ def main(argv: list[str]) -> None:
     os.close(pid_fd)
     for fd in passed:  # the event pipe's end belongs to the job: the agent sees EOF when it is done
         os.close(fd)
+    supervise(proc.pid, agent, cgroup)
+
+
+def supervise(main: int, parent: int, cgroup: str | None) -> None:
+    """Wait for the job's process; then kill what is left of the tree and end as it did. The parent
+    (the agent; for a zygote's fork, the zygote, which dies with the agent) gone: kill the tree."""
     status: dict = {}
     while True:
-        reap(proc.pid, status)
+        reap(main, status)
         if "main" in status:
-            kill_all(proc.pid, status, cgroup)  # the job ended: nothing it started runs on
+            kill_all(main, status, cgroup)  # the job ended: nothing it started runs on
             exit_as(status["main"])
-        if os.getppid() != agent:  # the agent died
-            kill_all(proc.pid, status, cgroup)
+        if os.getppid() != parent:
+            kill_all(main, status, cgroup)
             os._exit(1)
         signal.sigtimedwait({signal.SIGCHLD}, POLL_S)
 
