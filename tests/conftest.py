@@ -208,9 +208,10 @@ def make_server(tmp_path: Path, **settings) -> Server:
            # A submit's data analysis (a child loading transformers, ~3 CPU-s) only where a test asks
            # for it (server_factory(preflight_wait_s=...)): the suite shares two cores.
            "TOKENPULSE_PREFLIGHT_WAIT_S": "0"}
-    # No warm standby (worker/agent/warm.py) unless a test asks for one: it imports torch ahead of each
-    # job and once more after the last, CPU the two shared cores lack; tests/test_warm_start.py turns it on.
-    env.setdefault("TOKENPULSE_WARM_START", "0")
+    # Training processes forked from each agent's zygote (worker/agent/warm.py), started on the first
+    # training job it could serve: an agent's later jobs and relaunches skip the imports (seconds of
+    # CPU each); an agent that runs only commands imports nothing.
+    env.setdefault("TOKENPULSE_WARM_START", "lazy")
     if pg.enabled() and "database_url" not in settings:
         env["TOKENPULSE_DATABASE_URL"] = pg.cluster().create_database("s")  # one database per server
     env.update({f"TOKENPULSE_{k.upper()}": (json.dumps(v) if isinstance(v, (list, dict)) else str(v))

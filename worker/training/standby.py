@@ -1,18 +1,15 @@
-"""A warm standby: tokenpulse's training process started ahead of its job, under its own keeper, with
-its event pipe, by the agent (worker/agent/warm.py). It imports torch, transformers, datasets and the
-training code, then blocks reading its assignment, one JSON line, from the pipe named by
-TOKENPULSE_ASSIGN_FD:
+"""A warm standby: tokenpulse's training process forked from the agent's zygote (zygote.py, which ran
+`preload`) ahead of its job, with its event pipe (worker/agent/warm.py). It blocks reading its
+assignment, one JSON line, from the pipe named by TOKENPULSE_ASSIGN_FD:
 
     {"argv": [train.py's arguments], "env": {per-attempt variables}}
 
-and train.py's main runs the job with those arguments, in this same process (its __main__, as in a
-plain start). EOF instead of a line (the agent closed it, or died): it exits without running anything.
+and train.py's main runs the job with those arguments, in this same process. EOF instead of a line
+(the agent closed it, or died): it exits without running anything.
 
 Nothing before the assignment touches a device or runs a torch op: no OpenMP pool, no CUDA context,
 no thread of ours; the training code sets its seeds, threads and signal handlers after it, as in a
 plain start.
-
-    python -u -m worker.training.train --standby --cache-dir DIR
 """
 from __future__ import annotations
 
@@ -47,13 +44,10 @@ def wait_assignment(fd: int) -> Optional[dict]:
     return json.loads(line) if line.strip() else None
 
 
-def wait_for_job(argv: list[str]) -> Optional[list[str]]:
-    """The standby's life before its job (`train.py --standby [--cache-dir DIR]`): imports done, the
-    assignment read, its variables set; train.py's arguments for the job, or None (no job: exit)."""
-    cache_dir = Path(argv[argv.index("--cache-dir") + 1]) if "--cache-dir" in argv else None
-    fd = int(os.environ.pop(ASSIGN_ENV))
-    preload(cache_dir)
-    job = wait_assignment(fd)
+def wait_for_job() -> Optional[list[str]]:
+    """The standby's life before its job (its imports done by its zygote): the assignment read, its
+    variables set; train.py's arguments for the job, or None (no job: exit)."""
+    job = wait_assignment(int(os.environ.pop(ASSIGN_ENV)))
     if job is None:
         return None
     os.environ.update(job["env"])  # before the training code reads any of it

@@ -1,6 +1,6 @@
 """The training process:
-`python -m worker.training.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`,
-or an agent's warm standby, `--standby [--cache-dir DIR]` (standby.py), which waits for those.
+`python -m worker.training.train --spec SPEC.json --out OUTDIR [--resume CKPT] [--cache-dir DIR]`
+(or `main` called in a standby forked from the agent's zygote: zygote.py, standby.py).
 
 Exit codes: 0 completed / cancelled / paused, 1 crash, 2 bad spec or input, 3 injected crash,
 4 non-finite loss, 5 out of memory, 6 disk full, 7 preempted (a SIGTERM its agent did not announce:
@@ -155,12 +155,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--standby"]:  # an agent's warm standby: imports done, waiting for its job
-        from .standby import wait_for_job
-        job = wait_for_job(sys.argv[2:])
-        code = EXIT_OK if job is None else main(job)
-    else:
-        code = main()
+    code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     # os._exit: skip slow interpreter teardown of torch/datasets (seconds on small jobs).

@@ -96,7 +96,7 @@ def standby(req: dict, fds: dict[str, int], cache_dir: str) -> None:
         from .standby import wait_for_job
         from .train import main
         stamp_cmdline([sys.executable, "-u", "-m", "worker.training.train", "--standby", "--cache-dir", cache_dir])
-        job = wait_for_job(["--cache-dir", cache_dir])
+        job = wait_for_job()
         if job is not None:
             stamp_cmdline([sys.executable, "-u", "-m", "worker.training.train", *job])
         code = 0 if job is None else main(job)
