@@ -78,7 +78,7 @@ class Standby(Supervised):
         self.forked_in = time.monotonic() - t0
 
     async def _start_kept(self, args: list[str], env: dict, cwd: Optional[Path],
-                          pass_fds: tuple[int, ...] = ()):  # type: ignore[override]
+                          pass_fds: tuple[int, ...] = ()):
         """Forked by the zygote instead of started by a keeper: the same tree, without the imports."""
         fds = {name: int(env[name]) for name in (FD_ENV, ASSIGN_ENV)}
         env = {**env, TAG_ENV: self.tree.tag, AGENT_PID_ENV: str(os.getpid())}

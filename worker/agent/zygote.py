@@ -79,6 +79,7 @@ class Zygote:
         """Start it and wait for its imports: ready, or OSError saying why not."""
         self.env = dict(os.environ)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)  # its imports take seconds: the event loop (heartbeats) runs on
         # Its forks write their own tag over this one (worker/training/zygote.py: stamp_tag).
         env = {**self.env, TAG_ENV: TAG_ROOM, AGENT_PID_ENV: str(os.getpid())}
         try:
@@ -96,7 +97,6 @@ class Zygote:
             await self._proc.wait()
             ours.close()
             raise OSError(f"the zygote cannot fork safely: {first.get('unsafe')}")
-        ours.setblocking(False)
         self._sock = ours
         loop.add_reader(ours, self._on_message)
         asyncio.create_task(self._watch())
