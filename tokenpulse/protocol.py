@@ -93,11 +93,20 @@ class Phase:
     TOKENIZING = "tokenizing"
     ACCUMULATING = "accumulating"
     TUNING = "tuning batch size"
+    # the batch plan, named by what the layout does to the rows (Phase.layout)
     PACKING = "packing"
+    BATCHING = "batching"  # dynamic padding: each micro-batch padded to its longest row
+    PADDING_TO_MAX = "padding to max length"
     TRAINING = "training"
     EVALUATING = "evaluating"
     SAVING = "saving"
     SLURM_PENDING = "pending in Slurm"  # the Slurm executor's word while Slurm holds the job (its reason)
+
+    @staticmethod
+    def layout(mode: str) -> str:
+        """The batch plan's phase for a padding mode ("pack", "dynamic", "max_length"): a run that
+        packs nothing never says "packing"."""
+        return {"pack": Phase.PACKING, "dynamic": Phase.BATCHING}.get(mode, Phase.PADDING_TO_MAX)
 
 
 CommandAction = Literal["cancel", "pause", "stack"]
