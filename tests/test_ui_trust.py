@@ -210,6 +210,22 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     until(d, 20, lambda d: d.find_element(By.ID, "submit").is_enabled(), "no submit form")
     assert not d.find_element(By.NAME, "revision").is_displayed()
     assert not attr(d, "#details-hub", "open")
+    # issue 33 #21: "Loss on the response only" follows the data's shape until set: off for the plain-
+    # text demo, on once a prompt field is named, half-ticked for a file whose columns are not known yet
+    def resp() -> tuple:
+        return tuple(attr(d, "#f-loss_on_response_only", a) for a in ("checked", "indeterminate"))
+    assert resp() == (None, None)
+    d.find_element(By.NAME, "prompt_field").send_keys("question")
+    assert resp() == ("true", None)
+    d.find_element(By.NAME, "prompt_field").clear()
+    data = d.find_element(By.NAME, "dataset")
+    data.clear()
+    data.send_keys("/data/mine.jsonl")
+    assert resp() == (None, "true") and "decided from the dataset's columns" in attr(d, "#f-loss_on_response_only", "title")
+    shot(d, "submit-response-only-undecided")
+    data.clear()
+    data.send_keys("builtin:demo")
+    assert resp() == (None, None)
     d.find_element(By.NAME, "streaming").click()
     d.find_element(By.NAME, "epochs").send_keys("2")
     d.find_element(By.NAME, "name").send_keys("warned once")
@@ -223,7 +239,9 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     d.execute_script("arguments[0].click()", btn)  # even a forced click queues nothing
     time.sleep(0.5)
     with srv.client() as c:
-        assert c.get("/api/jobs", params={"q": "warned once"}).json()["total"] == 1
+        warned = c.get("/api/jobs", params={"q": "warned once"}).json()
+        assert warned["total"] == 1
+        assert c.get(f"/api/jobs/{warned['jobs'][0]['id']}").json()["spec"]["loss_on_response_only"] is False
     shot(d, "trust-submit-queued-warnings")
     d.find_element(By.NAME, "seed").send_keys("1")  # a changed setting is a new job: the button is back
     until(d, 5, lambda d: d.find_element(By.ID, "submit").is_enabled(), "the button stays off after a change")

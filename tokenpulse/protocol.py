@@ -271,9 +271,10 @@ class JobSpec(SpecBase):
     messages_field: Optional[str] = Field(
         None, max_length=200, description="column holding a chat (list of {role, content}), rendered with the "
         "tokenizer's chat template; default: a 'messages' column when no other field is named")
-    loss_on_response_only: bool = Field(True,
-                                        description="mask prompt tokens (chat: all but assistant turns) out of the "
-                                                    "loss")
+    loss_on_response_only: Optional[bool] = Field(
+        None, description="mask prompt tokens (chat: all but assistant turns) out of the loss; default: on for data "
+                          "with a prompt (prompt/response, Alpaca, chats), off for plain text (set at submit from the "
+                          "dataset's columns)")
     streaming: bool = Field(False, description="read the dataset as a stream, accumulating chunks")
 
     max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps (or use epochs)")
@@ -383,6 +384,12 @@ class JobSpec(SpecBase):
     @property
     def has_eval(self) -> bool:
         return self.eval_fraction is not None or bool(self.eval_dataset) or bool(self.eval_split)
+
+    @property
+    def masks_prompt(self) -> bool:
+        """loss_on_response_only as training applies it: unset (a Hub dataset, whose columns the
+        submit could not read) is on; plain text has no prompt, so it masks nothing either way."""
+        return self.loss_on_response_only is not False
 
 
 # ---- command jobs -----------------------------------------------------------------------------------
