@@ -42,9 +42,9 @@ def d(srv):
 class StandIn:
     """An agent that claims one job and reports what the test says, through the real agent API."""
 
-    def __init__(self, srv, name: str):
+    def __init__(self, srv, name: str, commands: bool = False):
         self.http = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
-        self.id = self.http.post("/api/agents", json={"name": name, "host": "box"}).json()["id"]
+        self.id = self.http.post("/api/agents", json={"name": name, "host": "box", "accepts_commands": commands}).json()["id"]
         self.seq: dict[int, int] = {}
 
     def claim(self) -> int:
@@ -179,6 +179,29 @@ def test_a_failed_commands_traceback_once_in_monospace_and_pause_one_step(srv, d
     assert "369" in text(d, "#phase-text") and "368" not in text(d, "#phase-text"), text(d, "#phase-text")
     assert text(d, "#step").startswith("369"), text(d, "#step")
     assert "paused at step 369" in text(d, "#reason")
+
+
+def test_a_command_jobs_empty_loss_and_throughput_cards_say_why(srv, d, jobs):
+    """Issue 33 #15: a command job that has reported no loss or throughput shows both cards with a note
+    saying where tokenpulse looks for them; once it is over, that it reported none."""
+    with srv.client() as c:
+        job = c.post("/api/jobs/command", json={"command": ["python", "loop.py"], "name": "silent loop",
+                                                "priority": 100}).json()["id"]
+    agent = StandIn(srv, "box-commands", commands=True)
+    assert agent.claim() == job
+    agent.send(job, ("phase", {"name": "running"}))
+    d.get(f"{srv.url}/jobs/{job}")
+    until(d, 20, lambda d: text(d, "#job-state") == "running", "the command job is not running")
+    until(d, 10, lambda d: "No loss reported yet. tokenpulse reads it from tokenpulse.log" in text(d, "#chart-loss"),
+          "the empty Loss card says nothing")
+    assert "printed lines such as “loss 2.31”" in text(d, "#chart-loss")
+    assert "No throughput reported yet. tokenpulse counts tokens per second" in text(d, "#chart-tps")
+    assert not d.find_element(By.ID, "chart-lr").is_displayed()  # the other empty cards fold away
+    d.execute_script("document.getElementById('chart-loss').scrollIntoView({block: 'center'})")
+    shot(d, "trust-command-empty-charts")
+    agent.send(job, ("state", {"state": "completed", "reason": "exited 0", "exit_code": 0}))
+    until(d, 20, lambda d: text(d, "#chart-loss").startswith("This job reported no loss."), "no note once it is over")
+    assert text(d, "#chart-tps").startswith("This job reported no throughput.")
 
 
 def test_compare_draws_the_runs_that_exist_and_names_the_missing_one(srv, d, jobs):
