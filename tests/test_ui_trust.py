@@ -189,7 +189,9 @@ def test_a_command_jobs_empty_loss_and_throughput_cards_say_why(srv, d, jobs):
                                                 "priority": 100}).json()["id"]
     agent = StandIn(srv, "box-commands", commands=True)
     assert agent.claim() == job
-    agent.send(job, ("phase", {"name": "running"}))
+    agent.send(job, ("phase", {"name": "running"}),  # and a long list of choices, for the Log below (#18)
+               *[("info", {f"setting_{i}": i, "reason": "a reason long enough to take a line or two of the panel "
+                                                        "beside the log"}) for i in range(24)])
     d.get(f"{srv.url}/jobs/{job}")
     until(d, 20, lambda d: text(d, "#job-state") == "running", "the command job is not running")
     until(d, 10, lambda d: "No loss reported yet. tokenpulse reads it from tokenpulse.log" in text(d, "#chart-loss"),
@@ -202,6 +204,15 @@ def test_a_command_jobs_empty_loss_and_throughput_cards_say_why(srv, d, jobs):
     agent.send(job, ("state", {"state": "completed", "reason": "exited 0", "exit_code": 0}))
     until(d, 20, lambda d: text(d, "#chart-loss").startswith("This job reported no loss."), "no note once it is over")
     assert text(d, "#chart-tps").startswith("This job reported no throughput.")
+
+    # Issue 33 #18: beside a long list of choices, the Log takes its panel's height (not 340 px in a tall panel)
+    until(d, 10, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#info li")) >= 24, "the choices")
+    d.execute_script("document.getElementById('logs').scrollIntoView()")
+    log, panel, side = (d.execute_script("return document.querySelector(arguments[0]).getBoundingClientRect()", css)
+                        for css in ("#log", "#logs .log-panel", "#logs > .panel:last-child"))
+    assert side["height"] > 700, side  # the panel beside it is tall...
+    assert panel["bottom"] - log["bottom"] < 30 and log["height"] > side["height"] - 200, (log, panel, side)  # ...and so is the log
+    shot(d, "trust-log-tall-panel", full=True)
 
 
 def test_compare_draws_the_runs_that_exist_and_names_the_missing_one(srv, d, jobs):
