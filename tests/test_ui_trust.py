@@ -53,9 +53,10 @@ class StandIn:
         return c["job_id"]
 
     def send(self, job: int, *events: tuple) -> None:
+        """events: (kind, data), or (kind, data, t) for an event of another time than now."""
         batch = []
-        for kind, data in events:
-            batch.append({"kind": kind, "job_id": job, "seq": self.seq[job], "t": time.time(), "data": data})
+        for kind, data, *t in events:
+            batch.append({"kind": kind, "job_id": job, "seq": self.seq[job], "t": t[0] if t else time.time(), "data": data})
             self.seq[job] += 1
         self.http.post(f"/api/agents/{self.id}/events", json={"events": batch}).raise_for_status()
 
@@ -80,6 +81,10 @@ def jobs(srv):
                           "rss_mb": 736.5 + (s % 3) / 2,
                                                   "padding_frac": 0.12, "eval/runtime": 3.2}}) for s in range(1, 121)],
            ("info", {"device": "cpu", "peak_flops": 2e10}),
+           # the agent's system samples, keyed by Unix seconds (worker/agent/sysmetrics.py)
+           *[("metrics", {"step": int(time.time()) - 60 + 5 * i,
+                          "values": {"sys/cpu_pct": 90.0 + i, "sys/host_cpu_pct": 40.0, "sys/rss_mb": 700.0 + i}},
+              int(time.time()) - 60 + 5 * i) for i in range(12)],
            ("alert",
             {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 95 s"}))
     job, a = made["failed"]
@@ -145,6 +150,15 @@ def test_numbers_mfu_never_above_100_and_one_formatter_per_unit(srv, d, jobs):
     smoothed = d.execute_script("return ['chart-step', 'chart-x-padding_frac'].map((id) => "
                                 "TPJOB.charts[id].series.map((s) => s.label))")
     assert all("smoothed" in labels for labels in smoothed), smoothed
+    # Issue 33 #13: each System chart fills its card, and its time axis has room for the date line
+    until(d, 20, lambda d: int(attr(d, "#sys-mem", "data-points") or 0) >= 2, "the System charts")
+    fill = d.execute_script("return ['sys-cpu', 'sys-mem'].map((id) => { const u = document.getElementById(id)"
+                            ".querySelector('.uplot'); return [u.getBoundingClientRect().width, "
+                            "u.closest('.chart-box').clientWidth] })")
+    assert all(box - 40 <= w <= box for w, box in fill), fill  # the box's padding only
+    assert d.execute_script("return document.querySelector('#sys-cpu .u-axis').getBoundingClientRect().height") >= 50
+    d.execute_script("document.getElementById('system').scrollIntoView()")
+    shot(d, "trust-job-system")
     shot(d, "trust-job-stalled", full=True)
     assert not console_errors(d), console_errors(d)
 
