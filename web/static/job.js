@@ -770,13 +770,18 @@
     const b = c.before || {}, a = c.after || {};
     const mem = (x) => x.cuda_peak_mb || x.rss_mb;
     const eq = c.loss_equal_steps;
+    // what got faster: tokens/s, a step's time and the real tokens it carries (packing: more tokens
+    // in the same time, so fewer steps to an epoch), the epoch's time; the ETA counts the steps left
+    const per = c.tokens_per_step || {}, epoch = c.epoch_s || {};
     const rows = [
       ["Real tokens/s", b.tokens_per_s, a.tokens_per_s, FMT.tokens_per_s],
       ["Step time", b.step_time_s, a.step_time_s, FMT.step_time_s],
+      ["Real tokens per step", per.before, per.after, FMT.tokens_per_s],
+      ["An epoch", epoch.before, epoch.after, FMT.eta_s],
       ["Memory", mem(b), mem(a), FMT.mem],
       [eq ? `Loss at equal steps (${eq.steps})` : "Loss (last steps)", eq ? eq.before : b.loss, eq ? eq.after : a.loss, FMT.loss],
-      ["ETA", b.eta_s, a.eta_s, FMT.eta_s],
-    ];
+      ["ETA (steps left × step time)", b.eta_s, a.eta_s, FMT.eta_s],
+    ].filter(([name, x, y]) => !(name === "An epoch" && x == null && y == null));
     return rows.map(([name, x, y, f]) => TP.el("tr", {}, TP.el("th", { text: name }),
       TP.el("td", { class: "r", text: x == null ? "–" : f(x) }), TP.el("td", { class: "r", text: y == null ? "–" : f(y) })));
   }
