@@ -44,7 +44,8 @@ class StandIn:
 
     def __init__(self, srv, name: str, commands: bool = False):
         self.http = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
-        self.id = self.http.post("/api/agents", json={"name": name, "host": "box", "accepts_commands": commands}).json()["id"]
+        hello = {"name": name, "host": "box", "accepts_commands": commands}
+        self.id = self.http.post("/api/agents", json=hello).json()["id"]
         self.seq: dict[int, int] = {}
 
     def claim(self) -> int:
@@ -56,7 +57,8 @@ class StandIn:
         """events: (kind, data), or (kind, data, t) for an event of another time than now."""
         batch = []
         for kind, data, *t in events:
-            batch.append({"kind": kind, "job_id": job, "seq": self.seq[job], "t": t[0] if t else time.time(), "data": data})
+            batch.append({"kind": kind, "job_id": job, "seq": self.seq[job], "t": t[0] if t else time.time(),
+                          "data": data})
             self.seq[job] += 1
         self.http.post(f"/api/agents/{self.id}/events", json={"events": batch}).raise_for_status()
 
@@ -225,7 +227,8 @@ def test_a_command_jobs_empty_loss_and_throughput_cards_say_why(srv, d, jobs):
     log, panel, side = (d.execute_script("return document.querySelector(arguments[0]).getBoundingClientRect()", css)
                         for css in ("#log", "#logs .log-panel", "#logs > .panel:last-child"))
     assert side["height"] > 700, side  # the panel beside it is tall...
-    assert panel["bottom"] - log["bottom"] < 30 and log["height"] > side["height"] - 200, (log, panel, side)  # ...and so is the log
+    # ...and so is the log
+    assert panel["bottom"] - log["bottom"] < 30 and log["height"] > side["height"] - 200, (log, panel, side)
     shot(d, "trust-log-tall-panel", full=True)
 
 
@@ -269,7 +272,8 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     data = d.find_element(By.NAME, "dataset")
     data.clear()
     data.send_keys("/data/mine.jsonl")
-    assert resp() == (None, "true") and "decided from the dataset's columns" in attr(d, "#f-loss_on_response_only", "title")
+    assert resp() == (None, "true")
+    assert "decided from the dataset's columns" in attr(d, "#f-loss_on_response_only", "title")
     shot(d, "submit-response-only-undecided")
     data.clear()
     data.send_keys("builtin:demo")
