@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import GZipMiddleware
 
-from server import auth, errors, prometheus, rules, storage_errors
+from server import attempt_outcomes, auth, errors, prometheus, rules, storage_errors
 from server.agent_channel import AgentWrites
 from server.api import (
     agent_ws,
@@ -119,6 +119,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         ingest_alerts.REOPEN_S = settings.alert_reopen_s
         rules.JUMP_WINDOW = settings.rule_window_values
         metric_names.LIMIT = settings.metric_names_per_job
+        attempt_outcomes.MAX_PREEMPTIONS = settings.max_preemptions
         logcap.LIMIT = settings.log_max_bytes
         app.state.tp = tp
         tp.agent_writes = AgentWrites(tp)

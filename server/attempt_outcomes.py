@@ -47,6 +47,11 @@ CURES: dict[str, str] = {
 }
 
 
+# Times one job is requeued after a preemption (set from Settings.max_preemptions by create_app): one
+# more fails it, so a job preempted forever ends, naming the cap and the setting that raises it.
+MAX_PREEMPTIONS = 20
+
+
 def retries_used(s: Session, job: Job) -> int:
     """Attempts of this job that failed and were retried (pauses and resumes do not count)."""
     return s.scalar(select(func.count()).select_from(Attempt).where(
@@ -106,6 +111,16 @@ class Ending:
         return retries_used(self.s, self.job)
 
     @cached_property
+    def preemptions(self) -> int:
+        """Earlier attempts of this job that were preempted and requeued."""
+        return self.s.scalar(select(func.count()).select_from(Attempt).where(
+            Attempt.job_id == self.job.id, Attempt.outcome == "preempted")) or 0
+
+    @property
+    def preempted(self) -> bool:
+        return self.state == JobState.queued and self.failure == Failure.PREEMPTED
+
+    @cached_property
     def same_hang(self) -> Optional[Attempt]:
         """An earlier attempt that hung at this attempt's step in its frame: the hang is deterministic."""
         if self.failure != Failure.HANG or self.step is None or not self.frame:
@@ -148,6 +163,7 @@ class Next(str, enum.Enum):
     RETRY = "retry"  # back to the queue, a retry spent, from the newest checkpoint
     RETRY_SMALLER = "retry_smaller"  # a retry spent: half the micro-batch, twice the accumulation, step 0
     FINAL = "final"  # the job ends in the state reported (a failure not retried says why)
+    FAIL = "fail"  # the job ends failed, whatever state the attempt reported (a limit says why)
 
 
 @dataclass(frozen=True)
@@ -165,6 +181,11 @@ class Outcome:
 def _given_up(e: Ending) -> str:
     used, most = e.used, e.spec.max_retries
     return f"gave up after {used} retr{'y' if used == 1 else 'ies'} (max_retries={most}){e.memory}"
+
+
+def _preempted_too_often(e: Ending) -> str:
+    return (f"preempted {e.preemptions + 1} times, past the cap of {MAX_PREEMPTIONS} requeues "
+            f"(max_preemptions; an admin raises it with TOKENPULSE_MAX_PREEMPTIONS): not requeued")
 
 
 def _deterministic(e: Ending) -> str:
@@ -191,9 +212,12 @@ OUTCOMES: tuple[Outcome, ...] = (
             reason=lambda e: f"cancelled by user ({e.reason})" if e.reason else "cancelled by user"),
     Outcome("fix's pause ended", lambda e: e.state in (JobState.paused, JobState.queued) and e.change is not None,
             Next.RELAUNCH),
-    Outcome("preempted, pause asked", lambda e: e.state == JobState.queued and e.failure == Failure.PREEMPTED
-            and e.asked == "pause", Next.PAUSE, lambda e: f"paused as asked; {e.where} on resume"),
-    Outcome("preempted", lambda e: e.state == JobState.queued and e.failure == Failure.PREEMPTED, Next.REQUEUE,
+    Outcome("preempted, pause asked", lambda e: e.preempted and e.asked == "pause", Next.PAUSE,
+            lambda e: f"paused as asked; {e.where} on resume"),
+    Outcome("preempted past the cap", lambda e: e.preempted and e.preemptions >= MAX_PREEMPTIONS, Next.FAIL,
+            _preempted_too_often, reason=lambda e: f"{e.reason}; {_preempted_too_often(e)}" if e.reason
+            else _preempted_too_often(e)),
+    Outcome("preempted", lambda e: e.preempted, Next.REQUEUE,
             lambda e: (f"requeued: preempted (a SIGTERM not sent by its agent, or the scheduler's preemption); "
                        f"{e.where}; a preemption is not the job's fault: no retry spent"), outcome="preempted"),
     Outcome("agent stopped", lambda e: e.state == JobState.queued, Next.REQUEUE,

@@ -303,16 +303,67 @@ def compare(s: Session, change: JobChange, next_applied: Optional[float]) -> dic
     a_mem = after.get("cuda_peak_mb") or after.get("rss_mb")
     if b_mem and a_mem and abs(a_mem - b_mem) / b_mem >= 0.1:
         mem = f", memory {b_mem:,.0f} -> {a_mem:,.0f} MiB"
+    job = s.get(Job, change.job_id)
+    out.update(pace(before, after, (json.loads(job.info) if job and job.info else {}).get("tokens")))
     if ratio is None:
         out["verdict"] = "measured, but neither tokens/s nor step time to compare"
     elif change.kind == FixKind.REVERT:
         out["verdict"] = f"reverted: {ratio:.2f}x the fixed pace{loss}{mem}"
     elif ratio >= FASTER:
-        out["verdict"] = f"verified: {ratio:.1f}x faster{loss}{mem}"
+        out["verdict"] = f"verified: {faster(ratio, before, after, out)}{loss}{mem}"
     else:
         out["verdict"] = f"no better: {ratio:.2f}x{loss}{mem}; revert?"
     out["verified"] = ratio is not None and ratio >= FASTER
     return out
+
+
+def pace(before: dict, after: dict, epoch_tokens) -> dict:
+    """The real tokens a step carries, and an epoch's time (the job's tokens at the real tokens/s),
+    before and after: a layout change (packing) may make each step carry more tokens in the same
+    time, so the same number of steps takes as long while an epoch takes fewer of them."""
+    out: dict = {}
+    b_tps, a_tps = before.get("tokens_per_s"), after.get("tokens_per_s")
+    b_st, a_st = before.get("step_time_s"), after.get("step_time_s")
+    if b_tps and a_tps and b_st and a_st:
+        out["tokens_per_step"] = {"before": b_tps * b_st, "after": a_tps * a_st}
+    if b_tps and a_tps and isinstance(epoch_tokens, (int, float)) and epoch_tokens > 0:
+        out["epoch_s"] = {"before": epoch_tokens / b_tps, "after": epoch_tokens / a_tps}
+    return out
+
+
+def faster(ratio: float, before: dict, after: dict, paced: dict) -> str:
+    """What got faster, in words: the real tokens per second; then either the tokens each step carries
+    (packing: "each step carries 4.0x the real tokens in about the same time: an epoch takes 4.0x
+    fewer steps (40 min -> 10 min), the same number of steps about as long") or a step's time; and an
+    epoch's time where the job's tokens are known."""
+    b, a = before.get("tokens_per_s"), after.get("tokens_per_s")
+    words = f"{ratio:.1f}x the real tokens/s ({b:,.0f} -> {a:,.0f})" if b and a else f"{ratio:.1f}x faster steps"
+    epoch = paced.get("epoch_s")
+    spent = f"{_dur(epoch['before'])} -> {_dur(epoch['after'])}" if epoch else None
+    per = paced.get("tokens_per_step")
+    if per is None:
+        return words + (f"; an epoch {spent}" if spent else "")
+    carries, quicker = per["after"] / per["before"], before["step_time_s"] / after["step_time_s"]
+    took = (f"{quicker:.1f}x less time" if quicker >= FASTER else
+            f"{1 / quicker:.1f}x the time" if quicker <= 1 / FASTER else "about the same time")
+    if carries >= FASTER:  # a step holds more real tokens: fewer steps to an epoch
+        same = "about as long" if took == "about the same time" else f"in {took}"
+        return (f"{words}; each step carries {carries:.1f}x the real tokens in {took}: an epoch takes "
+                f"{carries:.1f}x fewer steps{f' ({spent})' if spent else ''}, the same number of steps {same}")
+    return (f"{words}: each step takes {took} ({before['step_time_s']:.3g} s -> {after['step_time_s']:.3g} s)"
+            + (f", an epoch {spent}" if spent else ""))
+
+
+def _dur(seconds: float) -> str:
+    """As the page's TP.dur writes it: "45 s", "6 min 40 s", "2 h 5 min", "3 d 4 h"."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
 def change_dict(c: JobChange, comparison: Optional[dict], by_name: Optional[str] = None) -> dict:

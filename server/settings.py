@@ -19,6 +19,8 @@ class Settings(BaseSettings):
     port: int = 8765
 
     agent_lost_after_s: float = Field(30.0, description="an agent silent this long is lost")
+    max_preemptions: int = Field(20, ge=0, description="times one job is requeued after a preemption; one "
+                                 "more fails it, naming this cap (a job preempted forever never ends otherwise)")
     gang_timeout_s: float = Field(60.0, gt=0, description="a multi-node job's gang must gather within this; "
                                   "else its agents are released")
     reaper_every_s: float = 2.0

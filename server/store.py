@@ -267,8 +267,9 @@ def _drop_change(change: JobChange, state: JobState) -> None:
 
 
 def _ended(e: Ending, row: Outcome) -> JobState:
-    """The job ends: cancelled, paused or in the state reported."""
-    state = {Next.CANCEL: JobState.cancelled, Next.PAUSE: JobState.paused}.get(row.next, e.state)
+    """The job ends: cancelled, paused, failed (past a limit) or in the state reported."""
+    ends = {Next.CANCEL: JobState.cancelled, Next.PAUSE: JobState.paused, Next.FAIL: JobState.failed}
+    state = ends.get(row.next, e.state)
     reason = row.reason(e) if row.reason else e.reason
     return _final(e.s, e.job, state, reason, e.attempt, e.now, row.decision(e))
 
@@ -321,7 +322,7 @@ def _retry(e: Ending, row: Outcome) -> JobState:
 # What the store does for each row's Next.
 _NEXT: dict[Next, Callable[[Ending, Outcome], JobState]] = {
     Next.CANCEL: _ended, Next.RELAUNCH: _relaunch, Next.PAUSE: _ended, Next.REQUEUE: _requeue,
-    Next.RETRY: _retry, Next.RETRY_SMALLER: _retry, Next.FINAL: _ended,
+    Next.RETRY: _retry, Next.RETRY_SMALLER: _retry, Next.FINAL: _ended, Next.FAIL: _ended,
 }
 
 

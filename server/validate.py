@@ -281,9 +281,23 @@ def _check_spec(spec: JobSpec, settings: Settings) -> JobSpec:
                                           f"prompt_field/response_field{has_columns(settings, spec.dataset, columns)}")
         if spec.messages_field or not named and "messages" in columns:
             check_chat_template(spec)
+        if spec.loss_on_response_only is None:  # unset: on where the data has a prompt to mask
+            spec = spec.model_copy(update={"loss_on_response_only": has_prompt(spec, columns)})
     if spec.eval_dataset:
         spec = check_eval_dataset(spec, settings, [name for _, name in wanted if name], columns)
     return spec
+
+
+def has_prompt(spec: JobSpec, columns: list[str]) -> bool:
+    """Does the data hold a prompt (prompt/response, Alpaca, a chat) rather than plain text? The
+    columns the training process picks, in its order (worker/training/data.py resolve_fields)."""
+    if spec.messages_field or spec.prompt_field:
+        return True
+    if spec.text_field:
+        return False
+    if "messages" in columns:
+        return True
+    return "text" not in columns and "instruction" in columns and "output" in columns
 
 
 def check_chat_template(spec: JobSpec) -> None:

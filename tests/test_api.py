@@ -58,6 +58,14 @@ def test_dataset_checks_use_the_data(server, tmp_path):
         ok = c.post("/api/jobs", json={"dataset": str(data), "prompt_field": "question", "response_field": "answer"})
         assert ok.status_code == 201, ok.text
         assert c.get("/api/jobs").json()["total"] == 1
+        # loss on the response only: unless asked, on for data with a prompt, off for plain text (issue 33 #21)
+        alpaca = tmp_path / "alpaca.jsonl"
+        alpaca.write_text(json.dumps({"instruction": "add", "input": "2+2", "output": "4"}) + "\n")
+        said = {name: c.post("/api/jobs", json=spec).json()["spec"]["loss_on_response_only"] for name, spec in (
+            ("pairs", {"dataset": str(data), "prompt_field": "question", "response_field": "answer"}),
+            ("alpaca", {"dataset": str(alpaca)}), ("text", {}),
+            ("text, asked", {"loss_on_response_only": True}))}
+        assert said == {"pairs": True, "alpaca": True, "text": False, "text, asked": True}, said
 
 
 @pytest.mark.shared_server

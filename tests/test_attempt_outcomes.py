@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from server import store
-from server.attempt_outcomes import OUTCOMES, Ending, choose
+from server.attempt_outcomes import MAX_PREEMPTIONS, OUTCOMES, Ending, choose
 from server.models import Attempt, Job, JobChange
 from tests.realdb import add_agent, migrated_session
 from tokenpulse.protocol import CommandSpec, JobSpec, JobState
@@ -52,6 +52,19 @@ def hung_once(s, job: Job) -> None:
     assert store.end_attempt(s, job, JobState.failed, "stalled", "hang", step=5, frame="train.py:10") == "queued"
     assert store.claim(s, add_agent(s, "again").id).id == job.id
     store.transition(s, job, JobState.running)
+
+
+def preempted_to_the_cap(s, job: Job, times: Optional[int] = None) -> None:
+    """The job preempted and requeued `times` times (default: the cap, MAX_PREEMPTIONS), running again."""
+    for _ in range(MAX_PREEMPTIONS if times is None else times):
+        assert store.end_attempt(s, job, JobState.queued, "SIGTERM", "preempted") == "queued"
+        assert store.claim(s, add_agent(s, f"agent-{job.id}-{job.attempt}").id).id == job.id
+        store.transition(s, job, JobState.running)
+
+
+def failed_naming_the_cap(s, job, attempt):
+    assert job.reason.startswith(f"why it ended; preempted {MAX_PREEMPTIONS + 1} times, past the cap"), job.reason
+    assert job.failure == "preempted"
 
 
 @dataclass
@@ -103,7 +116,12 @@ CASES = [
     Case("preempted, pause asked", JobState.queued, "preempted", JobState.paused, "paused",
          "paused as asked; resumes from checkpoint ckpt/step-7 on resume",
          before=lambda s, job: (checkpointed(s, job), store.request_pause(s, job))),
-    Case("preempted", JobState.queued, "preempted", JobState.queued, "preempted", "no retry spent"),
+    Case("preempted past the cap", JobState.queued, "preempted", JobState.failed, "failed",
+         f"preempted {MAX_PREEMPTIONS + 1} times, past the cap of {MAX_PREEMPTIONS} requeues (max_preemptions; an "
+         "admin raises it with TOKENPULSE_MAX_PREEMPTIONS): not requeued",
+         before=lambda s, job: preempted_to_the_cap(s, job), check=failed_naming_the_cap),
+    Case("preempted", JobState.queued, "preempted", JobState.queued, "preempted", "no retry spent",
+         before=lambda s, job: preempted_to_the_cap(s, job, MAX_PREEMPTIONS - 1)),
     Case("agent stopped", JobState.queued, None, JobState.queued, "queued",
          "requeued (its agent stopped or could not run it here); starts again from step 0; no retry spent"),
     *[Case("final class (spec, nan, disk_full, data)", JobState.failed, f, JobState.failed, "failed", why, retry=True)

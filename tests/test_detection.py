@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -64,14 +65,22 @@ def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
     s = server_factory()
     s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
     with s.client() as c:
-        jid = submit(c, name=s.plan_fault("hangs", hang_at_step=8))
-        wait_step(c, jid, 8)
+        # metrics every 5 steps: its last metrics say step 5, its alive thread step 8 (issue 33 #5)
+        jid = submit(c, name=s.plan_fault("hangs", hang_at_step=8), log_every=5)
+        wait_step(c, jid, 5)
         # the timeout is learned from this job's step times (3 s floor on an idle machine; more
         # when the machine is busy): wait long enough for either, then judge against its own.
         a = wait_for(lambda: alerts(c, jid, "stalled"), 90, "a stalled alert")[0]
         hung_since = last_progress_t(c, jid)
         assert a["severity"] == "critical" and a["state"] == "open"
         assert "no progress in 'training' at 8/400 steps" in a["message"], a["message"]
+        assert a["message"].startswith("Stuck ") and " at step 8 in _fault_hang (" in a["message"], a["message"]
+        # one step count: the job's step and phase line say the alert's 8, not its last metrics' 5
+        job = wait_for(lambda: (lambda j: j if j["phase"] and j["phase"]["done"] == 8 else None)(
+            c.get(f"/api/jobs/{jid}").json()), 10, "the phase at the alert's step")
+        assert job["step"] == 8, job
+        if tool == "py-spy":  # and so in the browser: the Step tile, the phase line, the headline
+            see_one_step(s, jid, 8)
         timeout = float(a["message"].split("(timeout ")[1].split(" s")[0])
         assert timeout >= 3
         # + a check period, the stack capture and scheduling on a loaded 2-core machine (the
@@ -86,6 +95,22 @@ def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
         assert job["state"] == "cancelled"
         a = alerts(c, jid, "stalled")[0]
         assert a["state"] == "cleared" and "Cleared: the training process ended" in a["message"]
+
+
+def see_one_step(s, jid: int, step: int) -> None:
+    from test_ui import login, make_driver, shot, text, until
+    d = make_driver()
+    try:
+        login(d, s)
+        d.get(f"{s.url}/jobs/{jid}")
+        until(d, 20, lambda d: text(d, "#alerts-live .alert-headline"), "the stall alert on the job page")
+        assert text(d, "#step") == f"{step} / 400", text(d, "#step")
+        assert f"training {step}/400 steps" in text(d, "#phase-text"), text(d, "#phase-text")
+        assert f" at step {step} in _fault_hang" in text(d, "#alerts-live .alert-headline")
+        shot(d, "job-stalled-one-step")
+    finally:
+        d.quit()
+        shutil.rmtree(d.profile_dir, ignore_errors=True)
 
 
 def test_slow_data_phase_reporting_progress_is_not_stalled(agent_server):

@@ -264,7 +264,11 @@ def test_pause_resume_losses_match_uninterrupted_run(tmp_path):
 
 def test_checkpoints_rotate_and_are_atomic(tmp_path):
     em = Recorder()
-    assert Session(quick_spec(checkpoint_every=2, keep_checkpoints=2), tmp_path, em, Controls()).run() == EXIT_OK
+    spec = quick_spec(checkpoint_every=2, keep_checkpoints=2, padding="max_length", max_seq_length=64)
+    assert Session(spec, tmp_path, em, Controls()).run() == EXIT_OK
+    # the batch plan's phase says what it does: nothing is packed (issue 33 #17)
+    phases = {d["name"] for k, d in em.events if k == "phase"}
+    assert "padding to max length" in phases and "packing" not in phases, phases
     names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
     assert names == ["step-0000002", "step-0000004"]  # step 6 is the final model, not a periodic one
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")]

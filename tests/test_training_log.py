@@ -20,6 +20,10 @@ def test_narration_phases_choices_steps_and_end(capsys):
     for s in range(1, 2001):
         em.metrics(s, loss=2.0, lr=3e-4, tokens_per_s=5000.0, eta_s=(2000 - s) * 0.1)
         em.phase("training", done=s, total=2000, unit="steps")
+        if s % 500 == 0 and s < 2000:  # a checkpoint, then back to training: not announced again (issue 33 #17)
+            em.phase("saving", detail=f"checkpoint at step {s}")
+            em.phase("saving", done=1, total=1, detail=f"/out/checkpoints/step-{s}")
+            em.emit("checkpoint", step=s, path=f"/out/checkpoints/step-{s}")
     em.emit("checkpoint", step=2000, path="/out/final", final=True)
     em.emit("state", state="completed", reason="trained 2000 steps")
     em.close()
@@ -32,6 +36,20 @@ def test_narration_phases_choices_steps_and_end(capsys):
     assert steps[0] == "step 1/2,000 · loss 2 · lr 0.0003 · 5,000 tok/s · ETA 3 min 20 s", steps[0]
     assert steps[-1] == "step 2,000/2,000 · loss 2 · lr 0.0003 · 5,000 tok/s"  # the last step always, no ETA
     assert out[-2:] == ["final model saved at step 2,000: /out/final", "completed: trained 2000 steps"]
+    assert "checkpoint saved at step 1,500: /out/checkpoints/step-1500" in out
+    assert [x for x in out if x.startswith("training")] == ["training 2,000 steps"], out
+
+
+def test_a_resumed_attempt_says_where_it_starts_once(capsys):
+    em = Emitter(fd=os.open(os.devnull, os.O_WRONLY), alive_every=0, narrate=True)
+    for s in range(40, 61):
+        em.phase("training", done=s, total=100, unit="steps")
+        if s == 50:
+            em.phase("evaluating", done=0, total=4, unit="batches")
+            em.phase("evaluating", done=4, total=4, unit="batches")
+    em.close()
+    out = capsys.readouterr().out.splitlines()
+    assert [x for x in out if x.startswith("training")] == ["training from step 40 of 100"], out
 
 
 def test_no_narration_unless_asked(capsys):

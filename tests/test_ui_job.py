@@ -17,7 +17,7 @@ from conftest import wait_for
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
-from test_ui import FAST, attr, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+from test_ui import FAST, attr, browser, cells, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
 
 
 def js(d, code: str):
@@ -265,11 +265,20 @@ def test_one_step_count_a_live_stuck_headline_and_a_fresh_fix_asks_first(server_
     # and the tiles beside it describe the new attempt, not the old one's higher-numbered steps (#1-2)
     assert run.agent.post(f"/api/agents/{run.aid}/claim").json()["job_id"] == run.jid
     t2 = time.time()  # after the fix was applied: the comparison's "after" steps
-    fast = {"tokens_per_s": 20000.0, "padded_tokens_per_s": 20500.0, "step_time_s": 0.02}
-    run.post([e for s in range(1, 13) for e in (
-        ("metrics", {"step": s, "values": {"loss": 4.0 - s / 40, **fast, "eta_s": (100 - s) * 0.02}}, t2 + s / 100),
+    # packed: each step carries more real tokens in the same step time as before (its median, 0.1 s)
+    fast = {"tokens_per_s": 20000.0, "padded_tokens_per_s": 20500.0, "step_time_s": 0.1}
+    run.post([("info", {"tokens": 1_200_000, "examples": 4000}, t2)] + [e for s in range(1, 13) for e in (
+        ("metrics", {"step": s, "values": {"loss": 4.0 - s / 40, **fast, "eta_s": (100 - s) * 0.1}}, t2 + s / 100),
         ("phase", {"name": "training", "done": s, "total": 100, "unit": "steps"}, t2 + s / 100))])
     until(d, 20, lambda d: "verified" in text(d, "#changes"), "the fix verified")
+    # what got faster is said (tokens/s, and each step carrying more, so an epoch takes fewer steps),
+    # not "6.7x faster" beside an ETA that stays the same
+    verdict = text(d, "#changes .change-verdict")
+    assert re.match(r"verified: 6\.7x the real tokens/s \(3,000 -> 20,000\); each step carries 6\.7x the real "
+                    r"tokens in about the same time: an epoch takes 6\.7x fewer steps \(6 min 40 s -> 1 min 0 s\), "
+                    r"the same number of steps about as long", verdict), verdict
+    rows = {r[0]: r[1:] for r in cells(d, "#changes table.before-after tbody tr", "th, td")}
+    assert rows["Real tokens per step"] == ["300", "2,000"] and rows["An epoch"] == ["6 min 40 s", "1 min 0 s"], rows
     until(d, 10, lambda d: text(d, "#step") == "12 / 100" and number(text(d, "#tps")) >= 15,
           "the tiles describe the new attempt")
     assert "ktok/s" in text(d, "#tps")

@@ -42,9 +42,10 @@ def d(srv):
 class StandIn:
     """An agent that claims one job and reports what the test says, through the real agent API."""
 
-    def __init__(self, srv, name: str):
+    def __init__(self, srv, name: str, commands: bool = False):
         self.http = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
-        self.id = self.http.post("/api/agents", json={"name": name, "host": "box"}).json()["id"]
+        hello = {"name": name, "host": "box", "accepts_commands": commands}
+        self.id = self.http.post("/api/agents", json=hello).json()["id"]
         self.seq: dict[int, int] = {}
 
     def claim(self) -> int:
@@ -53,9 +54,11 @@ class StandIn:
         return c["job_id"]
 
     def send(self, job: int, *events: tuple) -> None:
+        """events: (kind, data), or (kind, data, t) for an event of another time than now."""
         batch = []
-        for kind, data in events:
-            batch.append({"kind": kind, "job_id": job, "seq": self.seq[job], "t": time.time(), "data": data})
+        for kind, data, *t in events:
+            batch.append({"kind": kind, "job_id": job, "seq": self.seq[job], "t": t[0] if t else time.time(),
+                          "data": data})
             self.seq[job] += 1
         self.http.post(f"/api/agents/{self.id}/events", json={"events": batch}).raise_for_status()
 
@@ -80,6 +83,10 @@ def jobs(srv):
                           "rss_mb": 736.5 + (s % 3) / 2,
                                                   "padding_frac": 0.12, "eval/runtime": 3.2}}) for s in range(1, 121)],
            ("info", {"device": "cpu", "peak_flops": 2e10}),
+           # the agent's system samples, keyed by Unix seconds (worker/agent/sysmetrics.py)
+           *[("metrics", {"step": int(time.time()) - 60 + 5 * i,
+                          "values": {"sys/cpu_pct": 90.0 + i, "sys/host_cpu_pct": 40.0, "sys/rss_mb": 700.0 + i}},
+              int(time.time()) - 60 + 5 * i) for i in range(12)],
            ("alert",
             {"kind": "stalled", "severity": "critical", "message": "stalled: no progress in 'training' for 95 s"}))
     job, a = made["failed"]
@@ -145,6 +152,15 @@ def test_numbers_mfu_never_above_100_and_one_formatter_per_unit(srv, d, jobs):
     smoothed = d.execute_script("return ['chart-step', 'chart-x-padding_frac'].map((id) => "
                                 "TPJOB.charts[id].series.map((s) => s.label))")
     assert all("smoothed" in labels for labels in smoothed), smoothed
+    # Issue 33 #13: each System chart fills its card, and its time axis has room for the date line
+    until(d, 20, lambda d: int(attr(d, "#sys-mem", "data-points") or 0) >= 2, "the System charts")
+    fill = d.execute_script("return ['sys-cpu', 'sys-mem'].map((id) => { const u = document.getElementById(id)"
+                            ".querySelector('.uplot'); return [u.getBoundingClientRect().width, "
+                            "u.closest('.chart-box').clientWidth] })")
+    assert all(box - 40 <= w <= box for w, box in fill), fill  # the box's padding only
+    assert d.execute_script("return document.querySelector('#sys-cpu .u-axis').getBoundingClientRect().height") >= 50
+    d.execute_script("document.getElementById('system').scrollIntoView()")
+    shot(d, "trust-job-system")
     shot(d, "trust-job-stalled", full=True)
     assert not console_errors(d), console_errors(d)
 
@@ -181,6 +197,41 @@ def test_a_failed_commands_traceback_once_in_monospace_and_pause_one_step(srv, d
     assert "paused at step 369" in text(d, "#reason")
 
 
+def test_a_command_jobs_empty_loss_and_throughput_cards_say_why(srv, d, jobs):
+    """Issue 33 #15: a command job that has reported no loss or throughput shows both cards with a note
+    saying where tokenpulse looks for them; once it is over, that it reported none."""
+    with srv.client() as c:
+        job = c.post("/api/jobs/command", json={"command": ["python", "loop.py"], "name": "silent loop",
+                                                "priority": 100}).json()["id"]
+    agent = StandIn(srv, "box-commands", commands=True)
+    assert agent.claim() == job
+    agent.send(job, ("phase", {"name": "running"}),  # and a long list of choices, for the Log below (#18)
+               *[("info", {f"setting_{i}": i, "reason": "a reason long enough to take a line or two of the panel "
+                                                        "beside the log"}) for i in range(24)])
+    d.get(f"{srv.url}/jobs/{job}")
+    until(d, 20, lambda d: text(d, "#job-state") == "running", "the command job is not running")
+    until(d, 10, lambda d: "No loss reported yet. tokenpulse reads it from tokenpulse.log" in text(d, "#chart-loss"),
+          "the empty Loss card says nothing")
+    assert "printed lines such as “loss 2.31”" in text(d, "#chart-loss")
+    assert "No throughput reported yet. tokenpulse counts tokens per second" in text(d, "#chart-tps")
+    assert not d.find_element(By.ID, "chart-lr").is_displayed()  # the other empty cards fold away
+    d.execute_script("document.getElementById('chart-loss').scrollIntoView({block: 'center'})")
+    shot(d, "trust-command-empty-charts")
+    agent.send(job, ("state", {"state": "completed", "reason": "exited 0", "exit_code": 0}))
+    until(d, 20, lambda d: text(d, "#chart-loss").startswith("This job reported no loss."), "no note once it is over")
+    assert text(d, "#chart-tps").startswith("This job reported no throughput.")
+
+    # Issue 33 #18: beside a long list of choices, the Log takes its panel's height (not 340 px in a tall panel)
+    until(d, 10, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#info li")) >= 24, "the choices")
+    d.execute_script("document.getElementById('logs').scrollIntoView()")
+    log, panel, side = (d.execute_script("return document.querySelector(arguments[0]).getBoundingClientRect()", css)
+                        for css in ("#log", "#logs .log-panel", "#logs > .panel:last-child"))
+    assert side["height"] > 700, side  # the panel beside it is tall...
+    # ...and so is the log
+    assert panel["bottom"] - log["bottom"] < 30 and log["height"] > side["height"] - 200, (log, panel, side)
+    shot(d, "trust-log-tall-panel", full=True)
+
+
 def test_compare_draws_the_runs_that_exist_and_names_the_missing_one(srv, d, jobs):
     """Item 13: /compare?job=A&job=999&job=B draws A and B and says that 999 does not exist."""
     d.get(f"{srv.url}/compare?job={jobs['stalled']}&job=999&job={jobs['done']}")
@@ -210,6 +261,23 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     until(d, 20, lambda d: d.find_element(By.ID, "submit").is_enabled(), "no submit form")
     assert not d.find_element(By.NAME, "revision").is_displayed()
     assert not attr(d, "#details-hub", "open")
+    # issue 33 #21: "Loss on the response only" follows the data's shape until set: off for the plain-
+    # text demo, on once a prompt field is named, half-ticked for a file whose columns are not known yet
+    def resp() -> tuple:
+        return tuple(attr(d, "#f-loss_on_response_only", a) for a in ("checked", "indeterminate"))
+    assert resp() == (None, None)
+    d.find_element(By.NAME, "prompt_field").send_keys("question")
+    assert resp() == ("true", None)
+    d.find_element(By.NAME, "prompt_field").clear()
+    data = d.find_element(By.NAME, "dataset")
+    data.clear()
+    data.send_keys("/data/mine.jsonl")
+    assert resp() == (None, "true")
+    assert "decided from the dataset's columns" in attr(d, "#f-loss_on_response_only", "title")
+    shot(d, "submit-response-only-undecided")
+    data.clear()
+    data.send_keys("builtin:demo")
+    assert resp() == (None, None)
     d.find_element(By.NAME, "streaming").click()
     d.find_element(By.NAME, "epochs").send_keys("2")
     d.find_element(By.NAME, "name").send_keys("warned once")
@@ -223,7 +291,9 @@ def test_submit_no_duplicate_after_warnings_hub_fields_folded_and_command_ranks(
     d.execute_script("arguments[0].click()", btn)  # even a forced click queues nothing
     time.sleep(0.5)
     with srv.client() as c:
-        assert c.get("/api/jobs", params={"q": "warned once"}).json()["total"] == 1
+        warned = c.get("/api/jobs", params={"q": "warned once"}).json()
+        assert warned["total"] == 1
+        assert c.get(f"/api/jobs/{warned['jobs'][0]['id']}").json()["spec"]["loss_on_response_only"] is False
     shot(d, "trust-submit-queued-warnings")
     d.find_element(By.NAME, "seed").send_keys("1")  # a changed setting is a new job: the button is back
     until(d, 5, lambda d: d.find_element(By.ID, "submit").is_enabled(), "the button stays off after a change")

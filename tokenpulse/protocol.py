@@ -93,11 +93,20 @@ class Phase:
     TOKENIZING = "tokenizing"
     ACCUMULATING = "accumulating"
     TUNING = "tuning batch size"
+    # the batch plan, named by what the layout does to the rows (Phase.layout)
     PACKING = "packing"
+    BATCHING = "batching"  # dynamic padding: each micro-batch padded to its longest row
+    PADDING_TO_MAX = "padding to max length"
     TRAINING = "training"
     EVALUATING = "evaluating"
     SAVING = "saving"
     SLURM_PENDING = "pending in Slurm"  # the Slurm executor's word while Slurm holds the job (its reason)
+
+    @staticmethod
+    def layout(mode: str) -> str:
+        """The batch plan's phase for a padding mode ("pack", "dynamic", "max_length"): a run that
+        packs nothing never says "packing"."""
+        return {"pack": Phase.PACKING, "dynamic": Phase.BATCHING}.get(mode, Phase.PADDING_TO_MAX)
 
 
 CommandAction = Literal["cancel", "pause", "stack"]
@@ -262,9 +271,10 @@ class JobSpec(SpecBase):
     messages_field: Optional[str] = Field(
         None, max_length=200, description="column holding a chat (list of {role, content}), rendered with the "
         "tokenizer's chat template; default: a 'messages' column when no other field is named")
-    loss_on_response_only: bool = Field(True,
-                                        description="mask prompt tokens (chat: all but assistant turns) out of the "
-                                                    "loss")
+    loss_on_response_only: Optional[bool] = Field(
+        None, description="mask prompt tokens (chat: all but assistant turns) out of the loss; default: on for data "
+                          "with a prompt (prompt/response, Alpaca, chats), off for plain text (set at submit from the "
+                          "dataset's columns)")
     streaming: bool = Field(False, description="read the dataset as a stream, accumulating chunks")
 
     max_steps: Optional[int] = Field(None, ge=1, description="optimizer steps (or use epochs)")
@@ -374,6 +384,12 @@ class JobSpec(SpecBase):
     @property
     def has_eval(self) -> bool:
         return self.eval_fraction is not None or bool(self.eval_dataset) or bool(self.eval_split)
+
+    @property
+    def masks_prompt(self) -> bool:
+        """loss_on_response_only as training applies it: unset (a Hub dataset, whose columns the
+        submit could not read) is on; plain text has no prompt, so it masks nothing either way."""
+        return self.loss_on_response_only is not False
 
 
 # ---- command jobs -----------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ FORM: list[tuple[str, str, list[tuple]]] = [
          "empty to use a 'messages' column."),
         ("loss_on_response_only", "Loss on the response only", "bool",
          "Mask prompt tokens out of the loss (prompt/response and Alpaca data; for chats, everything but the "
-         "assistant's turns)."),
+         "assistant's turns). Unless you set it: on for such data, off for plain text (from the dataset's columns)."),
         ("streaming", "Stream the dataset", "bool",
          "Read the dataset as a stream, accumulating chunks (for data larger than memory)."),
     ]),

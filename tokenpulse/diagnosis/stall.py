@@ -274,6 +274,15 @@ class StallDetector:
     def where(self) -> str:
         return _describe_phase(self.phase, self.done, self.total, self.unit)
 
+    def phase_line(self) -> Optional[dict]:
+        """The phase as the detector last saw it, its count included, as a phase event's data. The
+        process reports its step on `alive` each second, ahead of its rate-limited phase line and its
+        metrics every log_every steps: said as a phase when a stall opens, the job's Step, its phase
+        line and the stall alert name the same step (None: no phase seen yet)."""
+        if self.phase is None:
+            return None
+        return {"name": self.phase, "done": self.done, "total": self.total, "unit": self.unit, "detail": self.detail}
+
     def timeout(self) -> float:
         """Seconds without progress after which the current phase counts as stalled."""
         c = self.config

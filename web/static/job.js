@@ -405,13 +405,15 @@
       const box = $(id);
       // A new series (or a new axis mode) rebuilds the chart: uPlot's series and scales are fixed at creation.
       if (charts[id] && (charts[id].keys !== chartKeys(spec) || charts[id].mode !== `${xMode()}|${logY()}`)) { charts[id].destroy(); delete charts[id]; }
-      // A chart with nothing to show: "No points yet" while they may still come; hidden for a command
-      // job (it logs what it logs) and once a job is over.
-      const idle = job && (job.kind === "command" || job.state === "queued" || TP.FINAL.includes(job.state));
+      // A chart with nothing to show: "No points yet" while they may still come; hidden while a job
+      // waits, for a command job (it logs what it logs) and once a job is over, except Loss and
+      // Throughput of a job that ran, which say why they are empty.
+      const queued = job && job.state === "queued";
+      const idle = job && (queued || job.kind !== "train" || TP.FINAL.includes(job.state)) && !(EMPTY_WHY[id] && !queued);
       // "Your panel" keeps its picker while there is any metric to pick
       box.closest(".chart-box").hidden = id === "chart-custom" ? !$("panel-add").options.length || $("panel-add").options.length + spec.keys.length < 2 : !spec.keys.length && !!idle;
       sourceNote(id, spec);
-      if (!spec.keys.length) { box.dataset.points = 0; box.replaceChildren(); emptyNote(box); summarize(id, spec, null); continue; }
+      if (!spec.keys.length) { box.dataset.points = 0; emptyNote(box, id); summarize(id, spec, null); continue; }
       const data = chartData(spec);
       box.dataset.points = spec.ghosts.length ? ownSteps(spec) : data[0].length; // the current attempt's
       box.dataset.series = spec.labels.join(",");
@@ -432,7 +434,25 @@
       document.body.dataset.firstChart = "1";
     }
   }
-  function emptyNote(box) { if (!box.firstChild) box.append(TP.el("p", { class: "muted empty", text: "No points yet." })); }
+  function emptyNote(box, id) {
+    const text = EMPTY_WHY[id] ? EMPTY_WHY[id]() : "No points yet.";
+    const p = box.querySelector("p.empty");
+    if (p && box.childElementCount === 1) { if (p.textContent !== text) p.textContent = text; return; }
+    box.replaceChildren(TP.el("p", { class: "muted empty", text }));
+  }
+  // Why the Loss or Throughput card is empty: not reported yet (a command job's metrics
+  // come from its own logging: where tokenpulse looks), or never reported by a job that is over.
+  const LOSS_FROM = "tokenpulse reads it from tokenpulse.log or a Trainer, the script's wandb, TensorBoard, MLflow or Lightning logging, the loss it calls .backward() on, or printed lines such as “loss 2.31”.";
+  const TPS_FROM = "tokenpulse counts tokens per second from the token batches (input_ids) the model is called with, or takes the tokens_per_s the script logs.";
+  function emptyWhy(what, from, warmup) {
+    const st = job ? job.state : null, own = !job || job.kind === "train";
+    if (st && (TP.FINAL.includes(st) || st === "paused")) return `This job reported no ${what}.${own ? "" : ` ${from}`}`;
+    return own ? `No ${what} yet: ${warmup}` : `No ${what} reported yet. ${from}`;
+  }
+  const EMPTY_WHY = {
+    "chart-loss": () => emptyWhy("loss", LOSS_FROM, "the first point comes with the first logged step."),
+    "chart-tps": () => emptyWhy("throughput", TPS_FROM, "it is measured once the first warm-up steps are done."),
+  };
 
   // Points arrive from two sources (websocket frames, REST refills) in any order: keep each series
   // sorted by step with every step once. The common case (newer than all) is a plain push.
@@ -470,12 +490,10 @@
   const mayRerun = () => mayControl() && (job.kind !== "command" || me.may_run_commands);
 
   function showSummary(j) {
-    const wasOver = job && TP.FINAL.includes(job.state);
-    const wasQueued = !!job && job.state === "queued";
+    const before = job && job.state;
     job = { ...(job || {}), ...j, last: { ...((job || {}).last || {}), ...(j.last || {}) } }; // a frame carries the listed metrics only
-    if (!wasOver && TP.FINAL.includes(job.state)) scheduleDraw(); // empty charts fold away once it is over
+    if (before !== job.state) scheduleDraw(); // empty charts fold away or say why by the job's state
     if (job.state === "queued" && !queueTimer) explainQueue(); else if (job.state !== "queued") { clearTimeout(queueTimer); queueTimer = null; queueText = null; }
-    if (wasQueued !== (job.state === "queued")) scheduleDraw(); // its empty charts fold away while it waits
     $("job-name").textContent = job.name || `Job ${jobId}`;
     document.title = `${job.name || "Job " + jobId} (${job.state}) · tokenpulse`;
     const st = $("job-state"); st.textContent = job.state; st.className = `badge ${job.state}`;
@@ -752,13 +770,18 @@
     const b = c.before || {}, a = c.after || {};
     const mem = (x) => x.cuda_peak_mb || x.rss_mb;
     const eq = c.loss_equal_steps;
+    // what got faster: tokens/s, a step's time and the real tokens it carries (packing: more tokens
+    // in the same time, so fewer steps to an epoch), the epoch's time; the ETA counts the steps left
+    const per = c.tokens_per_step || {}, epoch = c.epoch_s || {};
     const rows = [
       ["Real tokens/s", b.tokens_per_s, a.tokens_per_s, FMT.tokens_per_s],
       ["Step time", b.step_time_s, a.step_time_s, FMT.step_time_s],
+      ["Real tokens per step", per.before, per.after, FMT.tokens_per_s],
+      ["An epoch", epoch.before, epoch.after, FMT.eta_s],
       ["Memory", mem(b), mem(a), FMT.mem],
       [eq ? `Loss at equal steps (${eq.steps})` : "Loss (last steps)", eq ? eq.before : b.loss, eq ? eq.after : a.loss, FMT.loss],
-      ["ETA", b.eta_s, a.eta_s, FMT.eta_s],
-    ];
+      ["ETA (steps left × step time)", b.eta_s, a.eta_s, FMT.eta_s],
+    ].filter(([name, x, y]) => !(name === "An epoch" && x == null && y == null));
     return rows.map(([name, x, y, f]) => TP.el("tr", {}, TP.el("th", { text: name }),
       TP.el("td", { class: "r", text: x == null ? "–" : f(x) }), TP.el("td", { class: "r", text: y == null ? "–" : f(y) })));
   }

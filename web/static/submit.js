@@ -19,7 +19,7 @@
       if (!el.name || !el.dataset.kind || el.name === "lora.enabled") continue;
       if (el.name.startsWith("lora.") && !form.elements["lora.enabled"].checked) continue;
       const kind = el.dataset.kind;
-      if (kind === "bool") { setPath(s, el.name, el.checked); continue; }
+      if (kind === "bool") { if (!el.dataset.auto) setPath(s, el.name, el.checked); continue; }
       const v = el.value.trim();
       if (v === "" || kind === "json") continue;
       if (kind === "int" || kind === "float") setPath(s, el.name, isFinite(Number(v)) ? Number(v) : v);
@@ -36,6 +36,32 @@
     }
     return s;
   }
+
+  // "Loss on the response only": on for data with a prompt (prompt/response, Alpaca, chats), off for
+  // plain text. Until the person sets it, the box shows what the data's shape says (the named fields,
+  // else the last analysis; unknown: half-ticked) and is not sent: the server decides it from the
+  // dataset's columns by the same rule (server/validate.py has_prompt).
+  const respOnly = form.elements.loss_on_response_only;
+  let analyzedFields = null; // the fields the last analysis found, for the dataset it analyzed
+  function autoRespOnly(on) {
+    respOnly.dataset.auto = on ? "1" : "";
+    showRespOnly();
+  }
+  function showRespOnly() {
+    if (!respOnly.dataset.auto) { respOnly.indeterminate = false; return; }
+    const v = (n) => (form.elements[n].value || "").trim();
+    const data = v("dataset");
+    let shaped = null;
+    if (v("messages_field") || v("prompt_field")) shaped = true;
+    else if (v("text_field") || !data || data === "builtin:demo") shaped = false;
+    else if (analyzedFields && analyzedFields.dataset === data) shaped = !!(analyzedFields.fields.messages || analyzedFields.fields.prompt || analyzedFields.fields.instruction);
+    respOnly.indeterminate = shaped === null;
+    respOnly.checked = !!shaped;
+    respOnly.title = shaped === null ? "decided from the dataset's columns when you submit (on for prompt/response, Alpaca and chat data)" : "";
+  }
+  respOnly.addEventListener("change", () => autoRespOnly(false));
+  for (const n of ["dataset", "text_field", "prompt_field", "messages_field"]) form.elements[n].addEventListener("input", showRespOnly);
+  autoRespOnly(true);
 
   // Eval prompts: one box each, so a prompt may hold newlines (and Clone keeps "Q: ...?\nA:" whole).
   const prompts = (name) => [...form.querySelectorAll(`textarea[data-kind="prompt"][name="${name}"]`)];
@@ -141,7 +167,10 @@
     timer = setInterval(() => { status.textContent = `${measure ? "tokenizing and measuring memory" : "tokenizing the dataset"}… ${Math.round((Date.now() - started) / 1000)} s`; }, 500);
     clearAnalysis(); // results of an earlier dataset must never stand for this one
     try {
-      const a = await TP.api(`/api/datasets/analyze${measure ? `?measure=${measure}` : ""}`, { method: "POST", body: spec() });
+      const body = spec();
+      const a = await TP.api(`/api/datasets/analyze${measure ? `?measure=${measure}` : ""}`, { method: "POST", body });
+      analyzedFields = { dataset: body.dataset || "", fields: a.fields || {} };
+      showRespOnly();
       showAnalysis(a);
       status.textContent = `analyzed in ${TP.num((Date.now() - started) / 1000, 1)} s`;
     } catch (e) {
@@ -258,6 +287,7 @@
       if (el.type === "checkbox") el.checked = !!v; else el.value = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(el.dataset.kind === "lines" ? "\n" : ", ") : v;
     }
     $("f-extra").value = Object.keys(extra).length ? JSON.stringify(extra) : "";
+    autoRespOnly(j.spec.loss_on_response_only === null || j.spec.loss_on_response_only === undefined);
     for (const el of form.querySelectorAll("details.group [name]")) { // a folded group holding a setting opens
       const dflt = el.tagName === "SELECT" ? ([...el.options].find((o) => o.defaultSelected) || el.options[0] || {}).value : el.dataset.default ?? el.defaultValue;
       const set = el.type === "checkbox" ? el.checked !== el.defaultChecked : el.value !== dflt;
@@ -286,6 +316,7 @@
   }
   function defaults() {
     form.reset(); for (const list of form.querySelectorAll(".prompt-list")) setPrompts(list.dataset.name, []); $("clone-note").hidden = true; $("f-extra").value = ""; pickErr.textContent = "";
+    autoRespOnly(true);
     history.replaceState(null, "", "/submit");
   }
   async function pick() {

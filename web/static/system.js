@@ -30,8 +30,10 @@
     const at = new Map(ts.map((t, i) => [t, i]));
     return [ts, ...keys.map((k) => { const col = ts.map(() => null); series[k].t.forEach((t, i) => { col[at.get(t)] = series[k].value[i]; }); return col; })];
   }
+  const SIZE = 180; // each chart's height
   function draw() {
     const box = $("system-charts");
+    $("system").hidden = !Object.keys(series).length; // shown first: a chart takes its box's width as laid out
     for (const p of PANELS) {
       const ks = labelsFor(p);
       if (!ks.length) continue;
@@ -47,15 +49,25 @@
       if (c && c.keys === keys.join(",")) { c.setData(d); continue; }
       if (c) c.destroy();
       el.replaceChildren();
-      const opts = { width: Math.max(280, el.clientWidth || 500), height: 180,
+      const opts = { width: Math.max(280, el.clientWidth || 500), height: SIZE,
         series: [{ label: "time", value: (u, v) => (v == null ? "–" : new Date(v * 1000).toLocaleTimeString("en-GB")) },
           ...ks.map(([, l], i) => ({ label: l, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => (v == null ? "–" : TP.sig(v, 3)) }))],
-        scales: { x: { time: true } }, axes: [{ size: 40 }, { size: 56, values: (u, v) => TP.ticks(v) }], legend: { live: true } };
+        // the time axis' two lines (the time, and the date under the first tick) as the job's wall-clock axis has them
+        scales: { x: { time: true } }, axes: [{ size: 50 }, { size: 56, values: (u, v) => TP.ticks(v) }], legend: { live: true } };
       charts[p.id] = new uPlot(opts, d, el);
       charts[p.id].keys = keys.join(",");
     }
-    $("system").hidden = !Object.keys(series).length;
+    for (const [id, c] of Object.entries(charts)) fit(c, $(id)); // a card added beside another narrows it
   }
+  function fit(c, el) { // the card's width, after a resize or a layout change (a scrollbar came)
+    const w = Math.max(280, el.clientWidth);
+    if (Math.abs(c.width - w) > 1) c.setSize({ width: w, height: SIZE });
+  }
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => { for (const [id, c] of Object.entries(charts)) fit(c, $(id)); }, 100);
+  });
   async function load() {
     const m = await TP.api(`/api/jobs/${jobId}/metrics?prefix=sys/&max_points=2000${lastStep >= 0 ? `&after_step=${lastStep}` : ""}`);
     for (const [k, s] of Object.entries(m.series)) {

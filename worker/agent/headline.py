@@ -95,12 +95,20 @@ def stuck_worker(stack: Optional[str]) -> Optional[tuple[Optional[int], tuple[st
     return None
 
 
-def stall_headline(silent_s: float, stack: Optional[str], phase: str) -> str:
+def stall_headline(silent_s: float, stack: Optional[str], phase: str, step: Optional[int] = None) -> str:
+    """A stall's headline, e.g. "Stuck 2 min at step 60 in read_shard (train.py:41)": the step the job
+    last reported (the one its Step figure and phase line show) and where it is stuck; without a
+    stack, the phase with its count."""
     at = _where(stack)
-    return f"Stuck {duration(silent_s)} in {at}" if at else f"Stuck {duration(silent_s)} in {phase}"
+    return f"Stuck {duration(silent_s)}{at_step(step)} in {at}" if at else f"Stuck {duration(silent_s)} in {phase}"
 
 
-def gang_headline(silent_s: float, stacks: dict[int, str], phase: str) -> tuple[str, Optional[str]]:
+def at_step(step: Optional[int]) -> str:
+    return f" at step {step}" if step is not None else ""
+
+
+def gang_headline(silent_s: float, stacks: dict[int, str], phase: str,
+                  step: Optional[int] = None) -> tuple[str, Optional[str]]:
     """("Stuck 2 min in read_shard (train.py:41), rank 1; rank 0 waits in all_reduce", the stack of
     the rank named first)."""
     groups, odd = odd_one({r: s for r, s in stacks.items() if s})
@@ -113,7 +121,9 @@ def gang_headline(silent_s: float, stacks: dict[int, str], phase: str) -> tuple[
     first = odd if odd is not None else next(iter(groups))
     rs = groups[first]
     whom = who(rs) if odd is not None else "every rank"
-    head = f"Stuck {duration(silent_s)} in {_where(stacks[rs[0]]) or phase}, {whom}"
+    where = _where(stacks[rs[0]])
+    head = f"Stuck {duration(silent_s)}{at_step(step)} in {where}, {whom}" if where else \
+        f"Stuck {duration(silent_s)} in {phase}, {whom}"
     others = []
     for w, rs in groups.items():
         if w == first:

@@ -106,7 +106,8 @@ class JobDiagnosis:
         elif v is not None and v.kind == AlertKind.STALLED and rj.gang is not None:
             where, stack, stacks = await self.gang_verdict(rj, rj.gang)
             if rj.process.started.returncode is None:
-                head, odd_stack = gang_headline(v.silent_s, stacks, rj.detector.where())
+                self.say_step(rj)
+                head, odd_stack = gang_headline(v.silent_s, stacks, rj.detector.where(), rj.detector.step)
                 self.note_hang(rj, now, head, hang_frame(odd_stack))
                 message = folded(head, f"{v.message}; {where}", odd_stack)
                 self.emit(rj, "alert", {"kind": AlertKind.STALLED, "severity": "critical",
@@ -122,7 +123,8 @@ class JobDiagnosis:
             if not can_run_handlers(state):  # its alive thread spoke a moment ago, but it is frozen now
                 message = message.replace(ALIVE_CLAUSE, "") + f"; process state {describe_state(state)}"
             message += f"; stuck at {stuck}" if stuck else ""
-            head = stall_headline(v.silent_s, stack, rj.detector.where())
+            self.say_step(rj)
+            head = stall_headline(v.silent_s, stack, rj.detector.where(), rj.detector.step)
             self.note_hang(rj, now, head, hang_frame(stack))
             message = folded(head, message, stack)
             # since when: the page keeps the headline's "Stuck 30 s" current while the alert is open
@@ -151,6 +153,14 @@ class JobDiagnosis:
                 if data["costs"]:
                     alert["message"] = (v.message + "; " + "; ".join(c["text"] for c in data["costs"]))[:8192]
             self.emit(rj, "alert", alert)
+
+    def say_step(self, rj: RunningJob) -> None:
+        """A stall opens: the phase with the step the job last reported (on `alive`, ahead of its
+        rate-limited phase line and its metrics), timed when it was reached, so that the job's Step,
+        its phase line and the alert name one step."""
+        line = rj.detector.phase_line()
+        if line is not None:
+            self.emit(rj, "phase", line, rj.detector.last_progress)
 
     # ---- a stall that lasts: a hang --------------------------------------------------------------
 

@@ -26,6 +26,7 @@ class Emitter(PipeEmitter):
     def __init__(self, fd: Optional[int] = None, alive_every: float = 1.0, narrate: bool = False):
         self._narrate = narrate
         self._said_phase: Optional[tuple] = None
+        self._said_training = False
         self._train_total: Optional[float] = None
         self._next_step_line, self._last_step_line_t = 0, 0.0
         self.rank_step: Optional[dict] = None  # this rank's step and busy time, set by the loop
@@ -60,8 +61,9 @@ class Emitter(PipeEmitter):
             name, done, total, unit = d.get("name"), d.get("done"), d.get("total"), d.get("unit") or ""
             if name == Phase.TRAINING:
                 self._train_total = total
-                if (name, "start") == self._said_phase:
-                    return None
+                if self._said_training:
+                    return None  # back from a checkpoint or an evaluation: the step lines go on
+                self._said_training = True  # once per attempt ("training from step N" on a resume)
                 self._said_phase = (name, "start")
                 if not total:
                     return "training"

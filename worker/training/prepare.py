@@ -39,7 +39,7 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
     n_total = len(rows)
     info = {"examples": n_total, "fields": fields.__dict__, "dataset_fingerprint": fp[:16]}
     sampled = sample is not None and n_total > sample
-    key = cache_key(fp + (f":sample{sample}" if sampled else ""), tokenizer, fields, spec.loss_on_response_only)
+    key = cache_key(fp + (f":sample{sample}" if sampled else ""), tokenizer, fields, spec.masks_prompt)
 
     def progress(done, total):
         em.phase(Phase.TOKENIZING, done=done, total=total, unit="examples")
@@ -52,7 +52,7 @@ def load_tokenized(spec: JobSpec, tokenizer, em, cache_dir: Optional[Path] = Non
             idx = np.sort(np.random.default_rng(0).choice(n_total, sample, replace=False))
             r = r.select(idx)
         return tokenize_all(D.iter_texts(r, fields), len(r), tokenizer, fields,
-                            spec.loss_on_response_only, progress)
+                            spec.masks_prompt, progress)
 
     tok, hit = cached_tokenize(cache_dir, key, make)
     if hit:
@@ -78,7 +78,7 @@ def stream_chunks(spec: JobSpec, tokenizer, em, chunk_tokens: int, cache_dir: Op
     def flush():
         nonlocal buf, n_samples, n_tokens
         if buf:
-            t = encode_examples(tokenizer, list(D.iter_texts(buf, fields)), fields, spec.loss_on_response_only)
+            t = encode_examples(tokenizer, list(D.iter_texts(buf, fields)), fields, spec.masks_prompt)
             parts.append(t)
             n_samples += t.n
             n_tokens += int(t.offsets[-1])

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from tokenpulse.errors import SpecError
-from tokenpulse.protocol import JobSpec
+from tokenpulse.protocol import JobSpec, Phase
 
 from .errors import Cancelled, clip
 from .faults import Faults
@@ -75,8 +75,9 @@ class Observer:
         self._relay(name, done, total, unit)
         if self.current in ("resume", "reload"):
             return  # the resumed run's own phases are all part of the resume check
-        check = {"loading model": "load model", "tuning batch size": "batches", "packing": "batches",
-                 "training": "train", "evaluating": "eval"}.get(name)
+        check = {"loading model": "load model", "tuning batch size": "batches", Phase.PACKING: "batches",
+                 Phase.BATCHING: "batches", Phase.PADDING_TO_MAX: "batches", "training": "train",
+                 "evaluating": "eval"}.get(name)
         if name == "loading dataset":  # first the training data, then (eval_dataset / eval_split) the eval data
             self._loads += 1
             check = "tokenize a sample" if self._loads == 1 else "eval data"

@@ -118,9 +118,10 @@ class Session:
             lay = None
         # measured choices differ between processes: every rank takes rank 0's, so all build one plan
         lay = broadcast(self.ranks, lay, Layout)
-        em.phase(Phase.PACKING, done=0, total=1, unit="epochs")
+        planning = Phase.layout(lay.mode)  # packing, batching or padding to max length
+        em.phase(planning, done=0, total=1, unit="epochs")
         per_epoch = len(epoch_steps(data, lay, spec.seed, 0))
-        em.phase(Phase.PACKING, done=1, total=1, unit="epochs", detail=f"{per_epoch} optimizer steps per epoch")
+        em.phase(planning, done=1, total=1, unit="epochs", detail=f"{per_epoch} optimizer steps per epoch")
         if spec.max_steps is not None and spec.epochs is None:
             total = spec.max_steps
         else:
@@ -172,7 +173,7 @@ class Session:
         def plan() -> Iterator[tuple[int, Tokenized, list]]:
             ci = 0
             for ep, c in itertools.chain([(epoch0, first)], it):
-                em.phase(Phase.PACKING, detail=f"chunk {ci}: {c.n:,} samples")
+                em.phase(Phase.layout(lay.mode), detail=f"chunk {ci}: {c.n:,} samples")
                 for step in epoch_steps(c, lay, spec.seed, ci):
                     yield ep, c, step
                 ci += 1
