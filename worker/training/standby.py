@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 from pathlib import Path
 from typing import Optional
@@ -40,6 +41,21 @@ def preload(cache_dir: Optional[Path]) -> None:
     from . import controls, session  # noqa: F401 -- what train.main imports lazily (train.py is __main__)
 
 
+def warm_compiler() -> None:
+    """What inductor's first compile in a process spends before any kernel of its own (~1-4 s on 2
+    cores): probing the CPU's vector instruction sets (a test library built or found in its cache,
+    then loaded by child Pythons) and hashing torch's sources, each kept for the process. A relaunch
+    whose kept loss-head choice is the compiled one (losshead.py) then compiles from inductor's cache
+    alone. No torch op runs here, no thread starts: child processes only."""
+    from torch._inductor import codecache, cpu_vec_isa
+    cpu_vec_isa.valid_vec_isa_list()
+    codecache.torch_key()
+
+
+def job_waiting(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
 def wait_assignment(fd: int) -> Optional[dict]:
     """The job, or None when the pipe ended without one."""
     with os.fdopen(fd, "rb") as f:
@@ -53,6 +69,8 @@ def wait_for_job(argv: list[str]) -> Optional[list[str]]:
     cache_dir = Path(argv[argv.index("--cache-dir") + 1]) if "--cache-dir" in argv else None
     fd = int(os.environ.pop(ASSIGN_ENV))
     preload(cache_dir)
+    if not job_waiting(fd):  # a job already handed over starts now, without it (it compiles lazily)
+        warm_compiler()
     job = wait_assignment(fd)
     if job is None:
         return None
