@@ -16,13 +16,14 @@ plain start.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
 import select
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from tokenpulse.control import ASSIGN_ENV
 
@@ -51,20 +52,22 @@ COMPILE_MODULES = ("torch._dynamo.backends.inductor", "torch._functorch._aot_aut
                    "sympy.tensor.tensor")
 
 
-def warm_compiler() -> None:
+def warm_compiler(job_waiting: Callable[[], bool]) -> None:
     """What inductor's first compile in a process spends before any kernel of its own (~2-5 s on 2
     busy cores): its lazy imports, probing the CPU's vector instruction sets (a test library built or
     found in its cache, then loaded by child Pythons) and hashing torch's sources, each kept for the
     process. A relaunch whose kept loss-head choice is the compiled one (losshead.py) then compiles
-    from inductor's cache alone. No torch op runs here, no thread starts: child processes only."""
-    for name in COMPILE_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
+    from inductor's cache alone. Stops between its parts once a job waits (the job does what is left
+    lazily, if it compiles at all). No torch op runs here, no thread starts: child processes only."""
     from torch._inductor import codecache, cpu_vec_isa
-    cpu_vec_isa.valid_vec_isa_list()
-    codecache.torch_key()
+    for part in (*[functools.partial(importlib.import_module, name) for name in COMPILE_MODULES],
+                 cpu_vec_isa.valid_vec_isa_list, codecache.torch_key):
+        if job_waiting():
+            return
+        try:
+            part()
+        except ImportError:  # a module another torch version lacks
+            pass
 
 
 def job_waiting(fd: int) -> bool:
@@ -84,8 +87,7 @@ def wait_for_job(argv: list[str]) -> Optional[list[str]]:
     cache_dir = Path(argv[argv.index("--cache-dir") + 1]) if "--cache-dir" in argv else None
     fd = int(os.environ.pop(ASSIGN_ENV))
     preload(cache_dir)
-    if not job_waiting(fd):  # a job already handed over starts now, without it (it compiles lazily)
-        warm_compiler()
+    warm_compiler(functools.partial(job_waiting, fd))
     job = wait_assignment(fd)
     if job is None:
         return None
