@@ -42,6 +42,11 @@ def preload(cache_dir: Optional[Path]) -> None:
     from transformers.models.llama import modeling_llama  # noqa: F401 -- the builtin tiny model's, loaded lazily
 
     from . import controls, session  # noqa: F401 -- what train.main imports lazily (train.py is __main__)
+    try:  # the first from_pretrained builds transformers' checkpoint-renaming table (~1,000 regexes: ~0.7 s)
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:  # a transformers without it
+        return
+    get_checkpoint_conversion_mapping("llama")
 
 
 # What torch.compile's first call imports lazily (listed from sys.modules around a first compile; a
