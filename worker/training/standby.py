@@ -1,6 +1,7 @@
 """A warm standby: tokenpulse's training process started ahead of its job, under its own keeper, with
 its event pipe, by the agent (worker/agent/warm.py). It imports torch, transformers, datasets and the
-training code, then blocks reading its assignment, one JSON line, from the pipe named by
+training code (and, until a job waits, readies torch.compile: warm_compiler), then blocks reading its
+assignment, one JSON line, from the pipe named by
 TOKENPULSE_ASSIGN_FD:
 
     {"argv": [train.py's arguments], "env": {per-attempt variables}}
