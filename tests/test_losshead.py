@@ -2,17 +2,19 @@
 
 Real tiny models from a config, real torch.compile (inductor on the CPU): the compiled path must give
 the eager path's loss and gradients, refuse models whose logits are not the plain output projection,
-and stay off for runs too short to repay compiling.
+and stay off for runs too short to repay compiling; a measurement kept in the cache dir is taken by
+the next attempt without measuring again.
 """
 from __future__ import annotations
 
 import types
 
 import numpy as np
+import pytest
 import torch
 from test_training import Recorder, quick_spec, tiny_llama
 
-from worker.training import losshead
+from worker.training import headcache, losshead
 from worker.training.controls import Controls
 from worker.training.errors import EXIT_OK
 from worker.training.packing import Layout, collate, epoch_steps
@@ -69,14 +71,41 @@ def test_auto_leaves_short_runs_eager_and_off_means_off():
     assert not fused and "off" in why
 
 
-def test_a_session_trains_with_the_compiled_head(tmp_path):
-    em = Recorder()
-    s = Session(quick_spec(torch_compile="on", padding="pack"), tmp_path, em, Controls())
-    assert s.run() == EXIT_OK
-    [choice] = em.infos("loss_head")
-    assert choice["loss_head"] == "compiled", choice
-    losses = [d["values"]["loss"] for k, d in em.events if k == "metrics" and "loss" in d["values"]]
-    assert len(losses) == 6 and all(np.isfinite(losses))
+def test_a_kept_measurement_is_taken_without_measuring_again(tmp_path):
+    """The next attempt (or job) of the same model shape on this machine takes the kept choice: no
+    forward+backward is timed, no compile is tried; a shorter run still stays eager from the kept timing."""
+    cache = tmp_path / "cache"
+    fused, why, meas = losshead.choose(tiny_llama(300), "fp32", CPU, wanted="on", cache_dir=cache)
+    assert fused and meas["loss_head_measured"] is True, why
+    assert len(list((cache / headcache.DIR).glob("*.json"))) == 1
+
+    model = tiny_llama(300, seed=1)  # other weights, same shape: the relaunch's model
+    backwards = []
+    model.get_output_embeddings().weight.register_hook(lambda g: backwards.append(1))
+    fused, why, meas = losshead.choose(model, "fp32", CPU, wanted="on", cache_dir=cache)
+    assert fused and meas["loss_head_measured"] is False and "kept from an earlier measurement" in why
+    assert losshead.loss_model(model).fused
+    fused, why, _ = losshead.choose(model, "fp32", CPU, wanted="auto", planned_tokens=5_000, cache_dir=cache)
+    assert not fused and "too short" in why
+    assert backwards == []  # nothing was timed: the measurement is what the kept file saves
+    # what the choice depends on is in its key: another precision or model shape is measured afresh
+    assert len({headcache.key(m.config, "LlamaForCausalLM", p, CPU)
+                for m, p in ((model, "fp32"), (model, "bf16"), (tiny_llama(301), "fp32"))}) == 3
+
+
+def test_a_session_trains_with_the_compiled_head_and_its_next_attempt_keeps_the_choice(tmp_path):
+    runs = []
+    for n in range(2):  # the second: a fresh attempt of the same job on the same agent (its cache dir)
+        em = Recorder()
+        s = Session(quick_spec(torch_compile="on", padding="pack"), tmp_path / f"out{n}", em, Controls(),
+                    cache_dir=tmp_path / "cache")
+        assert s.run() == EXIT_OK
+        [choice] = em.infos("loss_head")
+        assert choice["loss_head"] == "compiled", choice
+        assert choice["loss_head_measured"] is (n == 0), choice
+        runs.append([d["values"]["loss"] for k, d in em.events if k == "metrics" and "loss" in d["values"]])
+    assert len(runs[0]) == 6 and all(np.isfinite(runs[0]))
+    assert runs[1] == pytest.approx(runs[0], rel=1e-6)  # the kept choice trains exactly as the measured one
 
 
 def test_packed_steps_waste_under_one_percent_on_cpu():

@@ -174,7 +174,7 @@ class WarmStart:
             self.why_none = (f"memory is short ({free:.0f} MB available, under {MIN_FREE_ENV}={need:.0f}): "
                              "no zygote kept")
             return
-        zygote = Zygote(self.cache_dir)
+        zygote = Zygote(self.cache_dir, warm_compiler=not self.lazy)
         try:
             await zygote.start()
         except OSError as e:

@@ -63,8 +63,9 @@ def _read_line(fd: int) -> str:
 class Zygote:
     """One zygote process: started once, then asked for forks until it is closed or dies."""
 
-    def __init__(self, cache_dir: Path):
+    def __init__(self, cache_dir: Path, warm_compiler: bool = True):
         self.cache_dir = cache_dir
+        self.warm_compiler = warm_compiler  # seconds of CPU more, for a fix's relaunch that compiles
         self.env: dict[str, str] = {}  # the agent's environment it imported under
         self.pid: Optional[int] = None
         self.dead: Optional[str] = None  # why it can fork no more
@@ -86,7 +87,8 @@ class Zygote:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-u", "-m", "worker.training.zygote", "--cache-dir", str(self.cache_dir),
                 "--control-fd", str(theirs.fileno()), "--agent-pid", str(os.getpid()), "--room", CMDLINE_ROOM,
-                env={**env, "PYTHONFAULTHANDLER": "1"}, pass_fds=(theirs.fileno(),), start_new_session=True)
+                *(["--warm-compiler"] if self.warm_compiler else []), env={**env, "PYTHONFAULTHANDLER": "1"},
+                pass_fds=(theirs.fileno(),), start_new_session=True)
         finally:
             theirs.close()
         self.pid = self._proc.pid

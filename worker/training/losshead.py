@@ -12,6 +12,9 @@ Checked, not assumed, before it is used (`choose`):
   2. the compiled loss equals the eager one on a sample micro-batch (a compiler or toolchain
      problem, e.g. no C compiler for the CPU backend, keeps the stock path);
   3. forward+backward is measured faster on this device.
+The measurement is kept in the agent's cache dir (headcache.py): a relaunch, a retry or the next job
+of the same model shape on this machine takes it as it is, with no compiling or timing before its
+first step (an attempt's first step then compiles the kept choice alone, from inductor's cache).
 
 `LossModel` is what DistributedDataParallel wraps, so the forward that DDP needs to see is this one.
 """
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 import time
 import weakref
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from . import headcache
 from .packing import IGNORE
 from .precision import autocast
 
@@ -124,8 +129,10 @@ def _logits_are_plain_head(model, device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-def _step_time(lm: LossModel, batch: dict, precision: str, device: torch.device, reps: int) -> float:
-    best = float("inf")
+def _step_time(lm: LossModel, batch: dict, precision: str, device: torch.device, reps: int) -> tuple[float, float]:
+    """(the best forward+backward seconds of `reps` calls after a first one that compiles or warms up,
+    that first call's loss)."""
+    best, first = float("inf"), float("nan")
     for k in range(reps + 1):
         t0 = time.perf_counter()
         with autocast(device, precision):
@@ -133,17 +140,39 @@ def _step_time(lm: LossModel, batch: dict, precision: str, device: torch.device,
         loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        if k:  # the first call compiles or warms up
+        if k:
             best = min(best, time.perf_counter() - t0)
+        else:
+            first = loss.item()
     lm.model.zero_grad(set_to_none=True)
-    return best
+    return best, first
+
+
+def _measure(model, precision: str, device: torch.device, batch: dict, eager_s: float,
+             eager_loss: float) -> tuple[Optional[dict], str]:
+    """Time the compiled head+loss against the eager one (the first compiled call, with gradients, is
+    the one training compiles: one compile, and its loss checked equal to the eager loss).
+    Returns (measurements, "") or (None, why the compiled path is not usable)."""
+    fused = LossModel(model, fused=True)
+    try:
+        t_fused, b = _step_time(fused, batch, precision, device, reps=2)
+    except Exception as e:  # e.g. no C compiler for the CPU backend: the stock path still trains
+        model.zero_grad(set_to_none=True)
+        return None, f"torch.compile failed ({type(e).__name__}: {str(e)[:200]})"
+    if abs(eager_loss - b) > 1e-2 * max(1.0, abs(eager_loss)):
+        return None, f"the compiled loss differs ({b:.4f} vs {eager_loss:.4f})"
+    t_eager = min(eager_s, _step_time(LossModel(model), batch, precision, device, reps=1)[0])
+    return {"speedup": round(t_eager / t_fused, 2), "eager_s_per_token": t_eager / batch["input_ids"].numel(),
+            "probe": list(batch["input_ids"].shape)}, ""
 
 
 def choose(model, precision: str, device: torch.device, wanted: str = "auto",
-           planned_tokens: Optional[int] = None, probe_tokens: int = 2048) -> tuple[bool, str, dict]:
+           planned_tokens: Optional[int] = None, probe_tokens: int = 2048,
+           cache_dir: Optional[Path] = None) -> tuple[bool, str, dict]:
     """Decide (and remember for `loss_model`) whether `model` trains with the compiled head+loss.
     wanted: auto (where it repays compiling and is measured faster), on (wherever it is correct),
-    off. planned_tokens: the run's tokens, to tell whether compiling can pay for itself.
+    off. planned_tokens: the run's tokens, to tell whether compiling can pay for itself. cache_dir:
+    where the measurement is kept for the next attempt (headcache.py); a kept one is taken as it is.
     Returns (fused, reason, measurements)."""
     _fused[model] = False
     if wanted == "off":
@@ -151,31 +180,35 @@ def choose(model, precision: str, device: torch.device, wanted: str = "auto",
     ok, why = _logits_are_plain_head(model, device)
     if not ok:
         return False, f"eager output head and loss: {why}", {}
-    length = 256
-    batch = _sample(model, device, max(1, probe_tokens // length), length)
-    eager, fused = LossModel(model), LossModel(model, fused=True)
+    lm, _, _ = _parts(model)
+    key = headcache.key(lm.config, f"{type(model).__name__}/{type(lm).__name__}", precision, device)
+    kept = headcache.load(cache_dir, key)
     model.train()
-    t_eager = _step_time(eager, batch, precision, device, reps=1)
+    if kept is None:
+        batch = _sample(model, device, max(1, probe_tokens // 256), 256)
+        eager_s, eager_loss = _step_time(LossModel(model), batch, precision, device, reps=1)
+        per_token = eager_s / batch["input_ids"].numel()
+    else:
+        per_token = kept["eager_s_per_token"]
     if wanted == "auto" and planned_tokens is not None:
-        run_s = planned_tokens / batch["input_ids"].numel() * t_eager
+        run_s = planned_tokens * per_token
         if run_s < MIN_RUN_S:
             return False, (f"eager output head and loss: the run (~{run_s:.0f} s of forward+backward) is too "
                            f"short to repay compiling"), {}
-    try:
-        with torch.no_grad(), autocast(device, precision):
-            a, b = eager(**batch).item(), fused(**batch).item()
-        if abs(a - b) > 1e-2 * max(1.0, abs(a)):
-            return False, f"eager output head and loss: the compiled loss differs ({b:.4f} vs {a:.4f})", {}
-        t_fused = _step_time(fused, batch, precision, device, reps=2)
-    except Exception as e:  # e.g. no C compiler for the CPU backend: the stock path still trains
-        model.zero_grad(set_to_none=True)
-        return False, f"eager output head and loss: torch.compile failed ({type(e).__name__}: {str(e)[:200]})", {}
-    t_eager = min(t_eager, _step_time(eager, batch, precision, device, reps=1))
-    speedup = t_eager / t_fused
-    meas = {"compiled_loss_speedup": round(speedup, 2)}
+    if kept is None:
+        kept, why = _measure(model, precision, device, batch, eager_s, eager_loss)
+        if kept is None:
+            return False, f"eager output head and loss: {why}", {}
+        headcache.save(cache_dir, key, kept)
+        measured, how = True, "measured now"
+    else:
+        measured, how = False, "kept from an earlier measurement on this machine"
+    speedup = kept["speedup"]
+    meas = {"compiled_loss_speedup": speedup, "loss_head_measured": measured}
     if wanted == "auto" and speedup < MIN_SPEEDUP:
-        return False, f"eager output head and loss: compiled measured only {speedup:.2f}x", meas
+        return False, f"eager output head and loss: compiled only {speedup:.2f}x ({how})", meas
     _fused[model] = True
-    how = "asked for" if wanted == "on" else "measured"
-    return True, (f"output head and loss compiled (torch.compile, {how}): forward+backward {speedup:.2f}x "
-                  f"the eager speed on a {batch['input_ids'].shape[0]}x{length} micro-batch, same loss"), meas
+    rows, cols = kept["probe"]
+    return True, (f"output head and loss compiled (torch.compile, {'asked for' if wanted == 'on' else 'measured'}): "
+                  f"forward+backward {speedup:.2f}x the eager speed on a {rows}x{cols} micro-batch, same loss "
+                  f"({how})"), meas

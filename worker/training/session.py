@@ -86,7 +86,7 @@ class Session:
         fused = None
         if self.ranks.main:
             fused, why, meas = losshead.choose(self.model, precision, self.device, self.spec.torch_compile,
-                                               planned_tokens)
+                                               planned_tokens, cache_dir=self.cache_dir)
             self.em.info(loss_head="compiled" if fused else "eager", reason=why, **meas)
         losshead.use(self.model, broadcast(self.ranks, fused))
 

@@ -198,13 +198,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--control-fd", type=int, required=True)
     ap.add_argument("--agent-pid", type=int, required=True)
     ap.add_argument("--room", default="", help="space for a fork's command line (stamp_cmdline)")
+    ap.add_argument("--warm-compiler", action="store_true", help="also torch.compile's one-time setup (standby.py)")
     args = ap.parse_args(argv)
     keeper.prctl(keeper.PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with its agent; its keepers then kill their trees
     if os.getppid() != args.agent_pid:
         os._exit(1)
     sock = socket.socket(fileno=args.control_fd)
-    from .standby import preload
+    from .standby import preload, warm_compiler
     preload(Path(args.cache_dir))
+    if args.warm_compiler:
+        warm_compiler()
     unsafe = fork_unsafe()
     sock.send(json.dumps({"unsafe": unsafe} if unsafe else {"ready": os.getpid()}).encode())
     if unsafe is None:
