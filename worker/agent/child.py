@@ -27,7 +27,7 @@ def describe_exit(returncode: int) -> tuple[Optional[int], Optional[str], str]:
     return returncode, None, f"exited with code {returncode}"
 
 
-def _read_line(fd: int) -> str:
+def read_line(fd: int) -> str:
     out = b""
     while not out.endswith(b"\n"):
         chunk = os.read(fd, 256)
@@ -122,7 +122,7 @@ class Supervised:
         finally:
             os.close(pid_w)
         try:
-            line = await loop.run_in_executor(None, _read_line, pid_r)
+            line = await loop.run_in_executor(None, read_line, pid_r)
         finally:
             os.close(pid_r)
         if not line.strip().isdigit():

@@ -19,6 +19,7 @@ from collections import deque
 from pathlib import Path
 from typing import Optional
 
+from worker.agent.child import read_line
 from worker.agent.keeper import AGENT_PID_ENV, TAG_ENV, TAG_ROOM
 
 log = logging.getLogger("tokenpulse.agent")
@@ -48,16 +49,6 @@ async def _pipe_reader(fd: int) -> asyncio.StreamReader:
     await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
                                                        os.fdopen(fd, "rb", 0))
     return reader
-
-
-def _read_line(fd: int) -> str:
-    out = b""
-    while not out.endswith(b"\n"):
-        chunk = os.read(fd, 256)
-        if not chunk:
-            break
-        out += chunk
-    return out.decode(errors="replace")
 
 
 class Zygote:
@@ -139,7 +130,7 @@ class Zygote:
             for fd in (out_w, err_w, pid_w):
                 os.close(fd)
         try:
-            line = await loop.run_in_executor(None, _read_line, pid_r)
+            line = await loop.run_in_executor(None, read_line, pid_r)
         finally:
             os.close(pid_r)
         proc = ForkedProcess(keeper, await _pipe_reader(out_r), await _pipe_reader(err_r))
