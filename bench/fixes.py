@@ -65,7 +65,7 @@ class Bench:
         if self.agent is not None:
             self.agent.terminate()
             self.agent.wait(60)
-        # a warm standby (worker/agent/warm.py) as a real agent keeps: the relaunch starts in it
+        # the zygote a real agent keeps (worker/agent/warm.py): the relaunch is forked from it
         self.agent = self.srv.start_agent(name, "--allow-commands", env={"TOKENPULSE_WARM_START": "1", **(env or {})})
         wait("agent online", lambda: any(a["state"] == "online" and a["name"] == name
                                          for a in self.c.get("/api/agents").json()), 60)

@@ -1,12 +1,11 @@
 """Start latency of tokenpulse's own training process, on a real server and agent: from the claim (the
 attempt's start) to the training process's first log line, and to its first optimizer step, for a few
 tiny jobs in a row (the builtin tiny Llama, the demo data, CPU), side by side: an agent started with
---no-warm-start (each job a new process) and agents keeping a warm standby (worker/agent/warm.py:
-the job's process has its imports done): `warm`, each job claimed once the standby is idle (an agent
-waiting for work, a fix's relaunch after a long attempt), and `warm-b2b`, the jobs back to back (the
-next standby is still importing when the next job comes: goal < 1 s to the first log line for
-`warm`). Beside them, what a fresh Python spends importing before
-it can say anything (each import line in a new process, best of 3): what the standby takes off.
+--no-warm-start (each job a new process) and agents keeping a zygote (worker/agent/warm.py: each
+job's process forked from one that has its imports done): `warm`, each job claimed once the zygote is
+idle (an agent waiting for work, a fix's relaunch after a long attempt), and `warm-b2b`, the jobs back
+to back (goal < 1 s to the first log line). Beside them, what a fresh Python spends importing before
+it can say anything (each import line in a new process, best of 3): what the zygote takes off.
 
     python bench/start_latency.py [--jobs 3]
 """
@@ -42,13 +41,13 @@ def import_cost(code: str) -> float:
     return best
 
 
-def standby_idle(agent_pid: int) -> bool:
-    """The agent's standby waits on its assignment pipe (its imports done)."""
+def zygote_idle(agent_pid: int) -> bool:
+    """The agent's zygote waits for requests (its imports done)."""
     for d in Path("/proc").iterdir():
         try:
-            if d.name.isdigit() and b"--standby" in (d / "cmdline").read_bytes() and \
-                    f"TOKENPULSE_AGENT_PID={agent_pid}".encode() in (d / "environ").read_bytes() and \
-                    "pipe" in (d / "wchan").read_text():
+            if d.name.isdigit() and b"worker.training.zygote" in (d / "cmdline").read_bytes() and \
+                    (d / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(agent_pid) and \
+                    "poll" in (d / "wchan").read_text():
                 return True
         except OSError:
             continue
@@ -90,7 +89,7 @@ def main(argv=None) -> int:
                     runs[how] = []
                     for n in range(args.jobs):
                         if how == "warm" or (how == "warm-b2b" and n == 0):
-                            wait_for(lambda: standby_idle(agent.pid), 120, "the warm agent's standby idle")
+                            wait_for(lambda: zygote_idle(agent.pid), 120, "the warm agent's zygote idle")
                         runs[how].append(one_job(c, srv, n))
                     agent.terminate()
                     agent.wait(60)
