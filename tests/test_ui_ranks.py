@@ -20,6 +20,9 @@ def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
         d.get(f"{server.url}/jobs/{jid}")
         until(d, 30, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#ranks:not([hidden]) #ranks-body tr")) == 2,
               "two rank rows on the job page")
+        # each row once its live columns have values (a rank's last-progress age comes with its first beat)
+        until(d, 30, lambda d: all("ago" in r[7] and r[4] != "–" for r in cells(d, "#ranks-body tr")),
+              "each rank's step and last-progress age")
         rows = cells(d, "#ranks-body tr")
         assert [r[0] for r in rows] == ["0", "1"]
         assert [r[2] for r in rows] == [str(x["pid"]) for x in rest]

@@ -224,6 +224,8 @@ class Supervised:
     async def stop(self, sig: int, grace_s: float) -> None:
         """Ask politely (sig), then SIGKILL the whole tree after grace_s. The agent's SIGTERM is
         always a cancel (or a stop): announced first, so it is not taken for a preemption."""
+        if self.proc is None:  # still starting (a zygote importing): the job run stops it once started
+            return
         if sig == signal.SIGTERM:
             self.announce_cancel()
         self.signal(sig)

@@ -136,8 +136,10 @@ class JobRunner:
                                               failure=Failure.CRASH).model_dump(exclude_none=True))
             self.finish(claim.job_id)
             return
-        finally:  # the next job's standby, once this one is past its start
+        finally:  # the zygote, if there is none, once this job is past its start
             self.warm.refill_when(lambda: rj.detector.step is not None or claim.job_id not in self.jobs)
+        if rj.requested == Requested.CANCEL:  # asked while it started (stop() had no process yet)
+            asyncio.create_task(rj.process.stop(signal.SIGTERM, self.grace_s))
         self.watch(rj)
 
     async def start_command(self, claim: Claim, spec: CommandSpec, job_dir: Path) -> None:

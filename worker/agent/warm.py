@@ -157,7 +157,7 @@ class WarmStart:
     def refill_when(self, settled: Callable[[], bool], limit_s: float = 120.0) -> None:
         """The zygote, if there is none, once `settled()` (the job just started plainly is past its
         own start: its first step, or its end), or limit_s on: its imports would take that start's CPU."""
-        if self.zygote is not None or self.off:
+        if self.zygote is not None or self.off or self.lazy:  # lazy: only a job it can serve starts it
             return
 
         async def later() -> None:
