@@ -38,7 +38,9 @@ def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
         shot(d, "job-ranks-running")
         c.post(f"/api/jobs/{jid}/cancel")
         assert server.wait_job(jid, timeout=60)["state"] == "cancelled"
-        exits = [x["exit"] for x in c.get(f"/api/jobs/{jid}/ranks").json()]
+        # each rank's exit is stored as its own event comes in (on a busy machine, after the job's state)
+        exits = wait_for(lambda: (lambda e: e if None not in e and "–" not in e else None)(
+            [x["exit"] for x in c.get(f"/api/jobs/{jid}/ranks").json()]), 60, "each rank's exit")
         assert exits == ["cancelled", "cancelled"], exits
         until(d, 30, lambda d: [r[9] for r in cells(d, "#ranks-body tr")] == exits,
               "each rank's exit on the job page once the job ended")
