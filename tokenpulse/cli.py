@@ -795,9 +795,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="load checkpoints to resume from only under DIR (repeatable; default: the work "
                         "dir's parent). Put a shared checkpoint filesystem here to resume across machines")
     p.add_argument("--no-warm-start", action="store_true",
-                   help="keep no warm standby (a training process with torch and transformers imported, "
-                        "~0.5 GB idle) for the next job: each job's process starts plainly (also "
-                        "TOKENPULSE_WARM_START=0)")
+                   help="keep no zygote (a process with torch and transformers imported, ~0.5 GB, that "
+                        "each job's training process is forked from): each starts plainly, importing "
+                        "them again (also TOKENPULSE_WARM_START=0; =lazy starts it on the first job)")
     p.add_argument("--slurm", action="store_true",
                    help="run each claimed job as a Slurm batch job (sbatch/srun) instead of here: start it where "
                         "sbatch works; its work dir must be on storage the compute nodes share")
