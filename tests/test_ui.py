@@ -101,6 +101,14 @@ def cells(d, row_css: str, cell: str = "td") -> list[list[str]]:
         ".map(c => c.innerText.trim()))", row_css, cell)
 
 
+def texts(d, css: str, shown: bool = False) -> list[str]:
+    """The text of every element matching css (only those on screen: shown), read in one step in the
+    page (see attr: a live list re-renders between a find and a read)."""
+    return d.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].filter(e => !arguments[1] || "
+        "e.getClientRects().length).map(e => e.innerText.trim())", css, shown)
+
+
 def text(d, css: str) -> str:
     els = d.find_elements(By.CSS_SELECTOR, css)
     return els[0].text if els else ""

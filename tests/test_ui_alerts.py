@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
-from test_ui import browser, console_errors, login, shot, text, until  # noqa: F401 (browser is a fixture)
+from test_ui import browser, console_errors, login, shot, text, texts, until  # noqa: F401 (browser is a fixture)
 from test_ui_pages import fake_agent, pytestmark  # noqa: F401 (skipped without chromium)
 
 
 def alert_rows(d) -> list[str]:
-    return [r.find_element(By.CSS_SELECTOR, ".kind").text for r in d.find_elements(By.CSS_SELECTOR,
-                                                                                   "#alerts-body tr[data-alert]")]
+    return texts(d, "#alerts-body tr[data-alert] .kind")
 
 
 def test_alerts_page_filters_badge_and_a_rule_added_in_the_browser(server, browser):

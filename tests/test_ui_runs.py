@@ -10,7 +10,7 @@ import httpx
 import pytest
 from conftest import make_server
 from selenium.webdriver.common.by import By
-from test_ui import attr, browser, console_errors, login, shot, text, until  # noqa: F401 (browser: a fixture)
+from test_ui import attr, browser, cells, console_errors, login, shot, text, texts, until  # noqa: F401 (browser: a fixture)
 from test_ui_job import js, post_events
 
 LRS = [1e-4, 2e-4, 3e-4, 4e-4, 5e-4]
@@ -50,8 +50,7 @@ def test_compare_five_runs_any_metric_stable_colours(runs, browser):
     until(d, 10, lambda d: js(d, "const u = TPCMP.charts['chart-cmp-eval_loss']; return u ? u.series.length : 0") == 6,
           "five eval-loss curves")
     # the settings that differ: the learning rate, one column per run
-    rows = {r.find_element(By.TAG_NAME, "th").text: [td.text for td in r.find_elements(By.TAG_NAME, "td")]
-            for r in d.find_elements(By.CSS_SELECTOR, "#compare-diff tbody tr.diff")}
+    rows = {r[0]: r[1:] for r in cells(d, "#compare-diff tbody tr.diff", "th, td")}
     assert list(rows) == ["learning_rate"], rows
     assert rows["learning_rate"] == [str(lr) for lr in LRS], rows
     # pick grad_norm: a chart of its own, and the choice is kept
@@ -94,7 +93,7 @@ def test_jobs_list_column_picker_sort_and_filter(runs, browser):
     d.find_element(By.CSS_SELECTOR, "#col-picker summary").click()
 
     def column(c):
-        return [td.text for td in d.find_elements(By.CSS_SELECTOR, f"#jobs-body td[data-col='{c}']")]
+        return texts(d, f"#jobs-body td[data-col='{c}']")
     until(d, 10, lambda d: len(column("last:eval/loss")) == 5, "the eval loss column")
     assert column("spec:learning_rate") == [str(lr) for lr in reversed(LRS)]  # newest first
     # the filter box lives through re-renders (sorting, live updates): typing in it is never lost
@@ -124,7 +123,7 @@ def test_job_page_metric_picker_remembered(runs, browser):
     until(d, 20, lambda d: d.find_elements(By.CSS_SELECTOR, "#panel-add option[value='eval/loss']"),
           "the metric picker")
     # the section links: only to sections this job shows (one process: no rank table)
-    shown = lambda d: [a.text for a in d.find_elements(By.CSS_SELECTOR, "#jump a") if a.is_displayed()]  # noqa: E731
+    shown = lambda d: texts(d, "#jump a", shown=True)  # noqa: E731
     until(d, 10, shown, "the section links")
     links = shown(d)
     assert {"Overview", "Charts", "Log"} <= set(links) and "Ranks" not in links, links

@@ -146,7 +146,7 @@
       return (typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y), undefined, { numeric: true })) * view.dir;
     };
   }
-  let shownPicks = null, shownFilters = null;
+  let shownPicks = null, shownFilters = null, shownHead = null;
   // ~90 settings and metrics: the picker's search box shows the ones whose name holds the text
   function findColumns() {
     const q = $("col-search").value.trim().toLowerCase();
@@ -174,12 +174,15 @@
       TP.el("h3", { text: "Settings" }), ...[...specKeys].sort().filter((k) => k !== "name").map((k) => opt(`spec:${k}`)));
       findColumns(); }
     const head = $("jobs-head"), filters = $("jobs-filters");
-    head.querySelectorAll("th.picked").forEach((th) => th.remove());
     const filterCols = view.cols.join("\n");
     if (filterCols !== shownFilters) { shownFilters = filterCols; filters.replaceChildren(TP.el("th", { colspan: 13, class: "filter-note", text: view.cols.length ? "Filter (>0.001, <5, =3 or text):" : "" }),
       ...view.cols.map((c) => TP.el("th", { class: "picked" }, TP.el("input", { type: "search", class: "col-filter", "data-col": c, value: view.filters[c] || "",
         "aria-label": `Filter on ${colLabel(c)}`, oninput: (e) => { view.filters[c] = e.target.value; saveView(); renderBody(); reload(300); } })))); }
     filters.hidden = !view.cols.length;
+    const headKey = JSON.stringify([view.cols, view.sort, view.dir]);
+    if (headKey === shownHead) return; // the sort buttons stay under the user's hand through live updates
+    shownHead = headKey;
+    head.querySelectorAll("th.picked").forEach((th) => th.remove());
     head.append(...view.cols.map((c) => TP.el("th", { class: "r picked", "data-col": c, "aria-sort": view.sort === c ? (view.dir > 0 ? "ascending" : "descending") : "none" },
       TP.el("button", { type: "button", class: "sort", title: "Sort by this column", onclick: () => {
         if (view.sort === c) view.dir = -view.dir; else { view.sort = c; view.dir = 1; }
