@@ -7,6 +7,7 @@ the next attempt without measuring again.
 """
 from __future__ import annotations
 
+import json
 import types
 
 import numpy as np
@@ -14,7 +15,8 @@ import pytest
 import torch
 from test_training import Recorder, quick_spec, tiny_llama
 
-from worker.training import headcache, losshead
+from tokenpulse.protocol import JobSpec
+from worker.training import losshead, precision
 from worker.training.controls import Controls
 from worker.training.errors import EXIT_OK
 from worker.training.packing import Layout, collate, epoch_steps
@@ -77,7 +79,7 @@ def test_a_kept_measurement_is_taken_without_measuring_again(tmp_path):
     cache = tmp_path / "cache"
     fused, why, meas = losshead.choose(tiny_llama(300), "fp32", CPU, wanted="on", cache_dir=cache)
     assert fused and meas["loss_head_measured"] is True, why
-    assert len(list((cache / headcache.DIR).glob("*.json"))) == 1
+    assert len(list((cache / losshead.KEPT_AS).glob("*.json"))) == 1
 
     model = tiny_llama(300, seed=1)  # other weights, same shape: the relaunch's model
     backwards = []
@@ -89,7 +91,7 @@ def test_a_kept_measurement_is_taken_without_measuring_again(tmp_path):
     assert not fused and "too short" in why
     assert backwards == []  # nothing was timed: the measurement is what the kept file saves
     # what the choice depends on is in its key: another precision or model shape is measured afresh
-    assert len({headcache.key(m.config, "LlamaForCausalLM", p, CPU)
+    assert len({losshead.head_key(m.config, "LlamaForCausalLM", p, CPU)
                 for m, p in ((model, "fp32"), (model, "bf16"), (tiny_llama(301), "fp32"))}) == 3
 
 
@@ -106,6 +108,22 @@ def test_a_session_trains_with_the_compiled_head_and_its_next_attempt_keeps_the_
         runs.append([d["values"]["loss"] for k, d in em.events if k == "metrics" and "loss" in d["values"]])
     assert len(runs[0]) == 6 and all(np.isfinite(runs[0]))
     assert runs[1] == pytest.approx(runs[0], rel=1e-6)  # the kept choice trains exactly as the measured one
+
+
+def test_a_kept_cpu_precision_choice_is_taken_by_the_next_attempt(tmp_path):
+    """CPU precision=auto times bf16 against fp32 once per matmul shape on this machine: the next
+    attempt takes the kept ratio (the same choice, so the same loss-head key) without timing again."""
+    cache, spec = tmp_path / "cache", JobSpec(precision="auto")
+    p, why, meas = precision.pick_precision(spec, CPU, 64, cache)
+    assert p in ("bf16", "fp32") and meas["precision_measured"] is True and why.startswith("measured"), why
+    [kept] = (cache / precision.KEPT_AS).glob("*.json")
+    assert json.loads(kept.read_text()) == {"bf16_speedup": meas["bf16_speedup"]}
+    kept.write_text(json.dumps({"bf16_speedup": 9.5}))  # what the next attempt reads, not a new timing
+    again, why2, meas2 = precision.pick_precision(spec, CPU, 64, cache)
+    assert (again, meas2) == ("bf16", {"bf16_speedup": 9.5, "precision_measured": False})
+    assert why2 == "kept from an earlier measurement on this machine: bf16 matmul 9.5x faster than fp32 on this CPU"
+    _, _, meas3 = precision.pick_precision(spec, CPU, 128, cache)  # another width: another shape, timed
+    assert meas3["precision_measured"] is True and len(list(kept.parent.glob("*.json"))) == 2
 
 
 def test_packed_steps_waste_under_one_percent_on_cpu():

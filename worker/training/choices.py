@@ -5,6 +5,7 @@ this decides the shape they run with. Rank 0 chooses; the session broadcasts its
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -24,9 +25,11 @@ TRUNCATION_ALERT_FRAC = 0.01  # more examples cut than this is an alert, not jus
 
 
 class Choices:
-    def __init__(self, spec: JobSpec, em, model, tokenizer, device, cfg, state_in: Optional[dict]):
+    def __init__(self, spec: JobSpec, em, model, tokenizer, device, cfg, state_in: Optional[dict],
+                 cache_dir: Optional[Path] = None):
         self.spec, self.em, self.model, self.tokenizer, self.device = spec, em, model, tokenizer, device
         self.cfg, self.state_in = cfg, state_in  # the model's config; the checkpoint resumed from
+        self.cache_dir = cache_dir  # where measured choices are kept for the next attempt (kept.py)
 
     def model_max(self) -> Optional[int]:
         for k in ("max_position_embeddings", "n_positions", "max_sequence_length"):
@@ -149,7 +152,8 @@ class Choices:
                 return asked
             self.em.info(precision=p, reason="same as the run being resumed")
             return p
-        p, why, meas = pick_precision(self.spec, self.device, getattr(self.cfg, "hidden_size", 256))
+        p, why, meas = pick_precision(self.spec, self.device, getattr(self.cfg, "hidden_size", 256),
+                                      self.cache_dir)
         self.em.info(precision=p, reason=why, **meas)
         return p
 

@@ -1,12 +1,13 @@
-"""The loss head's measurement (losshead.py), kept on disk in the agent's cache dir, so the next
-attempt of a job (a fix's relaunch, a retry) and the next job of the same model shape on this machine
-take the choice without compiling and timing both paths again (4-30 s on a small CPU; inductor's own
-cache keeps the compiled kernels).
+"""Measurements kept on disk in the agent's cache dir, so the next attempt of a job (a fix's relaunch,
+a retry) and the next job of the same shape on this machine take a measured choice without measuring
+again: the loss head's compile-or-not (losshead.py: 4-30 s of compiling and timing on a small CPU;
+inductor's own cache keeps the kernels) and CPU precision (precision.py: a few seconds of timing,
+whose bf16/fp32 verdict can flip on a noisy machine and so change every later key).
 
-One small JSON file per key, the key everything the measurement depends on: the model's config and
-class, the precision, the device (and the GPU's name), the torch threads, the host, torch's and
-transformers' versions. Written whole (os.replace): a job reading beside another never sees half a
-file. A file that cannot be read or written is a miss (the measurement runs, as without a cache)."""
+One small JSON file per kind and key, the key everything the measurement depends on plus the host,
+the torch threads and torch's and transformers' versions. Written whole (os.replace): a job reading
+beside another never sees half a file. A file that cannot be read or written is a miss (the
+measurement runs, as without a cache)."""
 from __future__ import annotations
 
 import hashlib
@@ -19,32 +20,31 @@ from typing import Optional
 import torch
 import transformers
 
-DIR = "losshead"  # under the cache dir
 
-
-def key(config, classes: str, precision: str, device: torch.device) -> str:
-    cfg = config.to_dict()
-    cfg.pop("_name_or_path", None)  # where the weights came from does not change the speed
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    parts = {"config": cfg, "class": classes, "precision": precision, "device": device.type,
-             "gpu": gpu, "threads": torch.get_num_threads(), "host": socket.gethostname(),
-             "torch": torch.__version__, "transformers": transformers.__version__}
+def key(**parts) -> str:
+    """A digest of what a measurement depends on, plus what every measurement here depends on."""
+    parts.update(host=socket.gethostname(), threads=torch.get_num_threads(),
+                 torch=torch.__version__, transformers=transformers.__version__)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def load(cache_dir: Optional[Path], k: str) -> Optional[dict]:
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def load(cache_dir: Optional[Path], kind: str, k: str) -> Optional[dict]:
     if cache_dir is None:
         return None
     try:
-        return json.loads((Path(cache_dir) / DIR / f"{k}.json").read_text())
+        return json.loads((Path(cache_dir) / kind / f"{k}.json").read_text())
     except (OSError, ValueError):
         return None
 
 
-def save(cache_dir: Optional[Path], k: str, measured: dict) -> None:
+def save(cache_dir: Optional[Path], kind: str, k: str, measured: dict) -> None:
     if cache_dir is None:
         return
-    d = Path(cache_dir) / DIR
+    d = Path(cache_dir) / kind
     tmp = d / f".{k}.{os.getpid()}.tmp"
     try:
         d.mkdir(parents=True, exist_ok=True)

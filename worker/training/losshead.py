@@ -12,7 +12,7 @@ Checked, not assumed, before it is used (`choose`):
   2. the compiled loss equals the eager one on a sample micro-batch (a compiler or toolchain
      problem, e.g. no C compiler for the CPU backend, keeps the stock path);
   3. forward+backward is measured faster on this device.
-The measurement is kept in the agent's cache dir (headcache.py): a relaunch, a retry or the next job
+The measurement is kept in the agent's cache dir (kept.py): a relaunch, a retry or the next job
 of the same model shape on this machine takes it as it is, with no compiling or timing before its
 first step (an attempt's first step then compiles the kept choice alone, from inductor's cache).
 
@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import headcache
+from . import kept as keep
 from .packing import IGNORE
 from .precision import autocast
 
@@ -166,13 +166,22 @@ def _measure(model, precision: str, device: torch.device, batch: dict, eager_s: 
             "probe": list(batch["input_ids"].shape)}, ""
 
 
+KEPT_AS = "losshead"  # kept.py's kind: the directory under the cache dir
+
+
+def head_key(config, classes: str, precision: str, device: torch.device) -> str:
+    cfg = config.to_dict()
+    cfg.pop("_name_or_path", None)  # where the weights came from does not change the speed
+    return keep.key(config=cfg, classes=classes, precision=precision, device=keep.device_name(device))
+
+
 def choose(model, precision: str, device: torch.device, wanted: str = "auto",
            planned_tokens: Optional[int] = None, probe_tokens: int = 2048,
            cache_dir: Optional[Path] = None) -> tuple[bool, str, dict]:
     """Decide (and remember for `loss_model`) whether `model` trains with the compiled head+loss.
     wanted: auto (where it repays compiling and is measured faster), on (wherever it is correct),
     off. planned_tokens: the run's tokens, to tell whether compiling can pay for itself. cache_dir:
-    where the measurement is kept for the next attempt (headcache.py); a kept one is taken as it is.
+    where the measurement is kept for the next attempt (kept.py); a kept one is taken as it is.
     Returns (fused, reason, measurements)."""
     _fused[model] = False
     if wanted == "off":
@@ -181,8 +190,8 @@ def choose(model, precision: str, device: torch.device, wanted: str = "auto",
     if not ok:
         return False, f"eager output head and loss: {why}", {}
     lm, _, _ = _parts(model)
-    key = headcache.key(lm.config, f"{type(model).__name__}/{type(lm).__name__}", precision, device)
-    kept = headcache.load(cache_dir, key)
+    key = head_key(lm.config, f"{type(model).__name__}/{type(lm).__name__}", precision, device)
+    kept = keep.load(cache_dir, KEPT_AS, key)
     model.train()
     if kept is None:
         batch = _sample(model, device, max(1, probe_tokens // 256), 256)
@@ -199,7 +208,7 @@ def choose(model, precision: str, device: torch.device, wanted: str = "auto",
         kept, why = _measure(model, precision, device, batch, eager_s, eager_loss)
         if kept is None:
             return False, f"eager output head and loss: {why}", {}
-        headcache.save(cache_dir, key, kept)
+        keep.save(cache_dir, KEPT_AS, key, kept)
         measured, how = True, "measured now"
     else:
         measured, how = False, "kept from an earlier measurement on this machine"

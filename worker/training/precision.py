@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from pathlib import Path
+from typing import Optional
 
 import torch
 
 from tokenpulse.errors import SpecError
 from tokenpulse.protocol import JobSpec
+
+from . import kept as keep
+
+KEPT_AS = "precision"  # kept.py's kind: the CPU's bf16 measurement per matmul shape
 
 
 def pick_device(spec: JobSpec) -> tuple[torch.device, str]:
@@ -44,8 +50,11 @@ def measure_peak_flops(dtype: torch.dtype, device: torch.device) -> float:
     return 2 * n ** 3 / s
 
 
-def pick_precision(spec: JobSpec, device: torch.device, hidden: int) -> tuple[str, str, dict]:
-    """(precision, reason, measurements). CPU: bf16 only where a matmul shaped like the model's is faster."""
+def pick_precision(spec: JobSpec, device: torch.device, hidden: int,
+                   cache_dir: Optional[Path] = None) -> tuple[str, str, dict]:
+    """(precision, reason, measurements). CPU: bf16 only where a matmul shaped like the model's is
+    faster; the ratio is kept in cache_dir (kept.py), so a relaunch or the next job of that width
+    takes the same choice (and the same loss-head key) instead of timing again."""
     want = spec.precision
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 leftovers (e.g. the loss) run on tensor cores
@@ -63,16 +72,22 @@ def pick_precision(spec: JobSpec, device: torch.device, hidden: int) -> tuple[st
         return want, "asked for", {}
     # Shape like one MLP matmul of a few thousand tokens: what training spends its time on.
     n, k, m = 2048, max(hidden, 64), max(4 * hidden, 256)
-    try:
-        f32 = min(_time_matmul(n, k, m, torch.float32, device, 5) for _ in range(2))
-        b16 = min(_time_matmul(n, k, m, torch.bfloat16, device, 5) for _ in range(2))
-    except RuntimeError as e:
-        return "fp32", f"bf16 autocast unavailable on this CPU ({e})", {}
-    ratio = f32 / b16
-    meas = {"bf16_speedup": round(ratio, 2)}
+    key = keep.key(matmul=[n, k, m], device=keep.device_name(device))
+    kept = keep.load(cache_dir, KEPT_AS, key)
+    how = "kept from an earlier measurement on this machine" if kept else "measured"
+    if kept is None:
+        try:
+            f32 = min(_time_matmul(n, k, m, torch.float32, device, 5) for _ in range(2))
+            b16 = min(_time_matmul(n, k, m, torch.bfloat16, device, 5) for _ in range(2))
+        except RuntimeError as e:
+            return "fp32", f"bf16 autocast unavailable on this CPU ({e})", {}
+        kept = {"bf16_speedup": round(f32 / b16, 2)}
+        keep.save(cache_dir, KEPT_AS, key, kept)
+    ratio = kept["bf16_speedup"]
+    meas = {"bf16_speedup": ratio, "precision_measured": how == "measured"}
     if ratio >= 1.2:
-        return "bf16", f"measured bf16 matmul {ratio:.1f}x faster than fp32 on this CPU", meas
-    return "fp32", f"measured bf16 matmul only {ratio:.2f}x fp32 on this CPU: not worth the precision", meas
+        return "bf16", f"{how}: bf16 matmul {ratio:.1f}x faster than fp32 on this CPU", meas
+    return "fp32", f"{how}: bf16 matmul only {ratio:.2f}x fp32 on this CPU, not worth the precision", meas
 
 
 def autocast(device: torch.device, precision: str):

@@ -73,7 +73,8 @@ class Session:
         em.info(model=spec.model, params=total, trainable_params=trainable, architecture=cfg.model_type,
                 attn_implementation=getattr(cfg, "_attn_implementation", None))
         em.phase(Phase.LOADING_MODEL, done=1, total=1, detail=f"{total:,} parameters")
-        self.choices = Choices(spec, em, self.model, self.tokenizer, self.device, cfg, self.state_in)
+        self.choices = Choices(spec, em, self.model, self.tokenizer, self.device, cfg, self.state_in,
+                               self.cache_dir)
 
     def _eval_split(self, data: Optional[Tokenized]) -> Optional[Tokenized]:
         """Set self.eval_data (evaluation.split_eval); returns the training examples."""
