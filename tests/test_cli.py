@@ -34,10 +34,11 @@ def job_of(server, jid: int) -> dict:
 
 
 def test_demo_runs_and_follows_to_the_saved_model(agent_server):
-    out = ok(cli(agent_server, "demo", timeout=600))
+    out = ok(cli(agent_server, "demo", "--steps", "30", timeout=600))
     assert "demo job 1 queued" in out, out
     assert "job 1 completed" in out and "model saved in" in out, out
-    assert job_of(agent_server, 1)["state"] == "completed"
+    job = job_of(agent_server, 1)
+    assert job["state"] == "completed" and job["step"] == 30 and job["spec"]["max_steps"] == 30, job
 
 
 def test_submit_example_with_set_and_follow(agent_server, tmp_path):

@@ -278,7 +278,7 @@ def print_warnings(console, job: dict) -> None:
 
 def cmd_demo(args) -> int:
     try:
-        job = client(args).submit({"name": "demo"})
+        job = client(args).submit({"name": "demo", **({"max_steps": args.steps} if args.steps is not None else {})})
     except ApiError as e:
         return report_error(e)
     _console().print(f"demo job [bold]{job['id']}[/] queued: {client(args).url}/jobs/{job['id']}")
@@ -839,6 +839,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     p = sub.add_parser("demo", help="submit the built-in demo job and watch it")
     p.add_argument("--no-follow", action="store_true")
+    p.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default 200, about 20 s on 2 CPU cores)")
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("watch", help="follow a job until it ends")
