@@ -5,7 +5,9 @@ metrics) are reported to the study and the pruner asked (a pruned trial's job is
 reason naming the step and the pruner); trials whose jobs ended are told (completed: the objective's
 last point; never reported: failed, saying so; failed or cancelled: failed with the job's reason);
 then new trials are asked for while the budget and the parallel limit allow. A pass runs every
-second, and at once when ingest stores points or a state for a trial (`wake`, after the commit).
+second while a sweep is active (every 10 s while none is), and at once when
+ingest stores points or a state for a trial (`wake`, after the commit) or this process takes a sweep
+(`poke`; one submitted to another server process is seen within 10 s).
 
 All writes go through the writer thread (db.write), one transaction per sweep per pass; Optuna's own
 calls run here, off the writer. If a write fails, the sweep's study is dropped and rebuilt from the
@@ -35,6 +37,7 @@ from tokenpulse.sweep_spec import SweepSpec
 
 log = logging.getLogger("tokenpulse.sweeps")
 PASS_EVERY_S = 1.0
+IDLE_PASS_EVERY_S = 10.0  # no active sweep: no reason to read the table every second
 ACTIVE_SWEEP = ("running", "paused")
 
 
@@ -65,6 +68,7 @@ class SweepEngine:
         self.runtimes: dict[int, Runtime] = {}
         self.trial_jobs: set[int] = set()  # jobs of running trials: what `wake` listens for
         self._wake = asyncio.Event()
+        self.active = True  # the last pass found an active sweep (a first pass runs within a second)
 
     def wake(self, job_ids: Iterable[int]) -> None:
         """From ingest, after the commit: a trial's points or state arrived; cheap for other jobs."""
@@ -83,7 +87,7 @@ class SweepEngine:
     async def run(self, lock=None) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), PASS_EVERY_S)
+                await asyncio.wait_for(self._wake.wait(), PASS_EVERY_S if self.active else IDLE_PASS_EVERY_S)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
@@ -99,6 +103,7 @@ class SweepEngine:
     async def pass_once(self) -> None:
         with self.tp.db.read() as s:
             sweeps = list(s.scalars(select(Sweep).where(Sweep.state.in_(ACTIVE_SWEEP))))
+        self.active = bool(sweeps)
         for gone in set(self.runtimes) - {sw.id for sw in sweeps}:
             del self.runtimes[gone]
         jobs: set[int] = set()
