@@ -17,7 +17,8 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import wait_for
+import pytest
+from conftest import command_agent_server, wait_for
 from test_instrument import SCRIPTS, tiny_model  # noqa: F401  (the module-scoped model fixture)
 
 from tokenpulse import run
@@ -30,6 +31,13 @@ PY = sys.executable
 LOOP = SCRIPTS / "any_loop.py"
 SHARD_LINE = next(i for i, line in enumerate(LOOP.read_text().splitlines(), 1) if "time.sleep(1)" in line)
 STALL = {"floor_s": 3, "factor": 5, "first_step_s": 120, "phase_s": 120}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    """One server and command agent for the module: each test checks only the job it submitted (and
+    cancels or finishes it before the next)."""
+    yield from command_agent_server(tmp_path_factory, "any-script")
 
 
 def submit(c, tmp: Path, argv: list[str], **spec) -> int:
@@ -59,9 +67,7 @@ def silent_and_timeout(message: str) -> tuple[float, float]:
     return float(m.group(1)), float(m.group(2))
 
 
-def test_a_plain_loop_reports_steps_tokens_anatomy_and_its_blocked_data_function(server_factory, tmp_path):
-    srv = server_factory()
-    srv.start_agent("cmd", "--allow-commands")
+def test_a_plain_loop_reports_steps_tokens_anatomy_and_its_blocked_data_function(srv, tmp_path):
     with srv.client() as c:
         jid = submit(c, tmp_path, [PY, str(LOOP), "--steps", "100000", "--block-at", "120"], stall=STALL)
         a = stalled(c, jid, 180)
@@ -80,9 +86,7 @@ def test_a_plain_loop_reports_steps_tokens_anatomy_and_its_blocked_data_function
         assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
 
 
-def test_an_accelerate_loop_counts_optimizer_steps_not_micro_batches(server_factory, tmp_path):
-    srv = server_factory()
-    srv.start_agent("cmd", "--allow-commands")
+def test_an_accelerate_loop_counts_optimizer_steps_not_micro_batches(srv, tmp_path):
     with srv.client() as c:
         jid = submit(c, tmp_path, [PY, str(LOOP), "--accelerate", "--accum", "2", "--steps", "100000",
                                    "--block-at", "100"], stall=STALL)
@@ -95,9 +99,7 @@ def test_an_accelerate_loop_counts_optimizer_steps_not_micro_batches(server_fact
         assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
 
 
-def test_a_torchrun_ddp_script_shows_each_ranks_anatomy_and_names_the_blocked_rank(server_factory, tmp_path):
-    srv = server_factory()
-    srv.start_agent("cmd", "--allow-commands")
+def test_a_torchrun_ddp_script_shows_each_ranks_anatomy_and_names_the_blocked_rank(srv, tmp_path):
     with srv.client() as c:
         jid = submit(c, tmp_path, [PY, str(LOOP), "--ddp", "--steps", "100000", "--block-at", "100",
                                    "--block-rank", "1"], nproc_per_node=2, stall=STALL)
@@ -115,10 +117,8 @@ def test_a_torchrun_ddp_script_shows_each_ranks_anatomy_and_names_the_blocked_ra
         assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
 
 
-def test_a_trainer_whose_collator_deadlocks_is_alerted_although_tqdm_redraws_its_bar(server_factory, tiny_model,  # noqa: F811
+def test_a_trainer_whose_collator_deadlocks_is_alerted_although_tqdm_redraws_its_bar(srv, tiny_model,  # noqa: F811
                                                                                      tmp_path):
-    srv = server_factory()
-    srv.start_agent("cmd", "--allow-commands")
     root = Path(__file__).resolve().parent.parent
     argv = [PY, str(SCRIPTS / "hf_trainer.py"), "--model", str(tiny_model), "--data",
             str(root / "tokenpulse" / "demo" / "demo.jsonl"), "--out", str(tmp_path / "out"), "--max-steps", "60",
@@ -142,9 +142,7 @@ def test_a_trainer_whose_collator_deadlocks_is_alerted_although_tqdm_redraws_its
         assert srv.wait_job(jid, timeout=60)["state"] == "cancelled"
 
 
-def test_a_healthy_loop_with_slow_evaluations_raises_nothing(server_factory, tmp_path):
-    srv = server_factory()
-    srv.start_agent("cmd", "--allow-commands")
+def test_a_healthy_loop_with_slow_evaluations_raises_nothing(srv, tmp_path):
     with srv.client() as c:
         # each evaluation takes 8 s: longer than the training steps' learned timeout (about 5 s)
         jid = submit(c, tmp_path, [PY, str(LOOP), "--steps", "60", "--eval-every", "30", "--eval-batches", "8",

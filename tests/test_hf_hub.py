@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_server, wait_for
+from tests.conftest import make_server, stop_agents, wait_for
 from tests.hubfixture import HubFixture, tiny_model_files
 from worker.training.data import DEMO_DIR
 
@@ -25,6 +25,7 @@ def hub(tmp_path_factory):
     files = tiny_model_files(tmp_path_factory.mktemp("tinyllama"))
     h.add("models", "tiny/llama", files, info={"config": {"model_type": "llama"}})
     h.add("models", "tiny/private-llama", files, token=SECRET)
+    h.add("models", "tiny/stuck-llama", files)
     h.add("models", "tiny/ships-code", {"config.json": b"{}"},
           info={"config": {"model_type": "custom", "auto_map": {"AutoModelForCausalLM": "modeling.Custom"}}})
     lines = (DEMO_DIR / "demo.jsonl").read_bytes().splitlines(keepends=True)[:200]
@@ -39,19 +40,17 @@ def hub_env(hub) -> dict:
     return env
 
 
-@pytest.fixture
-def hub_server(tmp_path, hub):
-    s = make_server(tmp_path)
+@pytest.fixture(scope="module")
+def hub_server(tmp_path_factory, hub):
+    """One server and agent for the module's jobs (each test checks the jobs it submitted): the
+    agent's training processes fork from its zygote, imported once for all of them. The agent holds
+    the secret that only the private repo's job names."""
+    s = make_server(tmp_path_factory.mktemp("hub-server"))
     s.env = {**hub_env(hub), **{k: v for k, v in s.env.items() if k.startswith("TOKENPULSE_")}}
     s.start()
+    s.start_agent("a1", env={"TOKENPULSE_SECRET_ORG": SECRET})
     yield s
-    for a in s.agents:
-        if a.poll() is None:
-            a.terminate()
-        try:
-            a.wait(20)
-        except subprocess.TimeoutExpired:
-            a.kill()
+    stop_agents(s)
     s.kill()
 
 
@@ -66,7 +65,6 @@ def events(c, job_id, kind):
 
 def test_train_on_hub_model_and_dataset_with_download_progress_and_a_shared_cache(hub_server, hub):
     hub.chunk_delay_s = 0.1  # ~1.5 s for the weights: progress is reported while bytes flow
-    hub_server.start_agent("a1")
     with hub_server.client() as c:
         r = c.post("/api/jobs", json=JOB)
         assert r.status_code == 201, r.text
@@ -109,7 +107,6 @@ def test_unknown_hub_ids_are_a_422_naming_the_field(hub_server):
 
 
 def test_private_repo_with_a_named_secret_and_the_token_never_stored(hub_server, hub):
-    hub_server.start_agent("a1", env={"TOKENPULSE_SECRET_ORG": SECRET})
     with hub_server.client() as c:
         r = c.post("/api/jobs", json={**JOB, "model": "tiny/private-llama", "hub_token_secret": "org"})
         assert r.status_code == 201, r.text
@@ -147,10 +144,10 @@ def test_offline_mode_uses_the_cache_only(tmp_path, hub):
 
 def test_a_stuck_download_raises_a_stall_alert(hub_server, hub):
     hub.chunk_delay_s = 60  # the weights' first 64 KB arrive, then nothing for a minute
-    hub_server.start_agent("a1")
     try:
-        with hub_server.client() as c:
-            r = c.post("/api/jobs", json={**JOB, "stall": {"floor_s": 1, "first_step_s": 4, "factor": 2}})
+        with hub_server.client() as c:  # a model the agent's cache does not hold yet
+            r = c.post("/api/jobs", json={**JOB, "model": "tiny/stuck-llama",
+                                          "stall": {"floor_s": 1, "first_step_s": 4, "factor": 2}})
             job_id = r.json()["id"]
             alerts = wait_for(lambda: [a for a in c.get("/api/alerts", params={"job_id": job_id}).json()
                                        if a["kind"] == "stalled"], 120, "a stalled alert")

@@ -205,11 +205,16 @@ def fetch_model(spec: JobSpec, em) -> Optional[Path]:
     repo = model_repo(spec)
     if repo is None:
         return None
+    if ("model", repo, spec.revision) in _resolved:  # fetched already by this process
+        return _resolved[("model", repo, spec.revision)]
     from huggingface_hub import HfApi
     token = hub_token(spec)
     ignore = list(SKIP_ALWAYS)
     try:  # with safetensors weights present, the pickled copies many repos also carry are skipped
-        files = HfApi().list_repo_files(repo, revision=spec.revision, token=token)
+        # the repo's info lists its files in one request that fails at once when the Hub is
+        # unreachable (list_repo_files retries with backoff: 23 s before the cache could serve)
+        info = HfApi().model_info(repo, revision=spec.revision, token=token)
+        files = [s.rfilename for s in info.siblings or []]
         if any(f.endswith(".safetensors") for f in files):
             ignore += ["*.bin", "*.pt"]
     except Exception:  # noqa: BLE001 -- fetch() below reports the real error with its field
