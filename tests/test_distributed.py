@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import make_server, stop_agents, wait_for
+from conftest import wait_for
 from test_cli import cli, ok
 
 # Both the 1- and the 2-rank run take the same optimizer steps over the same real tokens (fp32, so
@@ -20,26 +20,9 @@ SPEC = {"max_steps": 12, "batch_size": 2, "precision": "fp32", "seed": 3, "torch
         "stall": {"first_step_s": 120}}
 
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # 2 ranks on 2 shared cores
-
-
 @pytest.fixture(autouse=True)
 def _one_thread(monkeypatch):
-    for k, v in ONE_THREAD.items():
-        monkeypatch.setenv(k, v)
-
-
-@pytest.fixture(scope="module")
-def one_agent(tmp_path_factory):
-    """A server and one agent for the tests that each run and check their own single-node job (one at
-    a time): a server, an agent and its zygote started once for all of them."""
-    s = make_server(tmp_path_factory.mktemp("dist"))
-    s.env.update(ONE_THREAD)
-    s.start()
-    s.start_agent("a1")
-    yield s
-    stop_agents(s)
-    s.kill()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # 2 ranks on 2 shared cores
 
 
 def losses(c, job_id: int) -> list[float]:
@@ -64,8 +47,8 @@ def eval_batches(c, job_id: int) -> set[int]:
     return {e["data"]["total"] for e in events if e["data"].get("name") == "evaluating" and e["data"].get("total")}
 
 
-def test_two_ranks_match_one_rank_and_show_a_rank_table(one_agent):
-    server = one_agent
+def test_two_ranks_match_one_rank_and_show_a_rank_table(server):
+    server.start_agent("a1")
     evals = {"eval_fraction": 0.1, "eval_every": 6}
     with server.client() as c:
         one = c.post("/api/jobs", json={**SPEC, **evals, "name": "one"}).json()["id"]
@@ -125,8 +108,8 @@ FAST = {"max_steps": 400, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64
         "torch_compile": "off", "nproc_per_node": 2, "stall": {"floor_s": 3, "first_step_s": 60}}
 
 
-def test_a_stuck_rank_is_named_with_its_line_and_the_others_collective(one_agent):
-    server = one_agent
+def test_a_stuck_rank_is_named_with_its_line_and_the_others_collective(server):
+    server.start_agent("a1")
     with server.client() as c:
         name = server.plan_fault("stuck", hang_at_step=8, rank=1)
         jid = c.post("/api/jobs", json={**FAST, "name": name, "max_retries": 0}).json()["id"]
@@ -145,8 +128,8 @@ def test_a_stuck_rank_is_named_with_its_line_and_the_others_collective(one_agent
         assert server.wait_job(jid, timeout=60)["state"] in ("cancelled", "failed")
 
 
-def test_kill_9_of_one_rank_stops_the_gang_and_the_job_resumes_from_its_checkpoint(one_agent):
-    server, (agent,) = one_agent, one_agent.agents
+def test_kill_9_of_one_rank_stops_the_gang_and_the_job_resumes_from_its_checkpoint(server):
+    agent = server.start_agent("a1")
     with server.client() as c:
         spec = {**FAST, "max_steps": 40, "checkpoint_every": 10, "max_retries": 1, "name": "killed"}
         jid = c.post("/api/jobs", json=spec).json()["id"]
@@ -226,26 +209,14 @@ for step in range(steps):
 '''
 
 
-@pytest.fixture(scope="module")
-def ddp_project(tmp_path_factory):
-    """A server whose jobs may run in roots/proj (DDP_SCRIPT there) and its one command agent, shared by
-    the command-job tests: each runs and cancels its own job."""
-    roots = tmp_path_factory.mktemp("ddp") / "roots"
-    (roots / "proj").mkdir(parents=True)
-    (roots / "proj" / "ddp.py").write_text(DDP_SCRIPT)
-    srv = make_server(roots.parent, path_roots=[str(roots)])
-    srv.env.update(ONE_THREAD)
-    srv.start()
-    srv.start_agent("cmd", "--allow-commands")
-    yield srv, roots
-    stop_agents(srv)
-    srv.kill()
-
-
-def stuck_rank_of_a_command_job(ddp_project, body: dict, stuck: int):
+def stuck_rank_of_a_command_job(server_factory, tmp_path, body: dict, stuck: int):
     """DDP_SCRIPT as a command job whose rank `stuck` blocks: the rank table and the verdict naming
     that rank's line and the other's collective. Returns the server (the job cancelled)."""
-    srv, roots = ddp_project
+    roots = tmp_path / "roots"
+    (roots / "proj").mkdir(parents=True)
+    (roots / "proj" / "ddp.py").write_text(DDP_SCRIPT)
+    srv = server_factory(path_roots=[str(roots)])
+    srv.start_agent("cmd", "--allow-commands")
     with srv.client() as c:
         r = c.post("/api/jobs/command", json={**body, "cwd": str(roots / "proj"), "max_retries": 0,
                                               "env": {"HANG_RANK": str(stuck), "HANG_STEP": "8"},
@@ -263,20 +234,20 @@ def stuck_rank_of_a_command_job(ddp_project, body: dict, stuck: int):
     return srv
 
 
-def test_a_torchrun_command_job_gets_the_rank_table_and_the_stuck_rank_named(ddp_project):
-    srv = stuck_rank_of_a_command_job(ddp_project, {"command": [sys.executable, "ddp.py"], "nproc_per_node": 2},
-                                      stuck=1)
+def test_a_torchrun_command_job_gets_the_rank_table_and_the_stuck_rank_named(server_factory, tmp_path):
+    srv = stuck_rank_of_a_command_job(server_factory, tmp_path,
+                                      {"command": [sys.executable, "ddp.py"], "nproc_per_node": 2}, stuck=1)
     with srv.client() as c:
         r = c.post("/api/jobs/command", json={"command": ["true"], "nnodes": 2})
         assert r.status_code == 422 and "nnodes" in r.text
 
 
-def test_an_accelerate_launch_command_job_gets_the_rank_table_and_the_stuck_rank_named(ddp_project):
+def test_an_accelerate_launch_command_job_gets_the_rank_table_and_the_stuck_rank_named(server_factory, tmp_path):
     # `accelerate launch` runs torch's elastic launcher in its own process: its children are the
     # ranks, as under torchrun (--multi_gpu only picks that launcher; the script uses gloo on CPU)
     argv = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", "ddp.py"]
-    stuck_rank_of_a_command_job(ddp_project, {"command": argv}, stuck=0)
+    stuck_rank_of_a_command_job(server_factory, tmp_path, {"command": argv}, stuck=0)
 
 
 def test_two_agents_form_one_gang_and_a_third_takes_no_half_of_it(server_factory):
@@ -312,8 +283,8 @@ def test_a_gang_that_cannot_gather_lets_its_agent_go(server_factory):
         assert job["state"] == "queued" and "did not gather within 3 s" in (job["reason"] or ""), job
 
 
-def test_a_straggling_rank_is_a_straggler_alert_naming_rank_and_host(one_agent):
-    server = one_agent
+def test_a_straggling_rank_is_a_straggler_alert_naming_rank_and_host(server):
+    server.start_agent("a1")
     with server.client() as c:
         name = server.plan_fault("straggler", step_sleep_s=0.6, rank=1)  # rank 1 works 0.6 s more a step
         jid = c.post("/api/jobs", json={**FAST, "name": name, "max_retries": 0}).json()["id"]
