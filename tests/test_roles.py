@@ -222,6 +222,7 @@ def test_jobs_belong_to_their_submitter_and_rerunning_a_command_needs_the_scope(
     assert srv.wait_job(jid, timeout=120)["state"] == "cancelled"
 
 
+@pytest.mark.shared_server
 def test_only_an_external_jobs_own_credential_posts_its_events(server):
     admin = server.client()
     alice, bob = mint(admin, "alice"), mint(admin, "bob")
@@ -260,8 +261,8 @@ def test_only_an_external_jobs_own_credential_posts_its_events(server):
     assert b.post(f"/api/jobs/{jid}/cancel").status_code == 200
 
 
-GANG = {"max_steps": 6, "batch_size": 2, "precision": "fp32", "seed": 3, "nproc_per_node": 1, "nnodes": 2,
-        "stall": {"first_step_s": 120}}
+GANG = {"max_steps": 2, "batch_size": 2, "max_seq_length": 64, "precision": "fp32", "torch_compile": "off",
+        "seed": 3, "nproc_per_node": 1, "nnodes": 2, "stall": {"first_step_s": 120}}
 
 
 def test_only_agents_trusted_for_gangs_join_a_multi_node_job(server_factory):
@@ -282,7 +283,7 @@ def test_only_agents_trusted_for_gangs_join_a_multi_node_job(server_factory):
 
     # two trusted agents (the first start's token has the gang right) form the gang and train
     for name in ("g1", "g2"):
-        srv.start_agent(name, "--address", "127.0.0.1")
+        srv.start_agent(name, "--address", "127.0.0.1", env={"OMP_NUM_THREADS": "1"})  # 2 ranks, 2 shared cores
     job = srv.wait_job(jid, timeout=300)
     assert job["state"] == "completed", (job["reason"], job["attempts"])
     names = {x["id"]: x["name"] for x in admin.get("/api/agents").json()}

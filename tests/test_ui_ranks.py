@@ -6,14 +6,15 @@ from selenium.webdriver.common.by import By
 from test_ui import browser, cells, console_errors, login, shot, until  # noqa: F401 (browser: a fixture)
 
 
-def test_job_page_shows_a_row_per_rank(server, browser, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+def test_job_page_shows_a_row_per_rank(server, browser):
     d = browser
-    server.start_agent("a1")
+    server.start_agent("a1", env={"OMP_NUM_THREADS": "1"})  # 2 ranks on 2 shared cores
     with server.client() as c:
-        name = server.plan_fault("ranked", step_sleep_s=0.2)  # long enough to watch it run
+        # long enough to watch it run; slow steps (mostly asleep) leave the cores to the browser
+        name = server.plan_fault("ranked", step_sleep_s=0.5)
         jid = c.post("/api/jobs", json={"name": name, "max_steps": 400, "batch_size": 2, "max_seq_length": 64,
-                                        "precision": "fp32", "nproc_per_node": 2}).json()["id"]
+                                        "precision": "fp32", "torch_compile": "off",
+                                        "nproc_per_node": 2}).json()["id"]
         rest = wait_for(lambda: (lambda rows: rows if len(rows) == 2 and all(r["step"] for r in rows) else None)(
             c.get(f"/api/jobs/{jid}/ranks").json()), 240, "two ranks stepping")
         login(d, server)
