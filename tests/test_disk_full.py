@@ -15,8 +15,9 @@ from tests import pg
 
 pytestmark = pytest.mark.skipif(pg.enabled(), reason="SQLite only: the SQLite file on a full disk")
 
+# torch_compile off: a 5000-step run would otherwise compile the loss head (~10 CPU-s) in each test
 LONG = {"max_steps": 5000, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
-        "max_retries": 0}
+        "torch_compile": "off", "max_retries": 0}
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
