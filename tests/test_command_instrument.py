@@ -6,12 +6,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from conftest import ROOT, wait_for
+import pytest
+from conftest import ROOT, command_agent_server, wait_for
 from test_instrument import SCRIPTS, tiny_model  # noqa: F401  (the module-scoped model fixture)
 
 PY = sys.executable
 SCRIPT = SCRIPTS / "hf_trainer.py"
 SLEEP_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "time.sleep(3600)" in line)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    """One server and one command agent for the module: each test checks only the job it submitted."""
+    yield from command_agent_server(tmp_path_factory, "command-instrument")
 
 
 def submit(c, tiny_model: Path, tmp: Path, *args: str, **spec) -> int:
@@ -28,9 +35,7 @@ def series(c, job_id: int, key: str) -> dict:
     return c.get(f"/api/jobs/{job_id}/metrics", params={"keys": [key]}).json()["series"].get(key) or {"step": []}
 
 
-def test_trainer_command_job_reports_pauses_and_resumes_at_the_same_step(server_factory, tiny_model, tmp_path):  # noqa: F811
-    srv = server_factory()
-    srv.start_agent("cmd", "--allow-commands")
+def test_trainer_command_job_reports_pauses_and_resumes_at_the_same_step(srv, tiny_model, tmp_path):  # noqa: F811
     with srv.client() as c:
         job_id = submit(c, tiny_model, tmp_path, "--max-steps", "60", "--step-sleep", "0.3", "--eval-steps", "3")
         wait_for(lambda: len(series(c, job_id, "eval/loss")["step"]) >= 1, 240, "an eval loss",
@@ -59,12 +64,13 @@ def test_trainer_command_job_reports_pauses_and_resumes_at_the_same_step(server_
         assert srv.wait_job(job_id, timeout=120)["state"] == "cancelled"
 
 
-def test_a_blocked_trainer_step_raises_a_stalled_alert_naming_the_script_line(server_factory, tiny_model, tmp_path):  # noqa: F811
-    srv = server_factory()
-    srv.start_agent("cmd", "--allow-commands")
+def test_a_blocked_trainer_step_raises_a_stalled_alert_naming_the_script_line(srv, tiny_model, tmp_path):  # noqa: F811
     with srv.client() as c:
         job_id = submit(c, tiny_model, tmp_path, "--max-steps", "60", "--block-at-step", "4",
-                        stall={"floor_s": 5, "factor": 3, "first_step_s": 120, "phase_s": 120})
+                        # the hook sees steps 1-3 (the script's callback blocks step 4 before it): two
+                        # intervals, short of the three a learned timeout needs, so the first-step
+                        # allowance is what the blocked step waits out
+                        stall={"floor_s": 5, "factor": 3, "first_step_s": 20, "phase_s": 120})
 
         def stalled():
             alerts = c.get("/api/alerts", params={"job_id": job_id}).json()

@@ -1,6 +1,8 @@
 """Detection on real processes (server, agent, training process; CPU): stalled with the stuck line,
 a slow-but-progressing phase that is not stalled, crashes by signal, a lost agent, slow jobs with
-their reason, webhooks delivered once with retries. Small per-job thresholds keep each case short."""
+their reason, webhooks delivered once with retries. Small per-job thresholds keep each case short;
+one server and agent per stack tool serve every test that needs no settings or agent of its own
+(the faulthandler one's tests come last, so it is up only for them)."""
 from __future__ import annotations
 
 import json
@@ -14,19 +16,39 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 import pytest
-from conftest import is_training, wait_for
+from conftest import Server, is_training, make_server, stop_agents, wait_for
 
+# Fixed choices, nothing measured before the first step: fp32, the batch as given, the eager loss
+# head (on a busy machine 400 steps can look long enough to compile it: ~10 CPU-s).
 FAST = {"max_steps": 400, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
-        "max_retries": 0, "stall": {"floor_s": 3, "first_step_s": 30}}
+        "torch_compile": "off", "max_retries": 0, "stall": {"floor_s": 3, "first_step_s": 30}}
 # One compute thread per training process: on a small shared machine, oversubscribed torch threads
 # make step times jump around far more than the detection under test should have to absorb.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+@pytest.fixture(scope="module")
+def tool_servers(tmp_path_factory):
+    """One server and one agent per stack tool, shared by the module's tests that need nothing of
+    their own (settings, an agent to kill): each judges only the job it submitted and ends it, and
+    the agent's zygote imports the training code once for all of them, not once per test."""
+    made: dict[str, Server] = {}
+
+    def get(tool: str) -> Server:
+        if tool not in made:
+            s = make_server(tmp_path_factory.mktemp(f"detection-{tool}")).start()
+            s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
+            made[tool] = s
+        return made[tool]
+    yield get
+    for s in made.values():
+        stop_agents(s)
+        s.kill()
+
+
 @pytest.fixture
-def agent_server(server):
-    server.start_agent("a1", env=ONE_THREAD)
-    return server
+def agent_server(tool_servers) -> Server:
+    return tool_servers("py-spy")
 
 
 def submit(c, **spec) -> int:
@@ -58,59 +80,6 @@ def last_progress_t(c, job_id: int) -> float:
     ev = c.get(f"/api/jobs/{job_id}/events", params={"kinds": ["phase"], "tail": True, "limit": 5}).json()
     ts += [e["t"] for e in ev["events"]]
     return max(ts)
-
-
-@pytest.mark.parametrize("tool", ["py-spy", "faulthandler"])
-def test_hang_raises_stalled_with_the_stuck_line(server_factory, tool):
-    s = server_factory()
-    s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
-    with s.client() as c:
-        # metrics every 5 steps: its last metrics say step 5, its alive thread step 8 (issue 33 #5)
-        jid = submit(c, name=s.plan_fault("hangs", hang_at_step=8), log_every=5)
-        wait_step(c, jid, 5)
-        # the timeout is learned from this job's step times (3 s floor on an idle machine; more
-        # when the machine is busy): wait long enough for either, then judge against its own.
-        a = wait_for(lambda: alerts(c, jid, "stalled"), 90, "a stalled alert")[0]
-        hung_since = last_progress_t(c, jid)
-        assert a["severity"] == "critical" and a["state"] == "open"
-        assert "no progress in 'training' at 8/400 steps" in a["message"], a["message"]
-        assert a["message"].startswith("Stuck ") and " at step 8 in _fault_hang (" in a["message"], a["message"]
-        # one step count: the job's step and phase line say the alert's 8, not its last metrics' 5
-        job = wait_for(lambda: (lambda j: j if j["phase"] and j["phase"]["done"] == 8 else None)(
-            c.get(f"/api/jobs/{jid}").json()), 10, "the phase at the alert's step")
-        assert job["step"] == 8, job
-        if tool == "py-spy":  # and so in the browser: the Step tile, the phase line, the headline
-            see_one_step(s, jid, 8)
-        timeout = float(a["message"].split("(timeout ")[1].split(" s")[0])
-        assert timeout >= 3
-        # + a check period, the stack capture and scheduling on a loaded 2-core machine (the
-        # benchmark holds the tighter + 2 s on a quiet one)
-        assert a["created_at"] - hung_since <= timeout + 4, (a["created_at"] - hung_since, a["message"])
-        assert "_fault_hang" in a["stack"], a["stack"][:3000]
-        assert "stuck at _fault_hang (" in a["message"], a["message"]
-        assert ("py-spy dump" if tool == "py-spy" else "faulthandler dump") in a["stack"]
-        assert "loop.py" in a["stack"]  # the callers' frames too: the loop line it is stuck on
-        c.post(f"/api/jobs/{jid}/cancel")
-        job = s.wait_job(jid, timeout=60)
-        assert job["state"] == "cancelled"
-        a = alerts(c, jid, "stalled")[0]
-        assert a["state"] == "cleared" and "Cleared: the training process ended" in a["message"]
-
-
-def see_one_step(s, jid: int, step: int) -> None:
-    from test_ui import login, make_driver, shot, text, until
-    d = make_driver()
-    try:
-        login(d, s)
-        d.get(f"{s.url}/jobs/{jid}")
-        until(d, 20, lambda d: text(d, "#alerts-live .alert-headline"), "the stall alert on the job page")
-        assert text(d, "#step") == f"{step} / 400", text(d, "#step")
-        assert f"training {step}/400 steps" in text(d, "#phase-text"), text(d, "#phase-text")
-        assert f" at step {step} in _fault_hang" in text(d, "#alerts-live .alert-headline")
-        shot(d, "job-stalled-one-step")
-    finally:
-        d.quit()
-        shutil.rmtree(d.profile_dir, ignore_errors=True)
 
 
 def test_slow_data_phase_reporting_progress_is_not_stalled(agent_server):
@@ -333,11 +302,11 @@ def test_reaper_gives_every_agent_a_full_lease_after_a_server_start(tmp_path):
         assert frames and frames[0][1]["agent"]["state"] == "lost"
 
 
-def test_a_stopped_process_is_stalled_at_the_floor_before_its_learned_timeout(server_factory):
+def test_a_stopped_process_is_stalled_at_the_floor_before_its_learned_timeout(agent_server):
     """A stopped process cannot move: once its alive thread has been silent a few seconds and /proc
     says T, the stall timeout is the floor, not the (here long) timeout learned from its steps."""
-    s = server_factory()
-    agent = s.start_agent("a1", env=ONE_THREAD)
+    s = agent_server
+    agent = s.agents[0]
     with s.client() as c:
         jid = submit(c, stall={"factor": 5000, "floor_s": 3, "ceiling_s": 1800})
         wait_step(c, jid, 5)
@@ -353,11 +322,63 @@ def test_a_stopped_process_is_stalled_at_the_floor_before_its_learned_timeout(se
 
 
 @pytest.mark.parametrize("tool", ["py-spy", "faulthandler"])
-def test_a_stopped_training_process_gets_a_stack_read_from_outside(server_factory, tool):
+def test_hang_raises_stalled_with_the_stuck_line(tool_servers, tool):
+    s = tool_servers(tool)
+    with s.client() as c:
+        # metrics every 5 steps: its last metrics say step 5, its alive thread step 8 (issue 33 #5)
+        jid = submit(c, name=s.plan_fault("hangs", hang_at_step=8), log_every=5)
+        wait_step(c, jid, 5)
+        # the timeout is learned from this job's step times (3 s floor on an idle machine; more
+        # when the machine is busy): wait long enough for either, then judge against its own.
+        a = wait_for(lambda: alerts(c, jid, "stalled"), 90, "a stalled alert")[0]
+        hung_since = last_progress_t(c, jid)
+        assert a["severity"] == "critical" and a["state"] == "open"
+        assert "no progress in 'training' at 8/400 steps" in a["message"], a["message"]
+        assert a["message"].startswith("Stuck ") and " at step 8 in _fault_hang (" in a["message"], a["message"]
+        # one step count: the job's step and phase line say the alert's 8, not its last metrics' 5
+        job = wait_for(lambda: (lambda j: j if j["phase"] and j["phase"]["done"] == 8 else None)(
+            c.get(f"/api/jobs/{jid}").json()), 10, "the phase at the alert's step")
+        assert job["step"] == 8, job
+        if tool == "py-spy":  # and so in the browser: the Step tile, the phase line, the headline
+            see_one_step(s, jid, 8)
+        timeout = float(a["message"].split("(timeout ")[1].split(" s")[0])
+        assert timeout >= 3
+        # + a check period, the stack capture and scheduling on a loaded 2-core machine (the
+        # benchmark holds the tighter + 2 s on a quiet one)
+        assert a["created_at"] - hung_since <= timeout + 4, (a["created_at"] - hung_since, a["message"])
+        assert "_fault_hang" in a["stack"], a["stack"][:3000]
+        assert "stuck at _fault_hang (" in a["message"], a["message"]
+        assert ("py-spy dump" if tool == "py-spy" else "faulthandler dump") in a["stack"]
+        assert "loop.py" in a["stack"]  # the callers' frames too: the loop line it is stuck on
+        c.post(f"/api/jobs/{jid}/cancel")
+        job = s.wait_job(jid, timeout=60)
+        assert job["state"] == "cancelled"
+        a = alerts(c, jid, "stalled")[0]
+        assert a["state"] == "cleared" and "Cleared: the training process ended" in a["message"]
+
+
+def see_one_step(s, jid: int, step: int) -> None:
+    from test_ui import login, make_driver, shot, text, until
+    d = make_driver()
+    try:
+        login(d, s)
+        d.get(f"{s.url}/jobs/{jid}")
+        until(d, 20, lambda d: text(d, "#alerts-live .alert-headline"), "the stall alert on the job page")
+        assert text(d, "#step") == f"{step} / 400", text(d, "#step")
+        assert f"training {step}/400 steps" in text(d, "#phase-text"), text(d, "#phase-text")
+        assert f" at step {step} in _fault_hang" in text(d, "#alerts-live .alert-headline")
+        shot(d, "job-stalled-one-step")
+    finally:
+        d.quit()
+        shutil.rmtree(d.profile_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("tool", ["py-spy", "faulthandler"])
+def test_a_stopped_training_process_gets_a_stack_read_from_outside(tool_servers, tool):
     """SIGSTOP: the process can run neither its alive thread nor its faulthandler. py-spy's default
     dump cannot suspend an already stopped process; the stack must still name the line it stopped on."""
-    s = server_factory()
-    agent = s.start_agent("a1", env={**ONE_THREAD, "TOKENPULSE_STACK_TOOL": tool})
+    s = tool_servers(tool)
+    agent = s.agents[0]
     with s.client() as c:
         jid = submit(c)
         wait_step(c, jid, 5)

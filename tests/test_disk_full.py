@@ -15,9 +15,16 @@ from tests import pg
 
 pytestmark = pytest.mark.skipif(pg.enabled(), reason="SQLite only: the SQLite file on a full disk")
 
+# torch_compile off: a 5000-step run would otherwise compile the loss head (~10 CPU-s) in each test
 LONG = {"max_steps": 5000, "batch_size": 2, "grad_accum": 1, "max_seq_length": 64, "precision": "fp32",
-        "max_retries": 0}
+        "torch_compile": "off", "max_retries": 0}
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def paced(srv) -> dict:
+    """LONG, its steps 0.1 s apart: it trains on while a test waits for a full disk's effects, and
+    at full speed that costs a core for as long as the wait lasts."""
+    return {**LONG, "name": srv.plan_fault("paced", step_sleep_s=0.1)}
 
 
 def job(c, jid: int) -> dict:
@@ -32,7 +39,7 @@ def test_agent_disk_full_is_alerted_never_wedges_and_recovers(server):
     with small_fs(server.data_dir.parent / "work-a1", "16m") as work:
         agent = server.start_agent("a1", env=ONE_THREAD)
         with server.client() as c:
-            jid = c.post("/api/jobs", json=LONG).json()["id"]
+            jid = c.post("/api/jobs", json=paced(server)).json()["id"]
             wait_for(lambda: (job(c, jid).get("step") or 0) >= 3, 120, "training steps")
             filler = fill(work)
             a = wait_for(lambda: alerts(c, jid, "disk_full"), 60, "a disk_full alert")[0]
@@ -64,6 +71,7 @@ def test_server_disk_full_answers_507_naming_it_and_recovers_losing_nothing(tmp_
             s.start()
             s.start_agent("a1", env=ONE_THREAD)
             with s.client() as c:
+                # at full speed: the events must outgrow the WAL's pages for the 507 to come
                 jid = c.post("/api/jobs", json=LONG).json()["id"]
                 wait_for(lambda: (job(c, jid).get("step") or 0) >= 3, 120, "training steps")
                 filler = fill(data)
@@ -123,7 +131,7 @@ def test_disk_full_while_saving_a_checkpoint_is_named_alerted_final_and_keeps_wh
     with small_fs(server.data_dir.parent / "work-a1" / "jobs" / "1" / "out", "64m") as out:
         server.start_agent("a1", env=ONE_THREAD)
         with server.client() as c:
-            jid = c.post("/api/jobs", json={**LONG, "checkpoint_every": 3, "max_retries": 2}).json()["id"]
+            jid = c.post("/api/jobs", json={**paced(server), "checkpoint_every": 3, "max_retries": 2}).json()["id"]
             assert jid == 1
             first = wait_for(lambda: job(c, jid).get("checkpoint"), 120, "a first checkpoint")
             filler = fill(out)

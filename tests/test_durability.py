@@ -15,11 +15,39 @@ from pathlib import Path
 
 import httpx
 import psutil
-from conftest import is_training, wait_for
+import pytest
+from conftest import is_training, make_server, stop_agents, wait_for
 
-# Tiny and fast: builtin model, fixed shapes (no autotune), fp32 on CPU, one metric point per step.
-SPEC = dict(max_steps=12, batch_size=2, grad_accum=1, max_seq_length=64, precision="fp32", device="cpu", seed=3,
-            log_every=1)
+# Tiny and fast: builtin model, fixed shapes (no autotune), fp32 on CPU, the eager loss head (no
+# probe), one metric point per step.
+SPEC = dict(max_steps=12, batch_size=2, grad_accum=1, max_seq_length=64, precision="fp32", torch_compile="off",
+            device="cpu", seed=3, log_every=1)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    """One server for the tests that need no settings of their own and check only the job they
+    submitted. Its agent in service is the newest one (`live`); a test that stops it starts the next
+    (`next_agent`), which the later tests take: a server start and an agent's imports (its zygote)
+    are paid once for several tests instead of once each."""
+    s = make_server(tmp_path_factory.mktemp("durability")).start()
+    s.start_agent("a1")
+    yield s
+    stop_agents(s)
+    s.kill()
+
+
+def live(srv):
+    """The module server's agent in service: the newest one started."""
+    return srv.agents[-1]
+
+
+def next_agent(srv, *extra: str):
+    return srv.start_agent(f"a{len(srv.agents) + 1}", *extra)
+
+
+def agent_name(agent) -> str:
+    return agent.args[agent.args.index("--name") + 1]
 
 
 def why(j: dict) -> str:
@@ -74,9 +102,8 @@ def fault_line(fault: str, jobs_before, points_before, jobs_after, points_after,
 
 # ---- pause / resume -----------------------------------------------------------------------------
 
-def test_pause_then_resume_on_another_agent_continues_exactly(server_factory):
-    srv = server_factory()
-    a1 = srv.start_agent("a1")
+def test_pause_then_resume_on_another_agent_continues_exactly(srv):
+    a1 = live(srv)
     with srv.client() as c:
         jid = c.post("/api/jobs", json={**SPEC, "name": srv.plan_fault("paused", step_sleep_s=0.3)}).json()["id"]
         wait_for(lambda: (job(c, jid)["step"] or 0) >= 4, 90, "4 steps")
@@ -92,7 +119,7 @@ def test_pause_then_resume_on_another_agent_continues_exactly(server_factory):
         a1.wait(30)
         ref = c.post("/api/jobs", json={**SPEC, "name": "reference"}).json()["id"]
         assert c.post(f"/api/jobs/{jid}/resume").json()["state"] == "queued"
-        srv.start_agent("a2", "--capacity", "2")
+        next_agent(srv, "--capacity", "2")
         for x in (jid, ref):
             assert srv.wait_job(x, timeout=120)["state"] == "completed"
         j = job(c, jid)
@@ -107,9 +134,8 @@ def test_pause_then_resume_on_another_agent_continues_exactly(server_factory):
 
 # ---- kill -9 of the training process --------------------------------------------------------------
 
-def test_kill9_training_process_resumes_from_newest_complete_checkpoint(server_factory):
-    srv = server_factory()
-    agent = srv.start_agent("a1")
+def test_kill9_training_process_resumes_from_newest_complete_checkpoint(srv):
+    agent = live(srv)
     spec = {**SPEC, "max_steps": 14, "checkpoint_every": 4, "keep_checkpoints": 2,
             "name": srv.plan_fault("slow", step_sleep_s=0.15)}
     with srv.client() as c:
@@ -179,12 +205,11 @@ def test_kill9_agent_lease_expires_and_another_agent_finishes(server_factory):
 
 # ---- an agent stopped by its operator ----------------------------------------------------------------
 
-def test_agent_shutdown_checkpoints_and_requeues_its_job(server_factory):
-    srv = server_factory()
-    a1 = srv.start_agent("a1")
+def test_agent_shutdown_checkpoints_and_requeues_its_job(srv):
+    a1 = live(srv)
     with srv.client() as c:
-        jid = c.post("/api/jobs",
-                     json={**SPEC, "max_steps": 10, "name": srv.plan_fault("slow", step_sleep_s=0.2)}).json()["id"]
+        spec = {**SPEC, "max_steps": 10, "name": srv.plan_fault("slow, shut down", step_sleep_s=0.2)}
+        jid = c.post("/api/jobs", json=spec).json()["id"]
         wait_for(lambda: (job(c, jid)["step"] or 0) >= 3, 90, "3 steps", show=lambda: why(job(c, jid)))
         a1.send_signal(signal.SIGTERM)  # systemd stopping the agent: not a reason to cancel anybody's job
         a1.wait(60)
@@ -192,7 +217,7 @@ def test_agent_shutdown_checkpoints_and_requeues_its_job(server_factory):
         assert j["state"] == "queued" and j["checkpoint"], j
         assert j["attempts"][0]["outcome"] == "queued" and "shut down" in j["attempts"][0]["reason"]
         ckpt = j["checkpoint"]
-        srv.start_agent("a2")
+        next_agent(srv)
         j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
     assert j["state"] == "completed" and j["attempts"][1]["resumed_from"] == ckpt, why(j)
     assert len(j["attempts"]) == 2 and list(stored_losses(srv, jid)) == list(range(1, 11))
@@ -200,18 +225,17 @@ def test_agent_shutdown_checkpoints_and_requeues_its_job(server_factory):
 
 # ---- kill -9 of the server ------------------------------------------------------------------------
 
-def test_kill9_server_mid_run_every_point_stored_exactly_once(server_factory):
-    srv = server_factory()
-    srv.start_agent("a1")
-    spec = {**SPEC, "max_steps": 16, "name": srv.plan_fault("slow", step_sleep_s=0.1)}
+def test_kill9_server_mid_run_every_point_stored_exactly_once(srv):
+    name = agent_name(live(srv))
+    spec = {**SPEC, "max_steps": 16, "name": srv.plan_fault("slow, server killed", step_sleep_s=0.1)}
     with srv.client() as c:
         jid = c.post("/api/jobs", json=spec).json()["id"]
         wait_for(lambda: (job(c, jid)["step"] or 0) >= 4, 90, "4 steps")
     points_before = point_count(srv, jid)
     srv.kill(signal.SIGKILL)
     # training goes on while the server is down: the agent keeps what it cannot send in its journal
-    held = srv.journaled("a1", jid)
-    wait_for(lambda: srv.journaled("a1", jid) >= held + 5, 60, "events journaled while the server is down")
+    held = srv.journaled(name, jid)
+    wait_for(lambda: srv.journaled(name, jid) >= held + 5, 60, "events journaled while the server is down")
     srv.start()
     j = srv.wait_job(jid, states=("completed", "failed"), timeout=120)
     assert j["state"] == "completed", why(j)
@@ -314,9 +338,7 @@ def test_claim_whose_answer_was_lost_is_requeued_after_a_lease(server_factory):
     assert "does not run this job" in j["attempts"][0]["reason"]
 
 
-def test_nan_loss_stops_with_alert_naming_the_step(server_factory):
-    srv = server_factory()
-    srv.start_agent("a1")
+def test_nan_loss_stops_with_alert_naming_the_step(srv):
     with srv.client() as c:
         jid = c.post("/api/jobs",
                      json={**SPEC, "max_steps": 4, "name": srv.plan_fault("nan", nan_at_step=2)}).json()["id"]

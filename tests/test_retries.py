@@ -27,7 +27,8 @@ from test_instrument import SCRIPTS, tiny_model  # noqa: F401  (the module-scope
 from worker.training.controls import BOUND_ENV
 from worker.training.memory import HEADROOM_ENV
 
-SPEC = dict(batch_size=2, grad_accum=1, max_seq_length=64, precision="fp32", device="cpu", seed=3, log_every=1)
+SPEC = dict(batch_size=2, grad_accum=1, max_seq_length=64, precision="fp32", torch_compile="off", device="cpu", seed=3,
+            log_every=1)
 DONE: dict[str, int] = {}  # jobs of this module that a later test looks at again (the browser's)
 BIG = {"padding": "max_length", "max_seq_length": 1024, "max_steps": 2, "precision": "fp32", "device": "cpu"}
 
