@@ -47,7 +47,9 @@ PG_TESTS := tests/test_api.py tests/test_ingest.py tests/test_security.py tests/
 # Test files run side by side (pytest-xdist, a file per worker at a time: module fixtures are built
 # once): most of a test is waiting on servers, agents and training processes, not using a core.
 # (5 workers, or the PostgreSQL pass beside the SQLite one, was slower on 2 cores and flaky: measured.)
-XDIST := -n 4 --dist loadfile
+# Files in conftest's order, longest first: xdist's own reordering (most tests first) ran the long
+# few-test files last, alone, while the other workers sat idle.
+XDIST := -n 4 --dist loadfile --no-loadscope-reorder
 
 test: setup browser postgres slurm ## the whole suite on SQLite, then the store-facing files on PostgreSQL
 	$(BIN)/python -m pytest -q $(XDIST) --durations=15

@@ -284,15 +284,18 @@ def agent_server(server) -> Server:
     return server
 
 
-# The longest files, measured (seconds of test time in a whole run, 2 cores, 4 workers). xdist hands
-# out files in collection order: started first, the long ones overlap with many short ones instead of
-# running alone at the end while the other workers sit idle (longest first, as in LPT scheduling).
-LONG_FILES = {"test_gang_control.py": 302, "test_hf_hub.py": 208, "test_spine.py": 206, "test_distributed.py": 198,
-              "test_detection.py": 194, "test_durability.py": 169, "test_command_instrument.py": 161,
-              "test_disk_full.py": 143, "test_ui.py": 134, "test_cli.py": 133, "test_memory.py": 119,
-              "test_ui_job.py": 113, "test_retries.py": 170, "test_fixes.py": 140, "test_slurm.py": 110,
-              "test_any_script.py": 102, "test_training.py": 93, "test_sweeps.py": 160,
-              "test_warm_start.py": 70}
+# The longest files, measured (seconds of test time in a whole run, 2 cores, 4 workers, 2026-11-28).
+# xdist hands out files in collection order (the Makefile turns off its own reordering by test count,
+# which put these few-test files last): started first, the long ones overlap with many short ones
+# instead of running alone at the end while the other workers sit idle (longest first, as in LPT).
+LONG_FILES = {"test_gang_control.py": 287, "test_detection.py": 263, "test_spine.py": 250,
+              "test_distributed.py": 244, "test_hf_hub.py": 217, "test_durability.py": 210, "test_slurm.py": 206,
+              "test_command_instrument.py": 169, "test_retries.py": 168, "test_ui.py": 154, "test_cli.py": 150,
+              "test_memory.py": 146, "test_fixes.py": 139, "test_ui_job.py": 134, "test_postmortems.py": 133,
+              "test_disk_full.py": 130, "test_realworld.py": 125, "test_any_script.py": 113, "test_sweeps.py": 98,
+              "test_training.py": 95, "test_secret_leaks.py": 89, "test_real_loops.py": 84, "test_warm_start.py": 78,
+              "test_ui_pages.py": 70, "test_preflight.py": 70, "test_queue_resilience.py": 70,
+              "test_external.py": 69, "test_command_jobs.py": 67}
 
 
 def pytest_collection_modifyitems(session, config, items):
