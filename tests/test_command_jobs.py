@@ -447,7 +447,8 @@ def test_browser_command_mode_submits_and_job_page_shows_the_command(server_fact
         d.find_element(By.ID, "command-submit").click()
         ui.wait(d, 15).until(lambda d: "/jobs/" in d.current_url)
         ui.wait(d, 90).until(lambda d: d.find_element(By.ID, "job-state").text == "completed")
-        ui.wait(d, 60).until(lambda d: "hello from the browser 15" in d.find_element(By.ID, "log").text)
+        # the log's text as stored in the page (read in one step), whether or not it is scrolled into view
+        ui.wait(d, 60).until(lambda d: "hello from the browser 15" in (ui.attr(d, "#log", "textContent") or ""))
         box = d.find_element(By.ID, "command-box")
         assert box.is_displayed()
         assert d.find_element(By.ID, "command-line").text == f"{PY} hello.py"
