@@ -88,8 +88,10 @@ def apply_messages(s, tp, messages: list[Incoming]) -> Applied:
             if m.job_only is None:
                 reported.setdefault(m.agent_id, set()).update(m.heartbeat.jobs, m.heartbeat.held)
     asking = [m.agent_id for m in messages if m.heartbeat is None]
+    heard = [m.agent_id for m in messages if m.heartbeat is None and m.job_only is None]
     s.flush()  # the raw statements below must see what the batches changed
-    commands, frames = heartbeats.heartbeat_many(s, beats, {job.id: job.agent_id for job in jobs}, asking)
+    commands, frames = heartbeats.heartbeat_many(s, beats, {job.id: job.agent_id for job in jobs}, asking,
+                                                 heard)
     total.frames += frames
     for m in messages:
         if m.heartbeat is not None and m.heartbeat.ranks:

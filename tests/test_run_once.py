@@ -11,7 +11,7 @@ import time
 import httpx
 from conftest import wait_for
 
-LINES = 150_000  # ~15 MB of output: its upload outlasts the 3 s lease (60,000 did not on 2 cores)
+LINES = 150_000  # ~15 MB of output: its upload outlasts the 4 s lease (60,000 did not outlast 3 s on 2 cores)
 
 BACKLOG = textwrap.dedent("""
     import sys
@@ -27,7 +27,8 @@ def test_a_command_whose_backlog_outlasts_the_lease_runs_once_and_completes(serv
     proj.mkdir()
     (proj / "backlog.py").write_text(BACKLOG)
     marker = proj / "runs"
-    srv = server_factory(agent_lost_after_s=3, reaper_every_s=0.5)
+    # 4 heartbeats (1 s) a lease: 3 was one late beat from lost on a loaded 2-core machine
+    srv = server_factory(agent_lost_after_s=4, reaper_every_s=0.5)
     srv.start_agent("a1", "--allow-commands")
     with srv.client() as c:
         r = c.post("/api/jobs/command", json={"command": [sys.executable, "backlog.py", str(marker), str(LINES)],
@@ -81,3 +82,30 @@ def test_the_server_spares_a_job_whose_agent_still_delivers_its_events(server_fa
                  c.get(f"/api/jobs/{jid}").json()["state"] == "queued", 4 * lease, "the job to be taken as lost")
         first = c.get(f"/api/jobs/{jid}").json()["attempts"][0]
         assert first["outcome"] == "retried" and "does not run this job" in first["reason"], first
+
+
+def test_an_agent_delivering_events_keeps_its_lease_without_a_heartbeat(server_factory):
+    """An agent busy uploading (its heartbeat due behind its own batches on a loaded machine) is up:
+    its event batches renew its lease as a heartbeat does. Silent altogether, it is lost a lease later."""
+    lease = 3
+    srv = server_factory(agent_lost_after_s=lease, reaper_every_s=0.5)
+    agent = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
+    with srv.client() as c, agent:
+        jid = c.post("/api/jobs", json={"max_steps": 5}).json()["id"]
+        aid = agent.post("/api/agents", json={"name": "uploader", "host": "h", "device": "cpu"}).json()["id"]
+        claim = agent.post(f"/api/agents/{aid}/claim").json()
+        seq = claim["seq_start"]
+        assert agent.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {str(jid): time.time()}}).status_code == 200
+        end = time.monotonic() + 3 * lease + 1  # past the server's first lease, then two more
+        while time.monotonic() < end:
+            r = agent.post(f"/api/agents/{aid}/events", json={"events": [
+                {"kind": "log", "job_id": jid, "seq": seq, "t": time.time(), "data": {"line": f"backlog {seq}"}}]})
+            assert r.json()["acked"] == {str(jid): seq}, r.text
+            seq += 1
+            me = next(a for a in c.get("/api/agents").json() if a["id"] == aid)
+            assert me["state"] == "online", me
+            time.sleep(0.5)
+        wait_for(lambda: next(a for a in c.get("/api/agents").json() if a["id"] == aid)["state"] == "lost",
+                 4 * lease, "the silent agent to be lost")
+        assert c.get(f"/api/jobs/{jid}").json()["state"] == "queued"
+        assert c.get("/api/alerts", params={"job_id": jid, "kind": "worker_lost"}).json()

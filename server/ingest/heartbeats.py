@@ -60,18 +60,23 @@ def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Comm
 
 
 def heartbeat_many(s: Session, beats: dict[int, dict[int, float]], owner: dict[int, Optional[int]],
-                   asking: Iterable[int] = ()) -> tuple[dict[int, list[Command]], list[tuple]]:
+                   asking: Iterable[int] = (), heard: Iterable[int] = ()
+                   ) -> tuple[dict[int, list[Command]], list[tuple]]:
     """Many agents' heartbeats in a few statements (server/agent_protocol.py, one agent's over HTTP
     or a whole websocket gathering's): each agent and the jobs it names are alive; the commands
     waiting for it (pending_commands, each statement run once for all).
     owner: job id -> its agent, as the session holds the jobs now (every job the beats name).
-    asking: agents that sent events without a heartbeat: their commands too, nothing marked alive."""
+    asking: agents that sent events without a heartbeat: their commands too, no job marked alive.
+    heard: those of them that sent the events themselves (not a job's own credential): the agent
+    process is up, so its lease is renewed as by a heartbeat (a heartbeat due while its batches
+    queued behind each other on a busy machine must not make an agent that is delivering lost)."""
     now = time.time()
     frames: list[tuple] = []
     cur = raw_cursor(s)
     agents = list(dict.fromkeys([*beats, *asking]))
-    if beats:
-        cur.executemany("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", [(now, a) for a in beats])
+    alive = list(dict.fromkeys([*beats, *heard]))
+    if alive:
+        cur.executemany("UPDATE agents SET seen_at = ?, state = 'online' WHERE id = ?", [(now, a) for a in alive])
     rows = [(alive_t, jid, aid) for aid, jobs in beats.items() for jid, alive_t in jobs.items()
             if owner.get(jid) == aid]
     if rows:
