@@ -17,6 +17,7 @@ from test_training import Recorder, quick_spec, tiny_llama
 
 from tokenpulse.protocol import JobSpec
 from worker.training import losshead, precision
+from worker.training.choices import Choices
 from worker.training.controls import Controls
 from worker.training.errors import EXIT_OK
 from worker.training.packing import Layout, collate, epoch_steps
@@ -124,6 +125,27 @@ def test_a_kept_cpu_precision_choice_is_taken_by_the_next_attempt(tmp_path):
     assert why2 == "kept from an earlier measurement on this machine: bf16 matmul 9.5x faster than fp32 on this CPU"
     _, _, meas3 = precision.pick_precision(spec, CPU, 128, cache)  # another width: another shape, timed
     assert meas3["precision_measured"] is True and len(list(kept.parent.glob("*.json"))) == 2
+
+
+def test_a_cpu_without_native_bf16_is_told_by_a_small_probe(tmp_path):
+    """Where bf16 is emulated (no AMX or AVX512-BF16: 20-50x slower than fp32), a 256^3 probe decides
+    fp32 without timing the model-shaped matmul (a minute at hidden 256), and an explicit bf16 is
+    kept but named. Which branch runs is this CPU's: both are checked against the probe's own answer."""
+    probe = precision.bf16_probe(CPU)
+    assert probe > 0
+    p, why, meas = precision.pick_precision(JobSpec(precision="auto"), CPU, 512, tmp_path)
+    em = Recorder()  # an explicit bf16 through the training's own choice: kept, and said
+    cfg = types.SimpleNamespace(hidden_size=512)
+    asked = Choices(JobSpec(precision="bf16"), em, None, None, CPU, cfg, None).precision()
+    [info] = em.infos("precision")
+    alerts = [d for k, d in em.events if k == "alert" and d["kind"] == "precision"]
+    assert asked == "bf16"
+    if probe < precision.NO_FAST_BF16 / 2:  # clearly emulated here
+        assert p == "fp32" and "no native bf16" in why and meas["bf16_speedup"] < precision.NO_FAST_BF16, why
+        assert "no native bf16" in info["reason"] and info["bf16_speedup"] < precision.NO_FAST_BF16, info
+        assert len(alerts) == 1 and "without native bf16" in alerts[0]["message"], alerts
+    elif probe > precision.NO_FAST_BF16 * 2:  # native: the model-shaped timing decides, asked bf16 is plain
+        assert "no native bf16" not in why and info["reason"] == "asked for" and not alerts, info
 
 
 def test_packed_steps_waste_under_one_percent_on_cpu():

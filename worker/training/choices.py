@@ -17,7 +17,7 @@ from .autotune import autotune
 from .memory import apply_test_headroom
 from .modeling import supports_packing
 from .packing import Layout, epoch_batches, epoch_steps
-from .precision import pick_precision
+from .precision import NO_FAST_BF16, pick_precision
 from .tokenization import Tokenized
 
 DEFAULT_ROWS_PER_STEP = 16  # JobSpec: tokens_per_batch defaults to 16 examples' worth of real tokens
@@ -155,6 +155,10 @@ class Choices:
         p, why, meas = pick_precision(self.spec, self.device, getattr(self.cfg, "hidden_size", 256),
                                       self.cache_dir)
         self.em.info(precision=p, reason=why, **meas)
+        if p == "bf16" and meas.get("bf16_speedup", 1.0) < NO_FAST_BF16:  # asked for: said, not overruled
+            self.em.alert(AlertKind.PRECISION, f"precision=bf16 on a CPU without native bf16 (no AMX or "
+                          f"AVX512-BF16): its matmul runs at {meas['bf16_speedup']:.2f}x fp32 here; "
+                          "precision=auto or fp32 trains far faster on this worker", severity="warning")
         return p
 
 

@@ -43,6 +43,19 @@ def _time_matmul(n: int, k: int, m: int, dtype: torch.dtype, device: torch.devic
     return (time.perf_counter() - t) / reps
 
 
+PROBE = 256  # a matmul this small tells a CPU without native bf16 at once (see bf16_probe)
+NO_FAST_BF16 = 0.5  # a probe ratio below this: bf16 is emulated here, not worth timing in full
+
+
+def bf16_probe(device: torch.device) -> float:
+    """fp32 time / bf16 time of a 256x256x256 matmul. A CPU without native bf16 (no AMX or
+    AVX512-BF16) emulates it 20-50x slower than fp32: timing the model-shaped matmul there took a
+    minute at hidden 256 (several for a 0.5B model) before the first step; this takes ~0.5 s."""
+    f32 = _time_matmul(PROBE, PROBE, PROBE, torch.float32, device, 3)
+    b16 = _time_matmul(PROBE, PROBE, PROBE, torch.bfloat16, device, 3)
+    return f32 / b16
+
+
 def measure_peak_flops(dtype: torch.dtype, device: torch.device) -> float:
     """Achieved FLOP/s of a large matmul: the denominator of MFU (a measured, not a datasheet, peak)."""
     n = 4096 if device.type == "cuda" else 1024
@@ -68,6 +81,11 @@ def pick_precision(spec: JobSpec, device: torch.device, hidden: int,
         return want, "asked for", {}
     if want == "fp16":
         raise SpecError("precision", "precision=fp16 needs a CUDA GPU; use bf16 or fp32 on CPU")
+    if want == "bf16":
+        ratio = bf16_probe(device)
+        if ratio < NO_FAST_BF16:
+            return want, (f"asked for, though this CPU has no native bf16: its matmul runs at {ratio:.2f}x "
+                          "fp32 here (precision=auto would choose fp32)"), {"bf16_speedup": round(ratio, 2)}
     if want != "auto":
         return want, "asked for", {}
     # Shape like one MLP matmul of a few thousand tokens: what training spends its time on.
@@ -77,16 +95,21 @@ def pick_precision(spec: JobSpec, device: torch.device, hidden: int,
     how = "kept from an earlier measurement on this machine" if kept else "measured"
     if kept is None:
         try:
-            f32 = min(_time_matmul(n, k, m, torch.float32, device, 5) for _ in range(2))
-            b16 = min(_time_matmul(n, k, m, torch.bfloat16, device, 5) for _ in range(2))
+            ratio = bf16_probe(device)
+            if ratio >= NO_FAST_BF16:  # worth timing at the model's own shape
+                f32 = min(_time_matmul(n, k, m, torch.float32, device, 5) for _ in range(2))
+                b16 = min(_time_matmul(n, k, m, torch.bfloat16, device, 5) for _ in range(2))
+                ratio = f32 / b16
         except RuntimeError as e:
             return "fp32", f"bf16 autocast unavailable on this CPU ({e})", {}
-        kept = {"bf16_speedup": round(f32 / b16, 2)}
+        kept = {"bf16_speedup": round(ratio, 2)}
         keep.save(cache_dir, KEPT_AS, key, kept)
     ratio = kept["bf16_speedup"]
     meas = {"bf16_speedup": ratio, "precision_measured": how == "measured"}
     if ratio >= 1.2:
         return "bf16", f"{how}: bf16 matmul {ratio:.1f}x faster than fp32 on this CPU", meas
+    if ratio < NO_FAST_BF16:
+        return "fp32", f"{how}: this CPU has no native bf16 (its bf16 matmul runs at {ratio:.2f}x fp32)", meas
     return "fp32", f"{how}: bf16 matmul only {ratio:.2f}x fp32 on this CPU, not worth the precision", meas
 
 
