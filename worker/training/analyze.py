@@ -57,18 +57,19 @@ def analyze(spec, cache_dir=None, em=None, sample=None, measure_s: float = 0.0):
     from tokenpulse.preflight import analysis_warnings, spec_warnings
     out["warnings"] = spec_warnings(spec) + analysis_warnings(spec, out)
     if measure_s > 0:
-        out["memory"] = measure_fit(spec, tok, data, model_max, out["max_seq_length"], measure_s, em)
+        out["memory"] = measure_fit(spec, tok, data, model_max, out["max_seq_length"], measure_s, em, cache_dir)
     return DatasetAnalysis(**out)
 
 
-def measure_fit(spec, tok, data, model_max, seq_len, budget_s, em) -> dict:
-    """Per candidate sequence length, the largest micro-batch that fits and its tokens/s (fit.py)."""
+def measure_fit(spec, tok, data, model_max, seq_len, budget_s, em, cache_dir=None) -> dict:
+    """Per candidate sequence length, the largest micro-batch that fits and its tokens/s (fit.py), at
+    the precision a job would choose (its CPU timing kept in cache_dir for the jobs that follow)."""
     from .fit import fit_table
     from .modeling import load_model
     from .precision import pick_device, pick_precision
     device, _ = pick_device(spec)
     model = load_model(spec, tok, device)
-    precision, _, _ = pick_precision(spec, device, getattr(model.config, "hidden_size", 256))
+    precision, _, _ = pick_precision(spec, device, getattr(model.config, "hidden_size", 256), cache_dir)
     from .memory import apply_test_headroom
     apply_test_headroom()  # test-only (env): real allocator failures at a known size
 

@@ -4,7 +4,7 @@ again: the loss head's compile-or-not (losshead.py: 4-30 s of compiling and timi
 inductor's own cache keeps the kernels) and CPU precision (precision.py: a few seconds of timing,
 whose bf16/fp32 verdict can flip on a noisy machine and so change every later key).
 
-One small JSON file per kind and key, the key everything the measurement depends on plus the host,
+One small JSON file per kind and key, the key everything the measurement depends on plus the host and its CPU model,
 the torch threads and torch's and transformers' versions. Written whole (os.replace): a job reading
 beside another never sees half a file. A file that cannot be read or written is a miss (the
 measurement runs, as without a cache)."""
@@ -21,9 +21,19 @@ import torch
 import transformers
 
 
+def cpu_model() -> str:
+    """The CPU's model name: a host name can move to another machine (a cloud VM resized, a container
+    rescheduled), and a bf16 timing from a CPU with AMX says nothing of one without."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 def key(**parts) -> str:
     """A digest of what a measurement depends on, plus what every measurement here depends on."""
-    parts.update(host=socket.gethostname(), threads=torch.get_num_threads(),
+    parts.update(host=socket.gethostname(), cpu=cpu_model(), threads=torch.get_num_threads(),
                  torch=torch.__version__, transformers=transformers.__version__)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
