@@ -54,29 +54,42 @@ def test_a_command_whose_backlog_outlasts_the_lease_runs_once_and_completes(serv
         assert len(out) == LINES and out[-1].startswith(f"line {LINES - 1:07d}"), len(out)
 
 
+def stand_in_claims_a_job(c, agent: httpx.Client, name: str) -> tuple[int, int, int]:
+    """A stand-in agent over the real HTTP API registers and claims a new job: (job, agent, first seq)."""
+    jid = c.post("/api/jobs", json={"max_steps": 5}).json()["id"]
+    aid = agent.post("/api/agents", json={"name": name, "host": "h", "device": "cpu"}).json()["id"]
+    claim = agent.post(f"/api/agents/{aid}/claim").json()
+    assert claim["job_id"] == jid, claim
+    return jid, aid, claim["seq_start"]
+
+
+def deliver_for(agent: httpx.Client, aid: int, jid: int, seq: int, seconds: float, check) -> None:
+    """A log event for the job every half second for `seconds`, each acknowledged, then check()."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        r = agent.post(f"/api/agents/{aid}/events", json={"events": [
+            {"kind": "log", "job_id": jid, "seq": seq, "t": time.time(), "data": {"line": f"backlog {seq}"}}]})
+        assert r.json()["acked"] == {str(jid): seq}, r.text
+        seq += 1
+        check()
+        time.sleep(0.5)
+
+
 def test_the_server_spares_a_job_whose_agent_still_delivers_its_events(server_factory):
-    """A stand-in agent over the real HTTP API whose heartbeats do not list its job (an agent between
-    the end of a process and the upload of its last events): as long as the job's events keep
-    arriving the attempt is not failed; once they stop for a lease, it is lost as before."""
+    """A stand-in agent whose heartbeats do not list its job (an agent between the end of a process
+    and the upload of its last events): as long as the job's events keep arriving the attempt is not
+    failed; once they stop for a lease, it is lost as before."""
     lease = 3
     srv = server_factory(agent_lost_after_s=lease, reaper_every_s=0.5)
     agent = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
     with srv.client() as c, agent:
-        jid = c.post("/api/jobs", json={"max_steps": 5}).json()["id"]
-        aid = agent.post("/api/agents", json={"name": "stand-in", "host": "h", "device": "cpu"}).json()["id"]
-        claim = agent.post(f"/api/agents/{aid}/claim").json()
-        assert claim["job_id"] == jid
-        seq = claim["seq_start"]
-        end = time.monotonic() + 3 * lease + 1  # past the server's first lease, then two more
-        while time.monotonic() < end:
-            r = agent.post(f"/api/agents/{aid}/events", json={"events": [
-                {"kind": "log", "job_id": jid, "seq": seq, "t": time.time(), "data": {"line": f"backlog {seq}"}}]})
-            assert r.json()["acked"] == {str(jid): seq}, r.text
-            seq += 1
+        jid, aid, seq = stand_in_claims_a_job(c, agent, "stand-in")
+
+        def beat_without_the_job():
             assert agent.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {}}).status_code == 200
             job = c.get(f"/api/jobs/{jid}").json()
             assert job["state"] == "running" and job["attempt"] == 1, job  # before: lost at once
-            time.sleep(0.5)
+        deliver_for(agent, aid, jid, seq, 3 * lease + 1, beat_without_the_job)  # past the first lease, two more
         # the events stop: a lease later the job is as lost as any job its agent does not run
         wait_for(lambda: agent.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {}}) and
                  c.get(f"/api/jobs/{jid}").json()["state"] == "queued", 4 * lease, "the job to be taken as lost")
@@ -91,21 +104,13 @@ def test_an_agent_delivering_events_keeps_its_lease_without_a_heartbeat(server_f
     srv = server_factory(agent_lost_after_s=lease, reaper_every_s=0.5)
     agent = httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {srv.agent_token}"})
     with srv.client() as c, agent:
-        jid = c.post("/api/jobs", json={"max_steps": 5}).json()["id"]
-        aid = agent.post("/api/agents", json={"name": "uploader", "host": "h", "device": "cpu"}).json()["id"]
-        claim = agent.post(f"/api/agents/{aid}/claim").json()
-        seq = claim["seq_start"]
+        jid, aid, seq = stand_in_claims_a_job(c, agent, "uploader")
         assert agent.post(f"/api/agents/{aid}/heartbeat", json={"jobs": {str(jid): time.time()}}).status_code == 200
-        end = time.monotonic() + 3 * lease + 1  # past the server's first lease, then two more
-        while time.monotonic() < end:
-            r = agent.post(f"/api/agents/{aid}/events", json={"events": [
-                {"kind": "log", "job_id": jid, "seq": seq, "t": time.time(), "data": {"line": f"backlog {seq}"}}]})
-            assert r.json()["acked"] == {str(jid): seq}, r.text
-            seq += 1
-            me = next(a for a in c.get("/api/agents").json() if a["id"] == aid)
-            assert me["state"] == "online", me
-            time.sleep(0.5)
-        wait_for(lambda: next(a for a in c.get("/api/agents").json() if a["id"] == aid)["state"] == "lost",
-                 4 * lease, "the silent agent to be lost")
+        state = lambda: next(a for a in c.get("/api/agents").json() if a["id"] == aid)["state"]  # noqa: E731
+
+        def still_online():
+            assert state() == "online"
+        deliver_for(agent, aid, jid, seq, 3 * lease + 1, still_online)  # no heartbeat: events only
+        wait_for(lambda: state() == "lost", 4 * lease, "the silent agent to be lost")
         assert c.get(f"/api/jobs/{jid}").json()["state"] == "queued"
         assert c.get("/api/alerts", params={"job_id": jid, "kind": "worker_lost"}).json()

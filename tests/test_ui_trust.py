@@ -159,6 +159,10 @@ def test_numbers_mfu_never_above_100_and_one_formatter_per_unit(srv, d, jobs):
                             "u.closest('.chart-box').clientWidth] })")
     assert all(box - 40 <= w <= box for w, box in fill), fill  # the box's padding only
     assert d.execute_script("return document.querySelector('#sys-cpu .u-axis').getBoundingClientRect().height") >= 50
+    # not hovering, each System legend says its latest reading, not "–" (which reads as no data)
+    legend = d.execute_script("return [...document.querySelectorAll('#sys-cpu .u-legend .u-value')]"
+                              ".map((e) => e.textContent)")
+    assert legend[1:] == ["101", "40"] and ":" in legend[0], legend
     d.execute_script("document.getElementById('system').scrollIntoView()")
     shot(d, "trust-job-system")
     shot(d, "trust-job-stalled", full=True)
@@ -195,6 +199,9 @@ def test_a_failed_commands_traceback_once_in_monospace_and_pause_one_step(srv, d
     assert "369" in text(d, "#phase-text") and "368" not in text(d, "#phase-text"), text(d, "#phase-text")
     assert text(d, "#step").startswith("369"), text(d, "#step")
     assert "paused at step 369" in text(d, "#reason")
+    # its Throughput card, empty, says it may still come (not that the job reported none: it is not over)
+    until(d, 20, lambda d: text(d, "#chart-tps").startswith("No throughput before the pause: it comes after the job "
+                                                            "resumes."), "the paused job's empty Throughput card")
 
 
 def test_a_command_jobs_empty_loss_and_throughput_cards_say_why(srv, d, jobs):

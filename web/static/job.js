@@ -446,7 +446,8 @@
   const TPS_FROM = "tokenpulse counts tokens per second from the token batches (input_ids) the model is called with, or takes the tokens_per_s the script logs.";
   function emptyWhy(what, from, warmup) {
     const st = job ? job.state : null, own = !job || job.kind === "train";
-    if (st && (TP.FINAL.includes(st) || st === "paused")) return `This job reported no ${what}.${own ? "" : ` ${from}`}`;
+    if (st && TP.FINAL.includes(st)) return `This job reported no ${what}.${own ? "" : ` ${from}`}`;
+    if (st === "paused") return `No ${what} before the pause: it comes after the job resumes.${own ? "" : ` ${from}`}`;
     return own ? `No ${what} yet: ${warmup}` : `No ${what} reported yet. ${from}`;
   }
   const EMPTY_WHY = {

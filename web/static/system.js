@@ -31,6 +31,12 @@
     return [ts, ...keys.map((k) => { const col = ts.map(() => null); series[k].t.forEach((t, i) => { col[at.get(t)] = series[k].value[i]; }); return col; })];
   }
   const SIZE = 180; // each chart's height
+  // Not hovering, a legend entry says its series' latest reading (as the job's charts do), not "–"
+  // (which reads as missing data); hovering, the reading under the cursor.
+  const orLatest = (fmt) => (u, v, si, idx) => {
+    if (idx == null && v == null) { const col = u.data[si]; for (let i = col.length - 1; i >= 0 && v == null; i--) v = col[i]; }
+    return v == null ? "–" : fmt(v);
+  };
   function draw() {
     const box = $("system-charts");
     $("system").hidden = !Object.keys(series).length; // shown first: a chart takes its box's width as laid out
@@ -50,8 +56,8 @@
       if (c) c.destroy();
       el.replaceChildren();
       const opts = { width: Math.max(280, el.clientWidth || 500), height: SIZE,
-        series: [{ label: "time", value: (u, v) => (v == null ? "–" : new Date(v * 1000).toLocaleTimeString("en-GB")) },
-          ...ks.map(([, l], i) => ({ label: l, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => (v == null ? "–" : TP.sig(v, 3)) }))],
+        series: [{ label: "time", value: orLatest((v) => new Date(v * 1000).toLocaleTimeString("en-GB")) },
+          ...ks.map(([, l], i) => ({ label: l, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: orLatest((v) => TP.sig(v, 3)) }))],
         // the time axis' two lines (the time, and the date under the first tick) as the job's wall-clock axis has them
         scales: { x: { time: true } }, axes: [{ size: 50 }, { size: 56, values: (u, v) => TP.ticks(v) }], legend: { live: true } };
       charts[p.id] = new uPlot(opts, d, el);
