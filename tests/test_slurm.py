@@ -243,10 +243,11 @@ def test_pause_releases_the_allocation_and_resume_submits_again_from_the_checkpo
 
 
 def test_slurms_own_time_limit_warning_checkpoints_and_requeues(srv, cluster):
-    """Slurm's own clock: a 1-minute limit, the warning 55 s before it (slurmctld checks limits every
-    30 s or so: the warning comes 5 to 35 s in). The first attempt is slow, so it is warned mid-run."""
+    """Slurm's own clock: a 1-minute limit, the warning 45 s before it (slurmctld checks limits every
+    30 s or so: the warning comes 15 to 45 s in; 55 s before left a loaded machine's attempts 5 s,
+    each warned while still loading its model). The first attempt is slow, so it is warned mid-run."""
     name = srv.plan_fault("limited", step_sleep_s=1.0)
-    spec = {**FAST, "name": name, "max_steps": 60, "slurm": {"time_limit_min": 1, "signal_before_s": 55}}
+    spec = {**FAST, "name": name, "max_steps": 60, "slurm": {"time_limit_min": 1, "signal_before_s": 45}}
     with srv.client() as c:
         jid = c.post("/api/jobs", json=spec).json()["id"]
 
@@ -261,7 +262,7 @@ def test_slurms_own_time_limit_warning_checkpoints_and_requeues(srv, cluster):
         assert all(a["resumed_from"] for a in done["attempts"][1:]), done["attempts"]
         assert steps(c, jid) == list(range(1, 61))  # no step lost, none twice
         text = logs(c, jid)
-        assert "--time=1" in text and "--signal=B:USR2@55" in text, text[-2000:]
+        assert "--time=1" in text and "--signal=B:USR2@45" in text, text[-2000:]
         ids = {e["data"]["slurm"]["job_id"] for e in events(c, jid, "info") if "slurm" in e["data"]}
         assert len(ids) == len(done["attempts"]), ids  # a Slurm job per attempt
 

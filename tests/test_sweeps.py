@@ -126,7 +126,9 @@ def sweep_page_in_the_browser(srv, sweep_id: int, done: dict) -> None:
         until(d, 30, lambda d: d.execute_script("return document.body.dataset.rendered") == "3", "the sweep page")
         rows = d.find_elements(By.CSS_SELECTOR, "#trials tr")
         assert [r.get_attribute("data-trial") for r in rows] == ["0", "1", "2"]
-        assert "trial-best" in rows[0].get_attribute("class") and "pruned" in rows[1].text
+        assert "trial-best" in rows[0].get_attribute("class")
+        # the trials the API says were pruned (which of #1 and #2 depends on where the server's kill fell)
+        assert all("pruned" in rows[t["number"]].text for t in done["trials"] if t["state"] == "pruned")
         assert f"#{done['best']['number']}" in text(d, "#best") and text(d, "#sweep-state") == "completed"
         assert d.find_elements(By.CSS_SELECTOR, "#parallel polyline")
         assert d.find_elements(By.CSS_SELECTOR, "#over-trials circle")
