@@ -4,12 +4,13 @@ again: the loss head's compile-or-not (losshead.py: 4-30 s of compiling and timi
 inductor's own cache keeps the kernels) and CPU precision (precision.py: a few seconds of timing,
 whose bf16/fp32 verdict can flip on a noisy machine and so change every later key).
 
-One small JSON file per kind and key, the key everything the measurement depends on plus the host and its CPU model,
-the torch threads and torch's and transformers' versions. Written whole (os.replace): a job reading
+One small JSON file per kind and key, the key everything the measurement depends on plus the host,
+its CPU model, the torch threads and torch's and transformers' versions. Written whole (os.replace): a job reading
 beside another never sees half a file. A file that cannot be read or written is a miss (the
 measurement runs, as without a cache)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import torch
 import transformers
 
 
+@functools.cache
 def cpu_model() -> str:
     """The CPU's model name: a host name can move to another machine (a cloud VM resized, a container
     rescheduled), and a bf16 timing from a CPU with AMX says nothing of one without."""
