@@ -42,6 +42,8 @@ class AgentWrites:
     def submit(self, agent_id: int, message: AgentMessage) -> asyncio.Future:
         """A checked message (a heartbeat, an event batch, or both); the future resolves to its AgentAnswer."""
         fut = asyncio.get_running_loop().create_future()
+        self.tp.arriving.add(agent_id)  # until it is applied: the reaper spares its agent
+        fut.add_done_callback(lambda _: self.tp.arriving.done(agent_id))
         self.pending.append((agent_id, message, fut))
         if message.events and any(isinstance(e, dict) and e.get("kind") in URGENT for e in message.events):
             self.urgent.set()  # a job ended or raised an alert: people wait for that frame, no gathering

@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from server import auth, job_tokens
 from server.db import Database
 from server.hub import Hub
-from server.ingest.heartbeats import Deliveries
+from server.ingest.heartbeats import Arriving, Deliveries
 from server.prometheus import ServerStats
 from server.security import Caller
 from server.settings import Settings
@@ -31,6 +31,7 @@ class App:
     agent_writes: object = None  # agent websockets' writes, batched (server/agent_channel.py)
     rule_runner: object = None  # metric rules judged after ingest's commit (server/rule_runner.py)
     deliveries: Deliveries = field(default_factory=Deliveries)  # jobs' events arriving (store.reconcile)
+    arriving: Arriving = field(default_factory=Arriving)  # agents' messages not yet applied (the reaper)
     sweeps: object = None  # the sweep loop (server/sweeps/engine.py): woken when a trial's events arrive
 
     def caller(self, token: str) -> Optional[Caller]:

@@ -38,12 +38,16 @@ from tokenpulse.protocol import (
 log = logging.getLogger("tokenpulse.reaper")
 
 
-def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] = None) -> list[tuple]:
+def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] = None,
+         arriving: frozenset[int] = frozenset()) -> list[tuple]:
+    """arriving: agents whose message this server holds, not yet applied (heartbeats.Arriving): spared."""
     now = time.time() if now is None else now
     if now - started_at < lost_after_s:
         return []  # every agent gets one full lease after a server start
     frames = []
     for agent in s.scalars(select(Agent).where(Agent.state == "online", Agent.seen_at < now - lost_after_s)):
+        if agent.id in arriving:
+            continue
         agent.state = "lost"
         frames.append((AGENTS_TOPIC, agent_frame({"id": agent.id, "state": "lost"}), False))
         jobs = list(s.scalars(select(Job).where(Job.agent_id == agent.id,
@@ -72,7 +76,8 @@ def reaper_pass(s, tp, started_at: float) -> list[tuple]:
     """One pass. During a database write stall it also tries a write (which touches nothing): only a
     write ends a stall (server/db.py), so leases restart and the outage clears exactly when the
     database takes writes again, never on a read that slipped past another process's lock."""
-    frames = reap(s, tp.settings.agent_lost_after_s, lease_origin(tp.db, started_at))
+    frames = reap(s, tp.settings.agent_lost_after_s, lease_origin(tp.db, started_at),
+                  arriving=frozenset(tp.arriving.agents()))
     if tp.db.in_stall:
         raw_cursor(s).execute("UPDATE agents SET seen_at = seen_at WHERE id = -1")
     return frames

@@ -110,3 +110,22 @@ def test_a_state_rule_fires_for_a_job_the_reaper_fails(s):
     assert "sft fails: job" in fired[0].message and "is failed" in fired[0].message
     assert any(p["type"] == "alert" and p["alert"]["kind"] == f"rule:{rule.id}" for _, p, _ in frames)
     RULES.changed()
+
+
+def test_an_agent_whose_message_waits_on_this_servers_writer_is_not_lost(s):
+    """Its heartbeat arrived but waits behind other writes on a busy server (heartbeats.Arriving): the
+    delay is the server's. Spared while its message is held; lost once nothing of it is."""
+    from server.ingest.heartbeats import Arriving
+    quiet = add_agent(s, "quiet", seen_at=NOW - LEASE - 5)
+    job = claimed(s, quiet, max_retries=1)
+    arriving = Arriving()
+    arriving.add(quiet.id)
+    arriving.add(quiet.id)  # a heartbeat and an event batch
+    assert reap(s, LEASE, started_at=0.0, now=NOW, arriving=frozenset(arriving.agents())) == []
+    arriving.done(quiet.id)
+    assert reap(s, LEASE, started_at=0.0, now=NOW, arriving=frozenset(arriving.agents())) == []
+    assert quiet.state == "online" and job.state == "running"
+    arriving.done(quiet.id)
+    assert arriving.agents() == set()
+    reap(s, LEASE, started_at=0.0, now=NOW, arriving=frozenset(arriving.agents()))
+    assert quiet.state == "lost" and job.state == "queued"

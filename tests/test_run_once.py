@@ -4,6 +4,7 @@ acknowledged, and the server does not fail an attempt whose agent is still deliv
 Real server, real agent, a real command printing a large backlog fast; a small lease."""
 from __future__ import annotations
 
+import asyncio
 import sys
 import textwrap
 import time
@@ -39,8 +40,9 @@ def test_a_command_whose_backlog_outlasts_the_lease_runs_once_and_completes(serv
         wait_for(lambda: marker.exists(), 60, "the command to run")
         job = srv.wait_job(jid, timeout=240)
         log_text = (srv.data_dir.parent / "agent-a1.log").read_text()
-        assert job["state"] == "completed" and job["attempt"] == 1, (job, log_text[-2000:])
-        assert [a["outcome"] for a in job["attempts"]] == ["completed"], job["attempts"]
+        said = (job["state"], job["attempts"], c.get("/api/alerts", params={"job_id": jid}).json(), log_text[-3000:])
+        assert job["state"] == "completed" and job["attempt"] == 1, said
+        assert [a["outcome"] for a in job["attempts"]] == ["completed"], said
         assert marker.read_text() == "ran\n", "the command ran a second time"
         assert not c.get("/api/alerts", params={"job_id": jid, "kind": "worker_lost"}).json()
         out, after = [], -1
@@ -114,3 +116,57 @@ def test_an_agent_delivering_events_keeps_its_lease_without_a_heartbeat(server_f
         wait_for(lambda: state() == "lost", 4 * lease, "the silent agent to be lost")
         assert c.get(f"/api/jobs/{jid}").json()["state"] == "queued"
         assert c.get("/api/alerts", params={"job_id": jid, "kind": "worker_lost"}).json()
+
+
+def test_a_job_given_back_to_its_agent_ends_the_earlier_attempt_here_first(tmp_path):
+    """The server took a job from an agent (a lease ran out on a busy machine) and the same agent
+    claims it again: the earlier attempt's process is stopped before the new one starts (or its
+    backlog, if it had ended), its events
+    not yet delivered never reach the server (stored now they would be the new attempt's: its final
+    state ended it), and a cancel answering a message sent before the new claim (about the earlier
+    attempt) leaves the new one running. A real agent's job runner, real command processes; no server
+    is needed for any of it."""
+    from tokenpulse.protocol import Claim, Command, CommandSpec
+    from worker.agent.agent import Agent
+
+    script = "import sys, time\nprint('up', flush=True)\ntime.sleep(120)\n"
+    spec = CommandSpec(command=[sys.executable, "-c", script], instrument=False)
+
+    async def until(ok, what: str, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while not ok():
+            assert time.monotonic() < end, what
+            await asyncio.sleep(0.05)
+
+    def said(job_id: int, kind: str) -> list[dict]:
+        return [e for e in agent.outbox.pending.get(job_id, []) if e["kind"] == kind]
+
+    async def scenario() -> None:
+        await agent.runs.start_job(Claim(job_id=7, attempt=1, seq_start=0, kind="command", spec=spec))
+        first = agent.jobs[7]
+        await until(lambda: any(e["data"].get("line") == "up" for e in said(7, "log")), "attempt 1 printed")
+        answered_before = time.monotonic()  # a message sent now is answered about attempt 1
+        await agent.runs.start_job(Claim(job_id=7, attempt=2, seq_start=40, kind="command", spec=spec))
+        second = agent.jobs[7]
+        assert second is not first and first.superseded
+        assert first.process.started.returncode is not None, "attempt 1 still runs beside attempt 2"
+        await until(lambda: all(t.done() for t in first.tasks), "attempt 1's supervision ends")
+        assert agent.jobs.get(7) is second  # attempt 1's end did not take attempt 2 with it
+        assert not said(7, "state") and min(e["seq"] for e in agent.outbox.pending[7]) >= 40
+        await until(lambda: any(e["data"].get("line") == "up" for e in said(7, "log")), "attempt 2 printed")
+        await agent.runs.handle([Command(job_id=7, action="cancel")], answered_before)
+        assert second.requested is None and second.process.started.returncode is None
+        await agent.runs.handle([Command(job_id=7, action="cancel")], time.monotonic())
+        await until(lambda: 7 not in agent.jobs, "attempt 2 cancelled")
+        (state,) = said(7, "state")
+        assert state["data"]["state"] == "cancelled" and state["seq"] >= 40, state
+        # attempt 2 ended, its end not delivered (no server here): claimed back once more, that end is dropped
+        assert 7 in agent.runs.delivering
+        await agent.runs.start_job(Claim(job_id=7, attempt=3, seq_start=80, kind="command", spec=spec))
+        assert not said(7, "state") and min(e["seq"] for e in agent.outbox.pending[7]) >= 80
+        await agent.runs.handle([Command(job_id=7, action="cancel")], time.monotonic())
+        await until(lambda: 7 not in agent.jobs, "attempt 3 cancelled")
+
+    agent = Agent("http://127.0.0.1:9", "unused", tmp_path / "agent", allow_commands=True, warm_start=False,
+                  grace_s=10)
+    asyncio.run(scenario())

@@ -98,7 +98,8 @@ async def heartbeat(agent_id: int, hb: Heartbeat, tp: AppDep, caller: AgentDep) 
     def beat(s):
         known_agent(s, agent_id, caller)
         return apply_messages(s, tp, [Incoming(agent_id, heartbeat=hb, job_only=caller.job_id)])
-    applied = await tp.db.write(beat)
+    with tp.arriving.held(None if caller.job_id is not None else agent_id):
+        applied = await tp.db.write(beat)
     after_ingest(tp, applied.outcome)
     return applied.replies[0]
 
@@ -225,6 +226,7 @@ async def report(agent_id: int, request: Request, tp: AppDep, caller: AgentDep) 
         events = parse.parse_batch(body)
         confine(caller, {e.job_id for e in events})
         return apply_messages(s, tp, [Incoming(agent_id, events=events, job_only=caller.job_id)])
-    applied = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
+    with tp.arriving.held(None if caller.job_id is not None else agent_id):
+        applied = await tp.db.write(store_batch, bulk=len(body) > 65536)  # big batches: the bulk lane
     after_ingest(tp, applied.outcome)
     return applied.replies[0]

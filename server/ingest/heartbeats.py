@@ -5,6 +5,7 @@ Raw SQL on the indexed jobs.agent_id throughout: this runs on every heartbeat an
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import Iterable, Optional
 
 from sqlalchemy.orm import Session
@@ -33,6 +34,42 @@ class Deliveries:
 
     def get(self, job_id: int, default: float = 0.0) -> float:
         return self.at.get(job_id, default)
+
+
+class Arriving:
+    """Agents with a message (a heartbeat, an event batch) received by this server process and not
+    yet applied: on a busy server it can wait on the writer behind other writes for longer than a
+    lease. The reaper spares them: the delay is the server's, not the agent's (an agent uploading a
+    big backlog was declared lost while its own heartbeat sat in the queue). Per process, like
+    Deliveries; on the event loop only."""
+
+    def __init__(self):
+        self.count: dict[int, int] = {}
+
+    def add(self, agent_id: int) -> None:
+        self.count[agent_id] = self.count.get(agent_id, 0) + 1
+
+    def done(self, agent_id: int) -> None:
+        left = self.count.get(agent_id, 1) - 1
+        if left > 0:
+            self.count[agent_id] = left
+        else:
+            self.count.pop(agent_id, None)
+
+    @contextmanager
+    def held(self, agent_id: Optional[int]):
+        """Around an HTTP route's write; None (a job's own credential: no lease of the agent's) holds nothing."""
+        if agent_id is None:
+            yield
+            return
+        self.add(agent_id)
+        try:
+            yield
+        finally:
+            self.done(agent_id)
+
+    def agents(self) -> set[int]:
+        return set(self.count)
 
 
 def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Command]:

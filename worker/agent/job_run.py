@@ -82,7 +82,27 @@ class JobRunner:
         self.stream = JobStream(emit, snapshot_s)  # its events and output read
         self.warm = warm  # the standby tokenpulse's own training starts in (warm.py)
 
+    async def take_back(self, claim: Claim) -> None:
+        """The server gave a job out again while this agent still holds an earlier attempt of it (it took
+        the job from this agent when a lease ran out on a busy machine, then this agent claimed it
+        back): that attempt is over in the server's eyes. Its process is stopped before the new one
+        starts (they share the job's directory), and its events not yet delivered are dropped: sent
+        now, they would be stored as the new attempt's, its final state ending the new attempt."""
+        old = self.jobs.pop(claim.job_id, None)
+        delivering = self.delivering.pop(claim.job_id, None) is not None
+        if old is None and not delivering:  # (events of a journal replayed after a restart are sent)
+            return
+        dropped = self.outbox.forget(claim.job_id)
+        log.warning("job %s: claimed again as attempt %s while attempt %s %s here (the server ended it): "
+                    "%s undelivered events of it dropped", claim.job_id, claim.attempt,
+                    old.claim.attempt if old else "before it", "still ran" if old else "was delivering", dropped)
+        if old is not None:
+            old.superseded = True
+            old.requested = Requested.CANCEL
+            await old.process.stop(signal.SIGTERM, self.grace_s)
+
     async def start_job(self, claim: Claim) -> None:
+        await self.take_back(claim)
         job_dir = self.work_dir / "jobs" / str(claim.job_id)
         if isinstance(claim.spec, CommandSpec):
             return await self.start_command(claim, claim.spec, job_dir)
@@ -134,7 +154,7 @@ class JobRunner:
         except OSError as e:
             self.emit(rj, "state", ExitVerdict(state="failed", reason=f"could not start training: {e}",
                                               failure=Failure.CRASH).model_dump(exclude_none=True))
-            self.finish(claim.job_id)
+            self.finish(rj)
             return
         finally:  # the zygote, if there is none, once this job is past its start
             self.warm.refill_when(lambda: rj.detector.step is not None or claim.job_id not in self.jobs)
@@ -145,6 +165,7 @@ class JobRunner:
     async def start_command(self, claim: Claim, spec: CommandSpec, job_dir: Path) -> None:
         """A command job (spec: its claim's): the command as given, in its working directory, with its
         environment, the event pipe and (unless instrument is off) the instrumentation hook on its PYTHONPATH."""
+        await self.take_back(claim)
         mask = Masker(os.environ[n] for n in spec.secret_env if n in os.environ)
         self.outbox.open_job(claim.job_id, claim.seq_start, mask)  # every event it sends, masked
         cwd = Path(spec.cwd) if spec.cwd else job_dir / "work"
@@ -195,7 +216,7 @@ class JobRunner:
         if problem is not None:
             verdict = ExitVerdict(state="failed", reason=problem, failure=Failure.SPEC)
             self.emit(rj, "state", verdict.model_dump(exclude_none=True))
-            self.finish(claim.job_id)
+            self.finish(rj)
             return
         self.watch(rj)
 
@@ -251,20 +272,28 @@ class JobRunner:
         verdict = final_verdict(rj, keeper.returncode, self.name)
         close_alerts(rj, verdict, self.emit, disk_alert_open=self.disk.alert is not None)
         self.emit(rj, "state", verdict.model_dump(exclude_none=True))
-        self.finish(rj.claim.job_id)
+        self.finish(rj)
 
-    def finish(self, job_id: int) -> None:
-        rj = self.jobs.pop(job_id, None)
-        if rj is not None and not rj.claim.node_rank and self.outbox.pending.get(job_id):
-            self.delivering[job_id] = rj.alive_at
+    def finish(self, rj: RunningJob) -> None:
+        job_id = rj.claim.job_id
+        if self.jobs.get(job_id) is rj:  # (a later attempt of the job, given back to this agent, is not ended)
+            del self.jobs[job_id]
+            if not rj.claim.node_rank and self.outbox.pending.get(job_id):
+                self.delivering[job_id] = rj.alive_at
         self.done_jobs += 1
         self.finished_at = time.monotonic()
         self.flush_now.set()
 
-    async def handle(self, commands: list[Command]) -> None:
+    async def handle(self, commands: list[Command], sent: float = float("inf")) -> None:
+        """Commands in the server's answer to a message this agent sent at `sent` (monotonic)."""
         for c in commands:
             rj = self.jobs.get(c.job_id)
             if rj is None:
+                continue
+            if c.action in (Action.CANCEL, Action.PAUSE) and sent < rj.started:
+                # about an earlier attempt of this job (taken from this agent after a lost lease and
+                # given back to it): never this one. A cancel or pause asked of this attempt is in
+                # the answer to every message, so the next one brings it.
                 continue
             action = c.action
             if action == Action.STACK and rj.claim.node_rank and rj.gang is not None:

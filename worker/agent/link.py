@@ -42,7 +42,7 @@ class ServerLink:
     def __init__(self, server: str, token: str, *, hello: Callable[[], AgentHello], outbox: Outbox,
                  jobs: dict[int, RunningJob], delivering: dict[int, float], flush_now: asyncio.Event,
                  stopped: asyncio.Event, heartbeat_s: float, flush_s: float,
-                 on_commands: Callable[[list[Command]], Awaitable[None]], before_flush: Callable[[], None],
+                 on_commands: Callable[[list[Command], float], Awaitable[None]], before_flush: Callable[[], None],
                  held: Optional[Callable[[], list[int]]] = None):
         self.server = server
         self.http = httpx.AsyncClient(base_url=server, timeout=30, headers={"Authorization": f"Bearer {token}"})
@@ -149,6 +149,7 @@ class ServerLink:
                     for rj in self.jobs.values():
                         if rj.gang is not None:
                             gangstacks.sent(rj.gang)  # asked-for stacks go once
+                    sent = time.monotonic()  # its commands are about what ran then (on_commands)
                     reply = await self.channel.heartbeat(beat)  # rank tables too: one message model
                     if reply is None or "status" in reply:
                         r = await self.call("POST", f"/api/agents/{self.agent_id}/heartbeat",
@@ -156,7 +157,7 @@ class ServerLink:
                         reply = r.json() if r.status_code == 200 else None
                     if reply is not None:
                         self.beat_at = time.monotonic()
-                        await self.on_commands(AgentReply.model_validate(reply).commands)
+                        await self.on_commands(AgentReply.model_validate(reply).commands, sent)
             except Exception:
                 log.exception("heartbeat failed")
             try:
@@ -167,17 +168,19 @@ class ServerLink:
 
     # ---- events ----------------------------------------------------------------------------------
 
-    async def take_reply(self, data: dict) -> None:
-        """The server's answer to an event batch (socket or HTTP): drop what it stored, act on commands."""
+    async def take_reply(self, data: dict, sent: float) -> None:
+        """The server's answer to an event batch (socket or HTTP) sent at `sent` (monotonic): drop what
+        it stored, act on commands."""
         reply = AgentReply.model_validate(data)
         self.outbox.ack(reply.acked)
-        await self.on_commands(reply.commands)
+        await self.on_commands(reply.commands, sent)
 
     async def send(self, batch: list[dict]) -> bool:
         """POST one batch; True once the server answered it. A batch the server refuses as malformed
         (422) or too large (413) is split in halves until the culprit is one event, which is dropped
         with a log line: one bad event must never hold back every event after it."""
         body = event_batch_body(batch)
+        sent = time.monotonic()
         if len(batch) < 1000:  # small batches over the websocket; a refusal is split over HTTP below
             msg: dict = dict(body)
             if time.monotonic() - self.beat_at >= self.heartbeat_s * 0.5 and not any(  # one message, not two
@@ -187,11 +190,11 @@ class ServerLink:
             if got is not None and "status" not in got:
                 if "heartbeat" in msg:
                     self.beat_at = time.monotonic()
-                await self.take_reply(got)
+                await self.take_reply(got, sent)
                 return True
         r = await self.call("POST", f"/api/agents/{self.agent_id}/events", json=body)
         if r.status_code == 200:
-            await self.take_reply(r.json())
+            await self.take_reply(r.json(), sent)
             return True
         if r.status_code in (413, 422):
             if len(batch) == 1:

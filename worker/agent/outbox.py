@@ -159,6 +159,15 @@ class Outbox:
                 self.pending[job_id] = [e for e in evs if e["seq"] > seq]
                 self._compact(job_id)
 
+    def forget(self, job_id: int) -> int:
+        """Drop every pending event of a job (an attempt the server has ended: job_run.take_back);
+        returns how many."""
+        n = len(self.pending.get(job_id) or [])
+        if n:
+            self.pending[job_id] = []
+            self._rewrite(job_id)
+        return n
+
     def drop(self, ev: dict, why: str) -> None:
         """Give up on one event the server refuses outright (malformed or too large alone)."""
         evs = self.pending.get(ev["job_id"], [])

@@ -63,6 +63,8 @@ class RunningJob:
     kill_after_s: float = 0.0  # 0: a stall is never killed
     # a command job's printed loss and where each of its metrics came from (printed_metrics.py)
     sourced: Optional[JobMetrics] = None
+    # the server gave this job out again (to this agent) while this attempt ran: its events are dropped
+    superseded: bool = False
 
     @property
     def command(self) -> Optional[CommandSpec]:
@@ -77,6 +79,8 @@ class Emitter:
         self.outbox, self.flush_now = outbox, flush_now
 
     def __call__(self, rj: RunningJob, kind: str, data: dict, t: Optional[float] = None) -> None:
+        if rj.superseded:  # an attempt the server ended: stored now, its events would be the next one's
+            return
         if rj.claim.node_rank:  # a multi-node job's other nodes: node rank 0's agent tells the story
             if kind in ("state", "alert") or kind == "log" and data.get("stream") == "agent":
                 log.info("job %s (node %s): %s %s", rj.claim.job_id, rj.claim.node_rank, kind, str(data)[:500])

@@ -317,7 +317,10 @@ class SlurmExecutor:
 
     # ---- a person's requests --------------------------------------------------------------------
 
-    async def handle(self, commands: list[Command]) -> None:
+    async def handle(self, commands: list[Command], sent: float = 0.0) -> None:
+        """A person's requests for the Slurm jobs tracked here. `sent` (when the message they answer
+        left) is not used here: the agent's job runner uses it to tell a command about an earlier
+        attempt of a job claimed back from one for the attempt it runs now."""
         for c in commands:
             t = self.tracked.get(c.job_id)
             if t is None:
