@@ -154,9 +154,9 @@ def test_a_job_given_back_to_its_agent_ends_the_earlier_attempt_here_first(tmp_p
         assert agent.jobs.get(7) is second  # attempt 1's end did not take attempt 2 with it
         assert not said(7, "state") and min(e["seq"] for e in agent.outbox.pending[7]) >= 40
         await until(lambda: any(e["data"].get("line") == "up" for e in said(7, "log")), "attempt 2 printed")
-        await agent.runs.handle([Command(job_id=7, action="cancel")], answered_before)
+        await agent.runs.commands.handle([Command(job_id=7, action="cancel")], answered_before)
         assert second.requested is None and second.process.started.returncode is None
-        await agent.runs.handle([Command(job_id=7, action="cancel")], time.monotonic())
+        await agent.runs.commands.handle([Command(job_id=7, action="cancel")], time.monotonic())
         await until(lambda: 7 not in agent.jobs, "attempt 2 cancelled")
         (state,) = said(7, "state")
         assert state["data"]["state"] == "cancelled" and state["seq"] >= 40, state
@@ -164,7 +164,7 @@ def test_a_job_given_back_to_its_agent_ends_the_earlier_attempt_here_first(tmp_p
         assert 7 in agent.runs.delivering
         await agent.runs.start_job(Claim(job_id=7, attempt=3, seq_start=80, kind="command", spec=spec))
         assert not said(7, "state") and min(e["seq"] for e in agent.outbox.pending[7]) >= 80
-        await agent.runs.handle([Command(job_id=7, action="cancel")], time.monotonic())
+        await agent.runs.commands.handle([Command(job_id=7, action="cancel")], time.monotonic())
         await until(lambda: 7 not in agent.jobs, "attempt 3 cancelled")
 
     agent = Agent("http://127.0.0.1:9", "unused", tmp_path / "agent", allow_commands=True, warm_start=False,

@@ -78,7 +78,7 @@ class Agent:
         self.link = ServerLink(self.server, token, hello=self.hello, outbox=self.outbox, jobs=self.jobs,
                                delivering=delivering, flush_now=self.flush_now, stopped=self.stopped,
                                heartbeat_s=heartbeat_s, flush_s=flush_s, before_flush=self.disk.watch,
-                               on_commands=lambda c, sent: self.runs.handle(c, sent))  # the runner, made below
+                               on_commands=lambda c, sent: self.runs.commands.handle(c, sent))  # the runner, made below
         gpu, gpu_bf16 = gpu_info()
         diagnosis = JobDiagnosis(self.emit, self.link.call, lambda: self.link.agent_id)
         self.runs = JobRunner(name=self.name, server=self.server, work_dir=work_dir, resume_roots=self.resume_roots,

@@ -98,7 +98,8 @@ class SlurmNode:
         self.link = ServerLink(cfg["server"], token, hello=lambda: None, outbox=self.outbox,  # type: ignore[arg-type,return-value]
                                jobs=self.jobs, delivering=delivering, flush_now=self.flush_now,
                                stopped=self.stopped, heartbeat_s=heartbeat_s, flush_s=flush_s,
-                               before_flush=self.disk.watch, on_commands=lambda c, sent: self.runs.handle(c, sent))
+                               before_flush=self.disk.watch,
+                               on_commands=lambda c, sent: self.runs.commands.handle(c, sent))
         self.link.agent_id = int(cfg["agent_id"])
         gpu, gpu_bf16 = gpu_info()
         diagnosis = JobDiagnosis(self.emit, self.link.call, lambda: self.link.agent_id)
