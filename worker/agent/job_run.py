@@ -167,7 +167,6 @@ class JobRunner:
     async def start_command(self, claim: Claim, spec: CommandSpec, job_dir: Path) -> None:
         """A command job (spec: its claim's): the command as given, in its working directory, with its
         environment, the event pipe and (unless instrument is off) the instrumentation hook on its PYTHONPATH."""
-        await self.take_back(claim)
         mask = Masker(os.environ[n] for n in spec.secret_env if n in os.environ)
         self.outbox.open_job(claim.job_id, claim.seq_start, mask)  # every event it sends, masked
         cwd = Path(spec.cwd) if spec.cwd else job_dir / "work"
