@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import ROOT
 
+from worker.training.fit import CPU_TOKENS_CAP
 from worker.training.memory import HEADROOM_ENV, is_oom
 
 HEADROOM = {HEADROOM_ENV: "700"}
@@ -83,4 +84,6 @@ def test_analysis_measures_the_largest_micro_batch_per_sequence_length(server_fa
     assert {256, 512, 1024, 2048} <= set(table), out.stdout
     rows = [table[L][0] for L in (256, 512, 1024, 2048)]
     assert all(table[L][2] == "memory" and table[L][1] > 0 for L in (256, 512, 1024, 2048)), out.stdout
-    assert rows == sorted(rows, reverse=True) and rows[0] > rows[-1] >= 1 and table[1024][0] < 8, out.stdout
+    assert rows == sorted(rows, reverse=True) and rows[0] > rows[-1] >= 1, out.stdout
+    # memory stopped each search, not the token cap (how many rows of 1,024 fit varies by machine: 4 or 8)
+    assert all(table[L][0] * L < CPU_TOKENS_CAP for L in (256, 512, 1024, 2048)), out.stdout

@@ -106,22 +106,18 @@ class JobRunner:
     async def start_job(self, claim: Claim) -> None:
         await self.take_back(claim)
         job_dir = self.work_dir / "jobs" / str(claim.job_id)
+        if self.disk.blocked():  # claimed as the disk filled (the claim was asked for just before)
+            return self.hand_back(claim)
         if isinstance(claim.spec, CommandSpec):
             return await self.start_command(claim, claim.spec, job_dir)
         spec_path = job_dir / "spec.json"
-        self.outbox.open_job(claim.job_id, claim.seq_start)
         try:
             job_dir.mkdir(parents=True, exist_ok=True)
             spec_path.write_text(claim.spec.model_dump_json(indent=2))
-        except OSError as e:  # a full disk: the job is not ours to fail; back to the queue, no retry spent
+        except OSError as e:
             self.disk.error = disk_words(self.work_dir, e)
-            log.error("job %s: %s; requeued, and no claims until it can be written", claim.job_id, self.disk.error)
-            self.outbox.add(claim.job_id, "state", {"state": "queued", "reason": f"agent {self.name}: "
-                                                    f"{self.disk.error}; requeued"})
-            self.delivering[claim.job_id] = time.time()  # in heartbeats until the requeue is acknowledged
-            self.done_jobs += 1
-            self.flush_now.set()
-            return
+            return self.hand_back(claim)
+        self.outbox.open_job(claim.job_id, claim.seq_start)
         resume, resume_note = pick_resume(claim.resume_from, self.resume_roots)
         prune_own_checkpoints(job_dir / "out", resume)
         stall = self.stall_config.merged(claim.spec.stall.model_dump())
@@ -163,6 +159,16 @@ class JobRunner:
         if rj.requested == Requested.CANCEL:  # asked while it started (stop() had no process yet)
             asyncio.create_task(rj.process.stop(signal.SIGTERM, self.grace_s))
         self.watch(rj)
+
+    def hand_back(self, claim: Claim) -> None:
+        """A full disk: the job is not ours to fail; back to the queue, no retry spent."""
+        log.error("job %s: %s; requeued: no claims until space returns", claim.job_id, self.disk.error)
+        self.outbox.open_job(claim.job_id, claim.seq_start)
+        self.outbox.add(claim.job_id, "state", {"state": "queued", "reason": f"agent {self.name}: "
+                                                f"{self.disk.error}; requeued"})
+        self.delivering[claim.job_id] = time.time()  # in heartbeats until the requeue is acknowledged
+        self.done_jobs += 1
+        self.flush_now.set()
 
     async def start_command(self, claim: Claim, spec: CommandSpec, job_dir: Path) -> None:
         """A command job (spec: its claim's): the command as given, in its working directory, with its
