@@ -212,3 +212,29 @@ def test_an_agent_whose_disk_is_full_claims_nothing_until_space_returns(server, 
             assert done["state"] == "completed" and len(done["attempts"]) == len(j["attempts"]) + 1, done
             assert (proj / "ran").read_text() == "yes"
             assert agent.poll() is None
+
+
+def test_a_claim_that_arrives_after_the_disk_filled_is_handed_back_before_anything_runs(tmp_path):
+    """The agent asked for a job while its disk had room and the answer came after it filled: the job
+    goes back to the queue (no retry spent) and nothing of it runs, a command job with a cwd of its
+    own (which writes nothing to the work dir before it runs) included. A real agent's job runner on a
+    real full disk; no server is needed for it."""
+    import asyncio
+    import sys
+
+    from tokenpulse.protocol import Claim, CommandSpec
+    from worker.agent.agent import Agent
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    spec = CommandSpec(command=[sys.executable, "-c", "open('ran', 'w').write('yes')"], cwd=str(proj),
+                       instrument=False)
+    with small_fs(tmp_path / "agent", "16m") as work:
+        agent = Agent("http://127.0.0.1:9", "unused", work, allow_commands=True, warm_start=False)
+        fill(work)
+        asyncio.run(agent.runs.start_job(Claim(job_id=3, attempt=1, seq_start=0, kind="command", spec=spec)))
+        (state,) = [e for e in agent.outbox.pending[3] if e["kind"] == "state"]
+        assert state["data"]["state"] == "queued" and state["data"]["reason"].endswith("requeued"), state
+        assert "no space left" in state["data"]["reason"], state
+        assert 3 not in agent.jobs and 3 in agent.runs.delivering
+        assert not (proj / "ran").exists()
