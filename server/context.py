@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from server import auth, job_tokens
 from server.db import Database
 from server.hub import Hub
-from server.ingest.heartbeats import Arriving, Deliveries
+from server.ingest.heartbeats import Arriving, Deliveries, LoopPauses
 from server.prometheus import ServerStats
 from server.security import Caller
 from server.settings import Settings
@@ -32,6 +32,7 @@ class App:
     rule_runner: object = None  # metric rules judged after ingest's commit (server/rule_runner.py)
     deliveries: Deliveries = field(default_factory=Deliveries)  # jobs' events arriving (store.reconcile)
     arriving: Arriving = field(default_factory=Arriving)  # agents' messages not yet applied (the reaper)
+    pauses: LoopPauses = field(default_factory=LoopPauses)  # this process's event loop stood still (the reaper)
     sweeps: object = None  # the sweep loop (server/sweeps/engine.py): woken when a trial's events arrive
 
     def caller(self, token: str) -> Optional[Caller]:

@@ -5,13 +5,14 @@ An agent is lost after `agent_lost_after_s` without a heartbeat, counted from th
 heartbeat and this server's start: a server restart gives every agent a full lease to reconnect
 instead of failing all running jobs at once. The end of a database write stall (server/db.py
 `stalled_at`) counts like a start: heartbeats that could not be stored are not the agents' fault.
+Neither is the time this server's event loop stood still (heartbeats.LoopPauses): it is not counted.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from sqlalchemy import select
 
@@ -39,14 +40,15 @@ log = logging.getLogger("tokenpulse.reaper")
 
 
 def reap(s, lost_after_s: float, started_at: float = 0.0, now: Optional[float] = None,
-         arriving: frozenset[int] = frozenset()) -> list[tuple]:
-    """arriving: agents whose message this server holds, not yet applied (heartbeats.Arriving): spared."""
+         arriving: frozenset[int] = frozenset(), paused: Callable[[float], float] = lambda t: 0.0) -> list[tuple]:
+    """arriving: agents whose message this server holds, not yet applied (heartbeats.Arriving): spared.
+    paused(t): seconds this server's loop stood still since t (heartbeats.LoopPauses): not the agents'."""
     now = time.time() if now is None else now
     if now - started_at < lost_after_s:
         return []  # every agent gets one full lease after a server start
     frames = []
     for agent in s.scalars(select(Agent).where(Agent.state == "online", Agent.seen_at < now - lost_after_s)):
-        if agent.id in arriving:
+        if agent.id in arriving or now - agent.seen_at - paused(agent.seen_at) < lost_after_s:
             continue
         agent.state = "lost"
         frames.append((AGENTS_TOPIC, agent_frame({"id": agent.id, "state": "lost"}), False))
@@ -77,7 +79,7 @@ def reaper_pass(s, tp, started_at: float) -> list[tuple]:
     write ends a stall (server/db.py), so leases restart and the outage clears exactly when the
     database takes writes again, never on a read that slipped past another process's lock."""
     frames = reap(s, tp.settings.agent_lost_after_s, lease_origin(tp.db, started_at),
-                  arriving=frozenset(tp.arriving.agents()))
+                  arriving=frozenset(tp.arriving.agents()), paused=tp.pauses.since)
     if tp.db.in_stall:
         raw_cursor(s).execute("UPDATE agents SET seen_at = seen_at WHERE id = -1")
     return frames
@@ -95,7 +97,9 @@ async def reaper_loop(tp, lock=None) -> None:
     process holding it reaps."""
     started_at = time.time()
     while True:
+        slept_at = time.monotonic()
         await asyncio.sleep(tp.settings.reaper_every_s)
+        tp.pauses.note(time.monotonic() - slept_at - tp.settings.reaper_every_s)  # woke late: the loop stood still
         if lock is not None and not await lock.acquire():
             continue
         try:

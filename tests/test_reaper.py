@@ -129,3 +129,22 @@ def test_an_agent_whose_message_waits_on_this_servers_writer_is_not_lost(s):
     assert arriving.agents() == set()
     reap(s, LEASE, started_at=0.0, now=NOW, arriving=frozenset(arriving.agents()))
     assert quiet.state == "lost" and job.state == "queued"
+
+
+def test_the_time_this_servers_loop_stood_still_is_not_counted_against_a_lease(s):
+    """An agent's heartbeats wait unread in its socket while the server's event loop cannot run (the
+    reaper's sleep woke late; heartbeats.LoopPauses): that silence is the server's. Counted out of
+    the lease; the agent is lost once its own silence fills a lease."""
+    from server.ingest.heartbeats import LoopPauses
+    quiet = add_agent(s, "quiet", seen_at=NOW - LEASE - 3)
+    job = claimed(s, quiet, max_retries=1)
+    pauses = LoopPauses()
+    pauses.note(0.1, now=NOW - LEASE - 10)  # jitter: not counted (and before its last heartbeat anyway)
+    pauses.note(4.0, now=NOW - 1)  # the loop stood still 4 s after the agent's last heartbeat
+    assert pauses.since(NOW - LEASE - 3) == 4.0
+    assert reap(s, LEASE, started_at=0.0, now=NOW, paused=pauses.since) == []
+    assert quiet.state == "online" and job.state == "running"
+    reap(s, LEASE, started_at=0.0, now=NOW + 1.5, paused=pauses.since)  # 1.5 s more of its own: a lease
+    assert quiet.state == "lost" and job.state == "queued"
+    # a pause that began before its last heartbeat counts only from then on
+    assert pauses.since(NOW - 2) == 1.0

@@ -12,7 +12,7 @@ import time
 import httpx
 from conftest import wait_for
 
-LINES = 150_000  # ~15 MB of output: its upload outlasts the 4 s lease (60,000 did not outlast 3 s on 2 cores)
+LINES = 150_000  # ~15 MB of output: its upload outlasts the 6 s lease (60,000 did not outlast 3 s on 2 cores)
 
 BACKLOG = textwrap.dedent("""
     import sys
@@ -28,8 +28,9 @@ def test_a_command_whose_backlog_outlasts_the_lease_runs_once_and_completes(serv
     proj.mkdir()
     (proj / "backlog.py").write_text(BACKLOG)
     marker = proj / "runs"
-    # 4 heartbeats (1 s) a lease: 3 was one late beat from lost on a loaded 2-core machine
-    srv = server_factory(agent_lost_after_s=4, reaper_every_s=0.5)
+    # 6 heartbeats (1 s) a lease: 3 was one late beat from lost on a loaded 2-core machine, and with 4
+    # one whole run lost the agent (its upload takes ~18 s on an idle 2-core machine, ~40 s loaded)
+    srv = server_factory(agent_lost_after_s=6, reaper_every_s=0.5)
     srv.start_agent("a1", "--allow-commands")
     with srv.client() as c:
         r = c.post("/api/jobs/command", json={"command": [sys.executable, "backlog.py", str(marker), str(LINES)],

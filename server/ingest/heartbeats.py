@@ -5,6 +5,7 @@ Raw SQL on the indexed jobs.agent_id throughout: this runs on every heartbeat an
 from __future__ import annotations
 
 import time
+from collections import deque
 from contextlib import contextmanager
 from typing import Iterable, Optional
 
@@ -70,6 +71,31 @@ class Arriving:
 
     def agents(self) -> set[int]:
         return set(self.count)
+
+
+class LoopPauses:
+    """Stretches this server process's event loop could not run (the reaper's sleep woke late: a long
+    synchronous stretch, a machine too busy to schedule it). Agents' messages wait unread in their
+    sockets meanwhile: that silence is the server's, and the reaper does not count it against a
+    lease (an agent was declared lost on a loaded machine while its heartbeat sat unread)."""
+
+    MIN_S = 0.25  # scheduling jitter below this is not counted
+    KEEP_S = 3600.0
+
+    def __init__(self):
+        self.pauses: deque[tuple[float, float]] = deque()  # (wall time it ended, seconds)
+
+    def note(self, late_s: float, now: Optional[float] = None) -> None:
+        if late_s < self.MIN_S:
+            return
+        now = time.time() if now is None else now
+        self.pauses.append((now, late_s))
+        while now - self.pauses[0][0] > self.KEEP_S:
+            self.pauses.popleft()
+
+    def since(self, t: float) -> float:
+        """Seconds of pause after wall time t."""
+        return sum(min(s, end - t) for end, s in self.pauses if end > t)
 
 
 def pending_commands(s: Session, agent_id: int, job_ids: list[int]) -> list[Command]:
