@@ -165,8 +165,12 @@ def test_an_agent_whose_disk_is_full_leaves_a_training_job_queued_and_claims_it_
             jid = c.post("/api/jobs", json={**LONG, "max_steps": 4}).json()["id"]
             log = server.data_dir.parent / "agent-a1.log"
             wait_for(lambda: "no claims until space returns" in log.read_text(), 60, "the agent to say why")
-            # a claim made as the disk filled is being handed back: wait for it (a job that ran instead
-            # would go on to running and never be queued again)
+            # a claim asked for before the disk filled may be answered after: it is handed back. Three
+            # more heartbeats from the live agent (a hand-back is sent at once, before them), then the
+            # job is queued (a job that ran instead would go on to running and never be queued again)
+            beats = set()
+            wait_for(lambda: beats.add(c.get("/api/agents").json()[0]["seen_at"]) or len(beats) > 3, 60,
+                     "three heartbeats with the disk full")
             j = wait_for(lambda: (lambda j: j if j["state"] == "queued" else None)(job(c, jid)), 60,
                          "the job handed back to the queue", show=lambda: job(c, jid))
             # Claimed before the agent's watch saw the disk fill, a job is handed back: requeued, its
