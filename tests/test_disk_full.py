@@ -35,6 +35,13 @@ def alerts(c, jid: int, kind: str) -> list[dict]:
     return c.get("/api/alerts", params={"job_id": jid, "kind": kind}).json()
 
 
+def three_heartbeats(c) -> None:
+    """Three more heartbeats from the live agent (each a second), seen by the server."""
+    beats = set()
+    wait_for(lambda: beats.add(c.get("/api/agents").json()[0]["seen_at"]) or len(beats) > 3, 60,
+             "three heartbeats with the disk full")
+
+
 def test_agent_disk_full_is_alerted_never_wedges_and_recovers(server):
     with small_fs(server.data_dir.parent / "work-a1", "16m") as work:
         agent = server.start_agent("a1", env=ONE_THREAD)
@@ -168,9 +175,7 @@ def test_an_agent_whose_disk_is_full_leaves_a_training_job_queued_and_claims_it_
             # a claim asked for before the disk filled may be answered after: it is handed back. Three
             # more heartbeats from the live agent (a hand-back is sent at once, before them), then the
             # job is queued (a job that ran instead would go on to running and never be queued again)
-            beats = set()
-            wait_for(lambda: beats.add(c.get("/api/agents").json()[0]["seen_at"]) or len(beats) > 3, 60,
-                     "three heartbeats with the disk full")
+            three_heartbeats(c)
             j = wait_for(lambda: (lambda j: j if j["state"] == "queued" else None)(job(c, jid)), 60,
                          "the job handed back to the queue", show=lambda: job(c, jid))
             # Claimed before the agent's watch saw the disk fill, a job is handed back: requeued, its
@@ -204,9 +209,7 @@ def test_an_agent_whose_disk_is_full_claims_nothing_until_space_returns(server, 
             wait_for(lambda: "no claims until space returns" in log.read_text(), 60, "the agent to say why")
             # several claim rounds (one a second) with the disk full, seen as three more heartbeats
             # (each a second) from the live agent: none is made
-            beats = set()
-            wait_for(lambda: beats.add(c.get("/api/agents").json()[0]["seen_at"]) or len(beats) > 3, 60,
-                     "three heartbeats with the disk full")
+            three_heartbeats(c)
             j = job(c, jid)
             # before: claimed and run. (A claim asked for just before the disk filled is handed back.)
             assert j["state"] == "queued" and all(a["reason"].endswith("requeued") for a in j["attempts"]), j
